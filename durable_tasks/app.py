@@ -1,0 +1,323 @@
+"""The App: task registry, settings, database and Redis wiring, and the runtime's entry points."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+import anyio
+import redis.asyncio as aioredis
+import sqlalchemy as sa
+from anyio import to_thread
+from redis.exceptions import RedisError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+from sqlmodel import SQLModel
+
+from . import codec
+from .clock import Clock, system_clock
+from .dispatcher import Dispatcher
+from .errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    DatabaseUnavailableError,
+    InvalidIdempotencyKeyError,
+    TaskNotFoundError,
+    UnknownTaskError,
+)
+from .notify import OutboxWaiter, waiter_for
+from .reaper import ReapReport, Reaper
+from .records import attempts_table, outbox_table, tasks_table
+from .settings import NAME_PATTERN, Settings
+from .store import execution, queries
+from .store import submit as submit_store
+from .store.engine import create_engine, read_only
+from .store.execution import FinalWrite
+from .tasks import Task, TaskContext, TaskHandle
+from .transport.streams import RedisStreamsTransport
+from .views import QueueStats, TaskInfo
+from .worker import Worker
+
+__all__ = ["App"]
+
+logger = logging.getLogger(__name__)
+
+P = TypeVar("P")
+R = TypeVar("R")
+HandlerT = Callable[[TaskContext[P], P], Any]
+
+
+class App:
+    """One durable task runtime: holds the engine, the Redis client, the registry, settings.
+
+    ``App()`` with no URLs uses a SQLite file and an embedded Valkey in ``data_dir``; every
+    argument can also come from ``DT_*`` environment variables.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        redis_url: str | None = None,
+        namespace: str | None = None,
+        *,
+        settings: Settings | None = None,
+        clock: Clock = system_clock,
+        **overrides: Any,
+    ) -> None:
+        base = settings or Settings()
+        given = {"database_url": database_url, "redis_url": redis_url, "namespace": namespace, **overrides}
+        try:
+            self.settings = Settings.model_validate(
+                base.model_dump() | {k: v for k, v in given.items() if v is not None}
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"invalid durable_tasks settings: {exc}") from exc
+        self.clock = clock
+        self.registry: dict[str, Task[Any, Any]] = {}
+        self.paused_queues: set[str] = set()
+        self._engine: sa.Engine | None = None
+        self._redis_url: str | None = self.settings.redis_url
+        self._transports: dict[int, RedisStreamsTransport] = {}
+
+    # -- declaring tasks -----------------------------------------------------------------
+
+    @overload
+    def task(self, fn: HandlerT[P], /) -> Task[P, Any]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 3,
+        timeout: timedelta | None = None,
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[HandlerT[P]], Task[P, Any]]: ...
+
+    def task(
+        self,
+        fn: HandlerT[P] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 3,
+        timeout: timedelta | None = None,
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> Task[P, Any] | Callable[[HandlerT[P]], Task[P, Any]]:
+        """Register ``fn(ctx, payload)`` as a task (sync or async).
+
+        ``max_attempts`` counts executions that raise; ``retry_on`` limits which exceptions
+        retry (default: all); ``timeout`` bounds one attempt.
+        """
+
+        def register(f: HandlerT[P]) -> Task[P, Any]:
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            if not NAME_PATTERN.fullmatch(queue):
+                raise ConfigurationError(f"queue name {queue!r} must match {NAME_PATTERN.pattern}")
+            if task_name in self.registry:
+                raise ConfigurationError(f"a task named {task_name!r} is already registered")
+            if max_attempts < 1:
+                raise ConfigurationError("max_attempts must be at least 1")
+            t: Task[P, Any] = Task(
+                self, f, name=task_name, queue=queue, max_attempts=max_attempts, timeout=timeout, retry_on=retry_on
+            )
+            self.registry[task_name] = t
+            return t
+
+        return register(fn) if fn is not None else register
+
+    def queues(self) -> list[str]:
+        """Every queue a registered task uses."""
+        return sorted({t.queue for t in self.registry.values()})
+
+    # -- database ------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine (created on first use)."""
+        if self._engine is None:
+            self._engine = create_engine(self.settings.database_url, self.settings.data_dir)
+        return self._engine
+
+    def create_all(self) -> None:
+        """Create the dt_tasks, dt_outbox and dt_attempts tables if they do not exist."""
+        try:
+            SQLModel.metadata.create_all(self.engine, tables=[tasks_table, outbox_table, attempts_table])
+        except OperationalError as exc:
+            raise DatabaseUnavailableError(self._db_hint(exc)) from exc
+
+    def _db_hint(self, exc: BaseException) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"cannot reach the database at {url}: {exc}. Start it, or point DT_DATABASE_URL at one."
+
+    # -- writing intents -----------------------------------------------------------------
+
+    def submit(
+        self,
+        session: Session,
+        task: Task[Any, Any] | str,
+        payload: Any,
+        *,
+        idempotency_key: str | None = None,
+        shadow: bool = False,
+    ) -> TaskHandle:
+        """Record a task intent in ``session``'s transaction; the caller commits.
+
+        Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
+        oversized payload, or a bad idempotency key.
+        """
+        if isinstance(task, str):
+            found = self.registry.get(task)
+            if found is None:
+                raise UnknownTaskError(f"no task named {task!r}; registered: {sorted(self.registry)}")
+            task = found
+        s = self.settings
+        self._check_idempotency_key(idempotency_key)
+        payload_json = codec.encode_payload(
+            task.payload_adapter, payload, task=task.name, max_bytes=s.max_payload_bytes, max_depth=s.max_json_depth
+        )
+        new = submit_store.NewTask(
+            namespace=s.namespace, name=task.name, queue=task.queue, payload_json=payload_json,
+            idempotency_key=idempotency_key, max_attempts=task.max_attempts, traceparent=None, shadow=shadow,
+        )
+        try:
+            outcome = submit_store.submit_task(session, new, self.clock())
+        except OperationalError as exc:
+            raise DatabaseUnavailableError(self._db_hint(exc)) from exc
+        return TaskHandle(outcome.task_id, task.name, outcome.generation, outcome.created)
+
+    def _check_idempotency_key(self, key: str | None) -> None:
+        if key is None:
+            return
+        limit = self.settings.max_idempotency_key_length
+        if not key.strip():
+            raise InvalidIdempotencyKeyError("idempotency_key is empty; pass None or a stable request id")
+        if len(key) > limit:
+            raise InvalidIdempotencyKeyError(f"idempotency_key is {len(key)} characters, over {limit}; hash it")
+        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+            raise InvalidIdempotencyKeyError("idempotency_key contains control characters; strip or hash it")
+
+    def rerun(self, session: Session, task_id: str) -> int:
+        """Start a new generation (rejudge, retry-from-here) in ``session``'s transaction.
+
+        Returns the new generation; executions of older generations are fenced out.
+        """
+        generation = submit_store.rerun_task(session, self.settings.namespace, task_id, self.clock())
+        if generation is None:
+            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
+        return generation
+
+    def get_task(self, task_id: str) -> TaskInfo:
+        """The task's state, generation, attempt, result, error and attempts history."""
+        loaded = queries.load_task(read_only(self.engine), self.settings.namespace, task_id)
+        if loaded is None:
+            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
+        return TaskInfo.from_records(*loaded)
+
+    # -- Redis ---------------------------------------------------------------------------
+
+    @property
+    def redis_url(self) -> str:
+        """The Redis URL in use (starting the embedded Valkey if none was given)."""
+        if self._redis_url is None:
+            from .embedded import ensure_valkey
+
+            self._redis_url = ensure_valkey(self.settings.data_dir)
+        return self._redis_url
+
+    def transport(self) -> RedisStreamsTransport:
+        """The Redis Streams transport for the running event loop."""
+        loop = id(asyncio.get_running_loop())
+        found = self._transports.get(loop)
+        if found is None:
+            client = aioredis.Redis.from_url(self.redis_url, decode_responses=True)
+            found = RedisStreamsTransport(client, self.settings.namespace, dedup_ttl=self.settings.dedup_ttl)
+            self._transports = {loop: found}  # one loop at a time; drop clients of finished loops
+        return found
+
+    def transport_for(self, queue: str) -> RedisStreamsTransport | None:
+        """The transport serving ``queue``, or None while the queue is paused."""
+        return None if queue in self.paused_queues else self.transport()
+
+    def outbox_waiter(self) -> OutboxWaiter:
+        """How the dispatcher waits between passes (NOTIFY on Postgres)."""
+        return waiter_for(self.engine, self.settings.namespace)
+
+    async def check_connections(self) -> None:
+        """Raise DatabaseUnavailableError / BrokerUnavailableError if either cannot be reached."""
+        try:
+            await to_thread.run_sync(lambda: self.engine.connect().close())
+        except SQLAlchemyError as exc:
+            raise DatabaseUnavailableError(self._db_hint(exc)) from exc
+        try:
+            await self.transport().client.ping()
+        except (RedisError, OSError) as exc:
+            raise BrokerUnavailableError(
+                f"cannot reach Redis at {self.redis_url}: {exc}. Start it, or point DT_REDIS_URL at one."
+            ) from exc
+
+    async def aclose(self) -> None:
+        """Close the Redis client of this event loop and dispose of the engine's connections."""
+        transports, self._transports = self._transports, {}
+        for t in transports.values():
+            await t.client.aclose()
+        if self._engine is not None:
+            self._engine.dispose()
+
+    # -- running -------------------------------------------------------------------------
+
+    async def commit_result(self, write: FinalWrite) -> None:
+        """Commit one fenced result (group commit batches several; see the worker)."""
+        await to_thread.run_sync(lambda: execution.commit_results(self.engine, [write], now=self.clock()))
+
+    async def dispatch_once(self) -> int:
+        """One dispatcher pass; returns how many outbox rows it handled (0 when none were due)."""
+        return await Dispatcher(self).dispatch_once()
+
+    async def work(
+        self, max_tasks: int | None = None, timeout: timedelta | float | None = None, *, queues: list[str] | None = None
+    ) -> int:
+        """Run a worker until ``max_tasks`` deliveries are settled or ``timeout`` passes."""
+        if isinstance(timeout, int | float):
+            timeout = timedelta(seconds=timeout)
+        return await Worker(self, queues=queues).run(max_tasks=max_tasks, timeout=timeout)
+
+    async def reap_once(self) -> ReapReport:
+        """One reaper pass (reclaim, dead-letter, reconcile, trim)."""
+        return await Reaper(self).reap_once()
+
+    async def stats(self) -> dict[str, QueueStats]:
+        """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,
+        DLQ length."""
+        now = self.clock()
+        backlogs = await to_thread.run_sync(lambda: queries.queue_backlogs(read_only(self.engine), self.settings.namespace))
+        out: dict[str, QueueStats] = {}
+        for queue in sorted(set(self.queues()) | set(backlogs)):
+            b = backlogs.get(queue)
+            snap = await self.transport().snapshot(queue, now_ms=int(now.timestamp() * 1000))
+            out[queue] = QueueStats(
+                outbox_backlog=b.outbox_backlog if b else 0,
+                outbox_oldest_age_s=(now - b.outbox_oldest).total_seconds() if b and b.outbox_oldest else 0.0,
+                pel_size=snap.pel_size,
+                queue_delay_s=(now - b.oldest_enqueued).total_seconds() if b and b.oldest_enqueued else 0.0,
+                oldest_pending_age_s=snap.oldest_pending_age_s,
+                dlq_length=snap.dlq_length,
+            )
+        return out
+
+    async def run(self, *, dispatcher: bool = True, worker: bool = True, reaper: bool = True,
+                  queues: list[str] | None = None) -> None:
+        """Run the chosen components until cancelled (Ctrl-C in the CLI)."""
+        await self.check_connections()
+        async with anyio.create_task_group() as tg:
+            if dispatcher:
+                tg.start_soon(Dispatcher(self).run)
+            if reaper:
+                tg.start_soon(Reaper(self).run)
+            if worker:
+                tg.start_soon(lambda: Worker(self, queues=queues).run())

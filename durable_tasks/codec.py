@@ -1,0 +1,84 @@
+"""JSON, and only JSON: payloads and results are validated, bounded and serialized here.
+
+Never pickle. A value that is not plain JSON (NaN, bytes, arbitrary objects) is refused with a
+typed error before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from .errors import PayloadNotSerializableError, PayloadTooLargeError, PayloadValidationError, ResultNotSerializableError
+
+__all__ = ["decode_payload", "encode_payload", "encode_result", "json_depth"]
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON-like value; stops counting past ``limit``."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        depth += 1
+        nxt: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                nxt.extend(item.values())
+            elif isinstance(item, list | tuple):
+                nxt.extend(item)
+        level = nxt
+    return depth
+
+
+def _to_json(value: Any, max_depth: int) -> str:
+    if json_depth(value, max_depth) > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def encode_payload(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes: int, max_depth: int) -> str:
+    """Validate ``value`` against the task's payload type and serialize it."""
+    try:
+        obj = adapter.validate_python(value)
+    except ValidationError as exc:
+        raise PayloadValidationError(
+            f"payload for task {task!r} does not match its payload type: {exc.error_count()} error(s):\n{exc}"
+        ) from exc
+    try:
+        text = _to_json(adapter.dump_python(obj, mode="json"), max_depth)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise PayloadNotSerializableError(
+            f"payload for task {task!r} is not plain JSON ({exc}); pass strings, numbers, "
+            "lists and objects only (no NaN/Infinity, bytes or custom objects)"
+        ) from exc
+    size = len(text.encode())
+    if size > max_bytes:
+        raise PayloadTooLargeError(
+            f"payload for task {task!r} is {size} bytes, over max_payload_bytes={max_bytes}; "
+            "store large data elsewhere (object storage, a table) and pass its key"
+        )
+    return text
+
+
+def decode_payload(adapter: TypeAdapter[Any], text: str, *, task: str) -> Any:
+    """Rebuild the payload object from its stored JSON (PayloadValidationError if it drifted)."""
+    try:
+        return adapter.validate_json(text)
+    except ValidationError as exc:
+        raise PayloadValidationError(f"stored payload of task {task!r} no longer validates: {exc}") from exc
+
+
+def encode_result(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes: int, max_depth: int) -> str:
+    """Serialize a handler's return value, or raise ResultNotSerializableError."""
+    try:
+        text = _to_json(adapter.dump_python(value, mode="json"), max_depth)
+    except Exception as exc:
+        raise ResultNotSerializableError(
+            f"task {task!r} returned a value that is not plain JSON: {exc}"
+        ) from exc
+    if len(text.encode()) > max_bytes:
+        raise ResultNotSerializableError(
+            f"task {task!r} returned {len(text.encode())} bytes of JSON, over max_payload_bytes={max_bytes}"
+        )
+    return text

@@ -1,0 +1,128 @@
+"""Outbox → Redis: claim due rows under a lease, publish them in one round trip, record outcomes.
+
+Decisions (what is invalid, how long to back off) come from :mod:`.policy` and the task
+registry; this module only moves rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio import to_thread
+
+from .codec import decode_payload
+from .errors import PayloadValidationError
+from .policy import backoff_delay
+from .store import outbox as outbox_store
+from .store.outbox import ClaimedDelivery
+from .transport.messages import OutgoingMessage
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["Dispatcher"]
+
+logger = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Moves PENDING outbox rows of one namespace onto their queues' streams."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def dispatch_once(self) -> int:
+        """One pass: claim ≤ batch_size due rows and settle each; returns how many were handled."""
+        app, s = self.app, self.app.settings
+        now = app.clock()
+        rows = await to_thread.run_sync(
+            lambda: outbox_store.claim_batch(
+                app.engine, s.namespace, now=now, lease=s.claim_lease, limit=s.batch_size,
+                watermark=s.cutover_watermark,
+            )
+        )
+        if not rows:
+            return 0
+        dead: list[tuple[ClaimedDelivery, str]] = []
+        held: list[ClaimedDelivery] = []
+        ready: list[ClaimedDelivery] = []
+        for row in rows:
+            reason = self._invalid_reason(row)
+            if reason is not None:
+                dead.append((row, reason))
+            elif app.transport_for(row.queue) is None:
+                held.append(row)
+            else:
+                ready.append(row)
+        sent, failed = await self._publish(ready)
+        now = app.clock()
+        retry = [
+            (row, now + backoff_delay(row.attempts + 1, initial=s.backoff_initial, cap=s.backoff_max, jitter=s.backoff_jitter), err)
+            for row, err in failed
+        ]
+
+        def settle() -> None:
+            outbox_store.mark_sent(app.engine, sent, now=now)
+            outbox_store.mark_dead(app.engine, dead, now=now)
+            outbox_store.schedule_retry(app.engine, retry)
+            outbox_store.release(app.engine, held, next_attempt_at=now + s.poll_interval)
+
+        await to_thread.run_sync(settle)
+        for row, reason in dead:
+            logger.warning("outbox row %s (task %s) is dead: %s", row.outbox_id, row.task_id, reason)
+        for row, _, err in retry:
+            logger.warning("publishing task %s failed (attempt %s): %s", row.task_id, row.attempts + 1, err)
+        return len(rows)
+
+    def _invalid_reason(self, row: ClaimedDelivery) -> str | None:
+        task = self.app.registry.get(row.name)
+        if task is None:
+            return f"unknown task name {row.name!r}: no task is registered under it"
+        try:
+            decode_payload(task.payload_adapter, row.payload_json, task=row.name)
+        except PayloadValidationError as exc:
+            return str(exc)
+        return None
+
+    async def _publish(
+        self, rows: Sequence[ClaimedDelivery]
+    ) -> tuple[list[tuple[ClaimedDelivery, str]], list[tuple[ClaimedDelivery, str]]]:
+        sent: list[tuple[ClaimedDelivery, str]] = []
+        failed: list[tuple[ClaimedDelivery, str]] = []
+        if not rows:
+            return sent, failed
+        messages = [
+            OutgoingMessage(r.queue, r.task_id, r.generation, r.delivery, r.name, r.traceparent, r.shadow)
+            for r in rows
+        ]
+        try:
+            replies: list[str | Exception] = await self.app.transport().publish(messages)
+        except Exception as exc:  # the whole round trip failed: every row backs off
+            replies = [exc] * len(rows)
+        for row, reply in zip(rows, replies, strict=True):
+            if isinstance(reply, Exception):
+                failed.append((row, f"{type(reply).__name__}: {reply}"))
+            else:
+                sent.append((row, reply))
+        return sent, failed
+
+    async def run(self) -> None:
+        """Dispatch until cancelled: a full batch loops at once; otherwise wait for a NOTIFY
+        (Postgres) or the poll interval."""
+        waiter = self.app.outbox_waiter()
+        try:
+            while True:
+                try:
+                    handled = await self.dispatch_once()
+                except Exception:
+                    logger.exception("dispatch pass failed; retrying after the poll interval")
+                    handled = 0
+                    await anyio.sleep(self.app.settings.poll_interval.total_seconds())
+                    continue
+                if handled < self.app.settings.batch_size:
+                    await waiter.wait(self.app.settings.poll_interval)
+        finally:
+            await waiter.aclose()

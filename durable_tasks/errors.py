@@ -1,0 +1,85 @@
+"""Errors raised by durable_tasks.
+
+Every error the library raises on purpose derives from one root, so callers can catch
+``DurableTasksError`` and still tell the cases apart::
+
+    DurableTasksError
+    ├── ConfigurationError            bad settings, namespace or queue name
+    ├── UnknownTaskError              no task registered under that name
+    ├── PayloadError                  a payload cannot become a durable intent
+    │   ├── PayloadValidationError    fails the task's payload model
+    │   ├── PayloadNotSerializableError  not plain JSON (NaN, bytes, objects, too deep)
+    │   └── PayloadTooLargeError      over ``max_payload_bytes``
+    ├── ResultNotSerializableError    a handler returned something that is not plain JSON
+    ├── InvalidIdempotencyKeyError    empty, too long, or with control characters
+    ├── TaskNotFoundError             no task with that id in this namespace
+    ├── DatabaseUnavailableError      the database cannot be reached
+    └── BrokerUnavailableError        Redis / Valkey cannot be reached
+
+Each message says what to do next. Nothing is written when one of these is raised at submit.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnavailableError",
+    "ConfigurationError",
+    "DatabaseUnavailableError",
+    "DurableTasksError",
+    "InvalidIdempotencyKeyError",
+    "PayloadError",
+    "PayloadNotSerializableError",
+    "PayloadTooLargeError",
+    "PayloadValidationError",
+    "ResultNotSerializableError",
+    "TaskNotFoundError",
+    "UnknownTaskError",
+]
+
+
+class DurableTasksError(Exception):
+    """Root of every error durable_tasks raises on purpose."""
+
+
+class ConfigurationError(DurableTasksError):
+    """A setting, namespace or queue name is unusable."""
+
+
+class UnknownTaskError(DurableTasksError):
+    """No task is registered under the given name."""
+
+
+class PayloadError(DurableTasksError):
+    """A payload cannot be recorded as a durable intent."""
+
+
+class PayloadValidationError(PayloadError):
+    """The payload does not match the task's payload type."""
+
+
+class PayloadNotSerializableError(PayloadError):
+    """The payload is not plain JSON (NaN, bytes, arbitrary objects, nesting too deep)."""
+
+
+class PayloadTooLargeError(PayloadError):
+    """The serialized payload is larger than ``max_payload_bytes``."""
+
+
+class ResultNotSerializableError(DurableTasksError):
+    """A handler returned a value that cannot be stored as plain JSON."""
+
+
+class InvalidIdempotencyKeyError(DurableTasksError):
+    """An idempotency key is empty, too long or contains control characters."""
+
+
+class TaskNotFoundError(DurableTasksError):
+    """No task with that id exists in this namespace."""
+
+
+class DatabaseUnavailableError(DurableTasksError):
+    """The database cannot be reached."""
+
+
+class BrokerUnavailableError(DurableTasksError):
+    """Redis (or Valkey) cannot be reached."""

@@ -1,0 +1,111 @@
+"""Pure decisions of the runtime: backoff, what a failure leads to, what the reaper does.
+
+Nothing here performs I/O or reads the clock; loops pass facts in and act on the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+import tenacity
+
+from .records import TERMINAL_STATES, TaskState
+
+__all__ = [
+    "FailureDecision",
+    "ReapAction",
+    "TaskLeaseView",
+    "backoff_delay",
+    "decide_after_failure",
+    "decide_reap",
+]
+
+
+def backoff_delay(
+    failures: int, *, initial: timedelta, cap: timedelta, jitter: timedelta
+) -> timedelta:
+    """Delay before the next try after ``failures`` consecutive failures (1 = first failure).
+
+    Exponential (initial * 2**(failures-1)) plus random jitter, never above ``cap``; tenacity's
+    wait strategy computes it so the curve is the one its users know.
+    """
+    wait = tenacity.wait_exponential_jitter(
+        initial=initial.total_seconds(),
+        max=cap.total_seconds(),
+        jitter=jitter.total_seconds(),
+    )
+    state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
+    state.attempt_number = max(1, failures)
+    return min(timedelta(seconds=wait(state)), cap)
+
+
+class FailureDecision(Enum):
+    """What a failed attempt leads to."""
+
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+def decide_after_failure(*, attempt: int, max_attempts: int, retryable: bool) -> FailureDecision:
+    """Retry while attempts remain and the error is retryable; otherwise the task FAILS."""
+    if retryable and attempt < max_attempts:
+        return FailureDecision.RETRY
+    return FailureDecision.FAIL
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLeaseView:
+    """What the reaper knows from the database about the task behind a pending entry."""
+
+    state: TaskState
+    generation: int
+    delivery: int
+    lease_expires_at: datetime | None
+    reclaims: int
+
+
+class ReapAction(Enum):
+    """What the reaper does with one pending stream entry."""
+
+    KEEP = "keep"  # its worker may still be alive
+    ACK_STALE = "ack_stale"  # the database has moved on: the entry carries nothing to do
+    REDELIVER = "redeliver"  # new delivery through the outbox, then ack the old entry
+    DEAD_LETTER = "dead_letter"  # too many lost deliveries: DLQ + task DEAD
+
+
+def decide_reap(
+    *,
+    entry_generation: int,
+    entry_delivery: int,
+    idle: timedelta,
+    task: TaskLeaseView | None,
+    now: datetime,
+    lease_timeout: timedelta,
+    visibility_timeout: timedelta,
+    max_deliveries: int,
+) -> ReapAction:
+    """Decide the fate of a pending entry idle for ``idle``.
+
+    An entry is recovered when the database says nobody holds its task (no live lease) and it
+    has been idle at least one lease: a dead worker is noticed in seconds, not after the
+    visibility timeout. An entry whose task row is missing waits for the visibility timeout
+    (the database may be restoring) and is then dead-lettered.
+    """
+    if task is None:
+        return ReapAction.DEAD_LETTER if idle >= visibility_timeout else ReapAction.KEEP
+    if (
+        task.state in TERMINAL_STATES
+        or task.generation != entry_generation
+        or task.delivery != entry_delivery
+    ):
+        return ReapAction.ACK_STALE
+    lease_live = task.lease_expires_at is not None and task.lease_expires_at > now
+    if task.state == TaskState.RUNNING and lease_live:
+        return ReapAction.KEEP
+    if idle < lease_timeout:
+        return ReapAction.KEEP
+    if task.reclaims + 1 >= max_deliveries:
+        return ReapAction.DEAD_LETTER
+    return ReapAction.REDELIVER

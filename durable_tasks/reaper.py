@@ -1,0 +1,187 @@
+"""Recovery: reclaim entries whose worker vanished, dead-letter poison, reconcile lost
+deliveries, trim acknowledged entries.
+
+Every decision comes from :func:`.policy.decide_reap`; every redelivery goes through the
+database first (a new outbox row), then the old entry is acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio import to_thread
+
+from .policy import ReapAction, TaskLeaseView, decide_reap
+from .records import TaskState
+from .store import recovery
+from .transport.messages import Delivery, MalformedEntryError, parse_delivery
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["ReapReport", "Reaper"]
+
+logger = logging.getLogger(__name__)
+
+REAPER_CONSUMER = "dt-reaper"
+
+
+@dataclass(slots=True)
+class ReapReport:
+    """What one reaper pass did."""
+
+    redelivered: int = 0
+    dead_lettered: int = 0
+    acked_stale: int = 0
+    kept: int = 0
+    reconciled: int = 0
+    trimmed: int = 0
+    deleted_entries: list[str] = field(default_factory=list)
+
+
+class Reaper:
+    """Scans the PELs and the database of one namespace for work a crash left behind."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def reap_once(self) -> ReapReport:
+        """One pass over every queue: pending entries, then reconciliation, then trimming."""
+        report = ReapReport()
+        transport = self.app.transport()
+        for queue in self.app.queues():
+            for shadow in (False, True):
+                stream = transport.keys(queue).stream_for(shadow=shadow)
+                await self._scan_pending(queue, stream, report)
+                report.trimmed += await transport.trim(stream)
+        await self._reconcile(report)
+        return report
+
+    async def _scan_pending(self, queue: str, stream: str, report: ReapReport) -> None:
+        app, s = self.app, self.app.settings
+        transport = app.transport()
+        min_idle = min(s.lease_timeout, s.visibility_timeout)
+        cursor, seen = "0-0", 0
+        while seen < s.reaper_batch:
+            page = await transport.autoclaim(
+                stream, REAPER_CONSUMER, min_idle=min_idle, cursor=cursor, count=min(100, s.reaper_batch - seen)
+            )
+            report.deleted_entries += page.deleted
+            seen += len(page.entries)
+            parsed: list[tuple[str, Delivery]] = []
+            for entry_id, fields in page.entries:
+                try:
+                    parsed.append((entry_id, parse_delivery(fields)))
+                except MalformedEntryError as exc:
+                    await transport.dead_letter(queue, {**fields, "dt_reason": str(exc)[:500], "dt_entry": entry_id})
+                    await transport.ack(stream, [entry_id])
+                    report.dead_lettered += 1
+            views = await to_thread.run_sync(
+                lambda: recovery.lease_views(app.engine, s.namespace, [d.task_id for _, d in parsed])
+            )
+            for entry_id, d in parsed:
+                await self._settle_entry(queue, stream, entry_id, d, views.get(d.task_id), min_idle, report)
+            cursor = page.cursor
+            if cursor == "0-0" or not page.entries:
+                break
+
+    async def _settle_entry(
+        self,
+        queue: str,
+        stream: str,
+        entry_id: str,
+        d: Delivery,
+        view: TaskLeaseView | None,
+        idle: timedelta,
+        report: ReapReport,
+    ) -> None:
+        app, s = self.app, self.app.settings
+        transport = app.transport()
+        now = app.clock()
+        age = timedelta(milliseconds=max(0, int(now.timestamp() * 1000) - int(entry_id.split("-")[0])))
+        action = decide_reap(
+            entry_generation=d.generation, entry_delivery=d.delivery, idle=idle if view else age,
+            task=view, now=now, lease_timeout=s.lease_timeout, visibility_timeout=s.visibility_timeout,
+            max_deliveries=s.max_deliveries,
+        )
+        if action is ReapAction.KEEP:
+            report.kept += 1
+            return
+        if action is ReapAction.REDELIVER:
+            done = await to_thread.run_sync(
+                lambda: recovery.redeliver(
+                    app.engine, s.namespace, task_id=d.task_id, generation=d.generation, delivery=d.delivery,
+                    now=now, reason="worker lost: lease expired, entry reclaimed", count_reclaim=True,
+                )
+            )
+            report.redelivered += int(done)
+            logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
+        elif action is ReapAction.DEAD_LETTER:
+            reason = (
+                f"lost {s.max_deliveries} deliveries (max_deliveries)" if view
+                else f"no task row for {s.visibility_timeout} (visibility_timeout)"
+            )
+            done = view is None or await to_thread.run_sync(
+                lambda: recovery.dead_letter_task(
+                    app.engine, s.namespace, task_id=d.task_id, generation=d.generation, delivery=d.delivery,
+                    now=now, reason=reason,
+                )
+            )
+            if done:
+                await self._publish_dead_letter(queue, entry_id, d, reason)
+                report.dead_lettered += 1
+        else:
+            if view is not None and view.state == TaskState.DEAD and (view.generation, view.delivery) == (d.generation, d.delivery):
+                # Dead in the database but maybe not yet in the DLQ stream (a crash between the
+                # two): publishing again is deduplicated.
+                await self._publish_dead_letter(queue, entry_id, d, "dead-lettered")
+            report.acked_stale += 1
+        await transport.ack(stream, [entry_id])
+
+    async def _publish_dead_letter(self, queue: str, entry_id: str, d: Delivery, reason: str) -> None:
+        await self.app.transport().dead_letter_once(
+            queue, d.task_id, d.generation, d.delivery,
+            {"t": d.task_id, "g": str(d.generation), "d": str(d.delivery), "n": d.name, "dt_reason": reason, "dt_entry": entry_id},
+        )
+
+    async def _reconcile(self, report: ReapReport) -> None:
+        """Tasks the database says were sent but whose entry Redis no longer has: send again."""
+        app, s = self.app, self.app.settings
+        now = app.clock()
+        pending = await to_thread.run_sync(
+            lambda: recovery.unconfirmed_deliveries(
+                app.engine, s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
+            )
+        )
+        by_stream: dict[str, list[recovery.UnconfirmedDelivery]] = defaultdict(list)
+        transport = app.transport()
+        for u in pending:
+            by_stream[transport.keys(u.queue).stream_for(shadow=u.shadow)].append(u)
+        for stream, items in by_stream.items():
+            exists = await transport.entries_exist(stream, [u.stream_id for u in items])
+            for u, present in zip(items, exists, strict=True):
+                if present:
+                    continue
+                done = await to_thread.run_sync(
+                    lambda u=u: recovery.redeliver(  # type: ignore[misc]
+                        app.engine, s.namespace, task_id=u.task_id, generation=u.generation, delivery=u.delivery,
+                        now=now, reason=f"stream entry {u.stream_id} lost by Redis", count_reclaim=False,
+                    )
+                )
+                report.reconciled += int(done)
+                if done:
+                    logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
+
+    async def run(self) -> None:
+        """Reap every ``reaper_interval`` until cancelled."""
+        while True:
+            try:
+                await self.reap_once()
+            except Exception:
+                logger.exception("reaper pass failed; trying again next interval")
+            await anyio.sleep(self.app.settings.reaper_interval.total_seconds())

@@ -1,0 +1,135 @@
+"""SQLModel tables: the durable intent (``dt_tasks``), delivery intents (``dt_outbox``) and
+the audit trail of executions (``dt_attempts``).
+
+Every row carries its App's namespace. Timestamps are naive UTC. Payloads and results are
+stored as the exact JSON text the runtime validated, so nothing is serialized twice.
+Schema creation is explicit: ``App.create_all()`` or ``durable-tasks init-db``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+__all__ = ["AttemptOutcome", "AttemptRecord", "OutboxRecord", "OutboxState", "TaskRecord", "TaskState"]
+
+
+class TaskState(StrEnum):
+    """Lifecycle of a task: PENDING → ENQUEUED → RUNNING → a terminal state."""
+
+    PENDING = "PENDING"
+    ENQUEUED = "ENQUEUED"
+    RUNNING = "RUNNING"
+    RETRYING = "RETRYING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    DEAD = "DEAD"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED})
+CLAIMABLE_STATES = (TaskState.PENDING, TaskState.ENQUEUED, TaskState.RETRYING)
+
+
+class OutboxState(StrEnum):
+    """Lifecycle of one delivery intent."""
+
+    PENDING = "PENDING"
+    SENT = "SENT"
+    DEAD = "DEAD"
+
+
+class AttemptOutcome(StrEnum):
+    """How one execution attempt ended (None while it runs)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    FENCED_OUT = "fenced_out"
+    LOST = "lost"
+
+
+class TaskRecord(SQLModel, table=True):
+    """``dt_tasks``: one row per logical task, its current generation and its outcome."""
+
+    __tablename__ = "dt_tasks"
+    __table_args__ = (
+        sa.UniqueConstraint("namespace", "name", "idempotency_key", name="uq_dt_tasks_idem"),
+        sa.Index("ix_dt_tasks_state", "namespace", "state", "queue"),
+    )
+
+    id: str = Field(primary_key=True, max_length=36)
+    namespace: str = Field(max_length=64)
+    name: str = Field(max_length=200)
+    queue: str = Field(max_length=64)
+    idempotency_key: str | None = Field(default=None, max_length=512)
+    payload: str = Field(sa_type=sa.Text)
+    state: str = Field(default=TaskState.PENDING, max_length=16)
+    generation: int = 0
+    attempt: int = 0
+    delivery: int = 0
+    reclaims: int = 0
+    max_attempts: int = 1
+    lease_expires_at: datetime | None = None
+    worker_id: str | None = Field(default=None, max_length=200)
+    result: str | None = Field(default=None, sa_type=sa.Text)
+    error_type: str | None = Field(default=None, max_length=200)
+    error_message: str | None = Field(default=None, sa_type=sa.Text)
+    traceparent: str | None = Field(default=None, max_length=128)
+    shadow: bool = False
+    created_at: datetime
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class OutboxRecord(SQLModel, table=True):
+    """``dt_outbox``: one row per delivery intent; its monotonic id is the cutover watermark."""
+
+    __tablename__ = "dt_outbox"
+    __table_args__ = (sa.Index("ix_dt_outbox_due", "namespace", "state", "next_attempt_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    namespace: str = Field(max_length=64)
+    task_id: str = Field(max_length=36, index=True)
+    queue: str = Field(max_length=64)
+    generation: int
+    delivery: int
+    state: str = Field(default=OutboxState.PENDING, max_length=16)
+    attempts: int = 0
+    next_attempt_at: datetime
+    lease_expires_at: datetime | None = None
+    claim_token: str | None = Field(default=None, max_length=36)
+    last_error: str | None = Field(default=None, sa_type=sa.Text)
+    shadow: bool = False
+    stream_id: str | None = Field(default=None, max_length=64)
+    created_at: datetime
+    sent_at: datetime | None = None
+
+
+class AttemptRecord(SQLModel, table=True):
+    """``dt_attempts``: the audit trail of every execution attempt, read by operators."""
+
+    __tablename__ = "dt_attempts"
+    __table_args__ = (sa.Index("ix_dt_attempts_task", "task_id", "generation", "attempt"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    namespace: str = Field(max_length=64)
+    task_id: str = Field(max_length=36)
+    generation: int
+    attempt: int
+    delivery: int
+    worker_id: str = Field(max_length=200)
+    started_at: datetime
+    finished_at: datetime | None = None
+    outcome: str | None = Field(default=None, max_length=16)
+    error_type: str | None = Field(default=None, max_length=200)
+    error_message: str | None = Field(default=None, sa_type=sa.Text)
+    retry_reason: str | None = Field(default=None, sa_type=sa.Text)
+
+
+tasks_table: sa.Table = TaskRecord.__table__  # type: ignore[attr-defined]
+outbox_table: sa.Table = OutboxRecord.__table__  # type: ignore[attr-defined]
+attempts_table: sa.Table = AttemptRecord.__table__  # type: ignore[attr-defined]

@@ -1,0 +1,90 @@
+"""Every tunable of the runtime, with its default, in one pydantic settings model.
+
+Each field reads from an environment variable ``DT_<FIELD>`` (e.g. ``DT_BATCH_SIZE=100``,
+``DT_POLL_INTERVAL=0.5``). Durations are ``timedelta`` (seconds or ISO 8601 in the environment).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["NAME_PATTERN", "Settings"]
+
+#: Namespaces and queue names end up inside Redis keys and hash tags: no braces, colons or spaces.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+class Settings(BaseSettings):
+    """Runtime settings; every default of DESIGN.md is a field here."""
+
+    model_config = SettingsConfigDict(env_prefix="DT_", extra="forbid")
+
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; None means a SQLite file in data_dir."
+    )
+    redis_url: str | None = Field(
+        default=None, description="Redis/Valkey URL; None starts an embedded Valkey in data_dir."
+    )
+    namespace: str = Field(default="default", description="Prefix of every record and key.")
+    data_dir: Path = Field(default=Path(".durable_tasks"), description="Embedded servers' home.")
+
+    # dispatcher
+    batch_size: int = Field(default=50, ge=1, le=10_000)
+    poll_interval: timedelta = timedelta(seconds=2)
+    claim_lease: timedelta = timedelta(seconds=30)
+    backoff_initial: timedelta = timedelta(seconds=1)
+    backoff_max: timedelta = timedelta(seconds=60)
+    backoff_jitter: timedelta = timedelta(seconds=1)
+    cutover_watermark: int | None = Field(
+        default=None, description="Outbox ids below this belong to a legacy path: never sent."
+    )
+    dedup_ttl: timedelta = timedelta(hours=24)
+
+    # worker
+    concurrency: int = Field(default=16, ge=1, le=10_000)
+    heartbeat_interval: timedelta = timedelta(seconds=5)
+    lease_timeout: timedelta = timedelta(seconds=10)
+    read_block: timedelta = timedelta(seconds=1)
+    retry_backoff_initial: timedelta = timedelta(seconds=1)
+    retry_backoff_max: timedelta = timedelta(seconds=60)
+    shutdown_grace: timedelta = timedelta(seconds=30)
+
+    # reaper
+    reaper_interval: timedelta = timedelta(seconds=10)
+    visibility_timeout: timedelta = timedelta(minutes=30)
+    max_deliveries: int = Field(default=5, ge=1)
+    reaper_batch: int = Field(default=100, ge=1)
+    reconcile_grace: timedelta = timedelta(seconds=30)
+
+    # input limits
+    max_payload_bytes: int = Field(default=1024 * 1024, ge=64)
+    max_json_depth: int = Field(default=64, ge=2)
+    max_idempotency_key_length: int = Field(default=512, ge=8)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_fits_key_layout(cls, value: str) -> str:
+        if not NAME_PATTERN.fullmatch(value):
+            raise ValueError(
+                "namespace must be 1-64 characters of letters, digits, '_', '.', '-' "
+                "(it becomes part of Redis keys and hash tags)"
+            )
+        return value
+
+    @field_validator("dedup_ttl")
+    @classmethod
+    def _dedup_ttl_at_least_a_day(cls, value: timedelta) -> timedelta:
+        if value < timedelta(hours=24):
+            raise ValueError("dedup_ttl must be at least 24 hours (longer than any redispatch)")
+        return value
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeat(self) -> Settings:
+        if self.lease_timeout <= self.heartbeat_interval:
+            raise ValueError("lease_timeout must be longer than heartbeat_interval")
+        return self

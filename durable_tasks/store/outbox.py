@@ -1,0 +1,215 @@
+"""The dispatcher's SQL: claim due outbox rows under a lease, then record each outcome.
+
+No row lock is held across a Redis call: the claim commits a lease (and a claim token), the
+dispatcher publishes, and every outcome update is fenced by that token, so a dispatcher
+whose lease ran out cannot overwrite the work of the one that took over.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
+from .engine import is_postgres
+
+__all__ = [
+    "ClaimedDelivery",
+    "claim_batch",
+    "mark_dead",
+    "mark_sent",
+    "release",
+    "schedule_retry",
+]
+
+o = outbox_table.c
+t = tasks_table.c
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """An outbox row this dispatcher holds the lease on, with what publishing needs."""
+
+    outbox_id: int
+    claim_token: str
+    task_id: str
+    name: str
+    queue: str
+    generation: int
+    delivery: int
+    attempts: int
+    shadow: bool
+    payload_json: str
+    traceparent: str | None
+
+
+def claim_batch(
+    engine: sa.Engine,
+    namespace: str,
+    *,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+    watermark: int | None,
+) -> list[ClaimedDelivery]:
+    """Lease up to ``limit`` due PENDING rows (oldest first) and commit the lease.
+
+    PostgreSQL selects with ``FOR UPDATE SKIP LOCKED`` so concurrent dispatchers split the
+    rows; SQLite runs the same UPDATE … RETURNING inside ``BEGIN IMMEDIATE``.
+    """
+    token = str(uuid.uuid4())
+    due = sa.select(o.id).where(
+        o.namespace == namespace,
+        o.state == OutboxState.PENDING,
+        o.next_attempt_at <= now,
+        sa.or_(o.lease_expires_at.is_(None), o.lease_expires_at <= now),
+    )
+    if watermark is not None:
+        due = due.where(o.id >= watermark)
+    due = due.order_by(o.id).limit(limit)
+    with engine.begin() as conn:
+        if is_postgres(conn):
+            due = due.with_for_update(skip_locked=True)
+        claimed = conn.execute(
+            sa.update(outbox_table)
+            .where(o.id.in_(due.scalar_subquery()))
+            .values(lease_expires_at=now + lease, claim_token=token)
+            .returning(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow)
+        ).all()
+        if not claimed:
+            return []
+        tasks = {
+            row.id: row
+            for row in conn.execute(
+                sa.select(t.id, t.name, t.payload, t.traceparent).where(
+                    t.id.in_({c.task_id for c in claimed})
+                )
+            )
+        }
+    out = []
+    for c in sorted(claimed, key=lambda r: r.id):
+        task = tasks.get(c.task_id)
+        out.append(
+            ClaimedDelivery(
+                outbox_id=c.id,
+                claim_token=token,
+                task_id=c.task_id,
+                name=task.name if task else "",
+                queue=c.queue,
+                generation=c.generation,
+                delivery=c.delivery,
+                attempts=c.attempts,
+                shadow=c.shadow,
+                payload_json=task.payload if task else "",
+                traceparent=task.traceparent if task else None,
+            )
+        )
+    return out
+
+
+def _fenced(row: ClaimedDelivery) -> dict[str, object]:
+    return {"b_id": row.outbox_id, "b_token": row.claim_token}
+
+
+_FENCE = sa.and_(
+    o.id == sa.bindparam("b_id"),
+    o.claim_token == sa.bindparam("b_token"),
+    o.state == OutboxState.PENDING,
+)
+
+
+def mark_sent(
+    engine: sa.Engine, sent: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime
+) -> int:
+    """Record published rows as SENT with their entry ids; their tasks become ENQUEUED.
+
+    The task moves only if it is still PENDING/RETRYING in the same generation and delivery:
+    a worker may already have claimed it (RUNNING), and a mark never moves a task backwards.
+    """
+    if not sent:
+        return 0
+    with engine.begin() as conn:
+        marked = conn.execute(
+            sa.update(outbox_table)
+            .where(_FENCE)
+            .values(state=OutboxState.SENT, stream_id=sa.bindparam("b_stream"), sent_at=now, lease_expires_at=None),
+            [{**_fenced(row), "b_stream": stream_id} for row, stream_id in sent],
+        ).rowcount
+        conn.execute(
+            sa.update(tasks_table)
+            .where(
+                t.id == sa.bindparam("b_task"),
+                t.generation == sa.bindparam("b_gen"),
+                t.delivery == sa.bindparam("b_delivery"),
+                t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
+            )
+            .values(state=TaskState.ENQUEUED, enqueued_at=now),
+            [{"b_task": r.task_id, "b_gen": r.generation, "b_delivery": r.delivery} for r, _ in sent],
+        )
+    return int(marked)
+
+
+def mark_dead(engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> None:
+    """Outbox row DEAD and its task DEAD, keeping the reason (payload invalid, unknown task)."""
+    if not rows:
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(outbox_table)
+            .where(_FENCE)
+            .values(state=OutboxState.DEAD, last_error=sa.bindparam("b_reason"), lease_expires_at=None),
+            [{**_fenced(row), "b_reason": reason} for row, reason in rows],
+        )
+        conn.execute(
+            sa.update(tasks_table)
+            .where(
+                t.id == sa.bindparam("b_task"),
+                t.generation == sa.bindparam("b_gen"),
+                t.state.not_in(list(TERMINAL_STATES)),
+            )
+            .values(
+                state=TaskState.DEAD,
+                error_type="InvalidPayload",
+                error_message=sa.bindparam("b_reason"),
+                finished_at=now,
+                lease_expires_at=None,
+            ),
+            [{"b_task": r.task_id, "b_gen": r.generation, "b_reason": reason} for r, reason in rows],
+        )
+
+
+def schedule_retry(
+    engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, datetime, str]]
+) -> None:
+    """A publish failed: count the attempt, keep the error, try again at the given time."""
+    if not rows:
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(outbox_table)
+            .where(_FENCE)
+            .values(
+                attempts=o.attempts + 1,
+                next_attempt_at=sa.bindparam("b_next"),
+                last_error=sa.bindparam("b_error"),
+                lease_expires_at=None,
+            ),
+            [{**_fenced(r), "b_next": at, "b_error": err} for r, at, err in rows],
+        )
+
+
+def release(engine: sa.Engine, rows: Sequence[ClaimedDelivery], *, next_attempt_at: datetime) -> None:
+    """Give rows back untouched (no transport for their queue): not a failure, no attempt."""
+    if not rows:
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(outbox_table)
+            .where(_FENCE)
+            .values(next_attempt_at=next_attempt_at, lease_expires_at=None),
+            [_fenced(r) for r in rows],
+        )

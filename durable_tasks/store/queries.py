@@ -1,0 +1,65 @@
+"""Read-only views for operators and tests: one task with its history, backlog per queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from ..records import AttemptRecord, OutboxState, TaskRecord, TaskState, attempts_table, outbox_table, tasks_table
+
+__all__ = ["QueueBacklog", "load_task", "queue_backlogs"]
+
+t = tasks_table.c
+o = outbox_table.c
+a = attempts_table.c
+
+
+def load_task(engine: sa.Engine, namespace: str, task_id: str) -> tuple[TaskRecord, list[AttemptRecord]] | None:
+    """The task row and its attempts (all generations, oldest first)."""
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(tasks_table).where(t.namespace == namespace, t.id == task_id)).one_or_none()
+        if row is None:
+            return None
+        attempts = conn.execute(
+            sa.select(attempts_table)
+            .where(a.namespace == namespace, a.task_id == task_id)
+            .order_by(a.generation, a.attempt, a.id)
+        ).all()
+    return TaskRecord.model_validate(row._mapping), [AttemptRecord.model_validate(r._mapping) for r in attempts]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBacklog:
+    """What the database says about one queue."""
+
+    outbox_backlog: int
+    outbox_oldest: datetime | None
+    oldest_enqueued: datetime | None
+
+
+def queue_backlogs(engine: sa.Engine, namespace: str) -> dict[str, QueueBacklog]:
+    """Pending outbox rows (count, oldest) and the oldest undelivered task, per queue."""
+    with engine.connect() as conn:
+        outbox = {
+            r.queue: (r.n, r.oldest)
+            for r in conn.execute(
+                sa.select(o.queue, sa.func.count().label("n"), sa.func.min(o.created_at).label("oldest"))
+                .where(o.namespace == namespace, o.state == OutboxState.PENDING)
+                .group_by(o.queue)
+            )
+        }
+        enqueued = {
+            r.queue: r.oldest
+            for r in conn.execute(
+                sa.select(t.queue, sa.func.min(t.enqueued_at).label("oldest"))
+                .where(t.namespace == namespace, t.state == TaskState.ENQUEUED)
+                .group_by(t.queue)
+            )
+        }
+    queues = set(outbox) | set(enqueued)
+    return {
+        q: QueueBacklog(outbox.get(q, (0, None))[0], outbox.get(q, (0, None))[1], enqueued.get(q))
+        for q in queues
+    }

@@ -1,0 +1,164 @@
+"""The reaper's SQL: lease views, redelivery as a new outbox row, dead-lettering, and the
+reconciler's search for deliveries Redis may have lost.
+
+Redelivery always goes through the database (delivery + 1, a new outbox row), never by
+handing the old entry to another consumer: the old entry can then be acknowledged safely,
+and a zombie's late XACK of it removes nothing that anybody else holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from ..policy import TaskLeaseView
+from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
+from .execution import close_open_attempts
+from .submit import insert_outbox
+
+__all__ = ["UnconfirmedDelivery", "dead_letter_task", "lease_views", "redeliver", "unconfirmed_deliveries"]
+
+t = tasks_table.c
+o = outbox_table.c
+
+
+def lease_views(engine: sa.Engine, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
+    """What the database says about each task (absent ids: no such task)."""
+    ids = list(set(task_ids))
+    if not ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(t.id, t.state, t.generation, t.delivery, t.lease_expires_at, t.reclaims).where(
+                t.namespace == namespace, t.id.in_(ids)
+            )
+        ).all()
+    return {
+        r.id: TaskLeaseView(TaskState(r.state), r.generation, r.delivery, r.lease_expires_at, r.reclaims)
+        for r in rows
+    }
+
+
+def _unowned(task_id: str, namespace: str, generation: int, delivery: int, now: datetime) -> sa.ColumnElement[bool]:
+    """The task still waits on this delivery and nobody holds a live lease on it."""
+    return sa.and_(
+        t.id == task_id,
+        t.namespace == namespace,
+        t.generation == generation,
+        t.delivery == delivery,
+        t.state.not_in(list(TERMINAL_STATES)),
+        sa.or_(t.state != TaskState.RUNNING, t.lease_expires_at.is_(None), t.lease_expires_at <= now),
+    )
+
+
+def redeliver(
+    engine: sa.Engine,
+    namespace: str,
+    *,
+    task_id: str,
+    generation: int,
+    delivery: int,
+    now: datetime,
+    reason: str,
+    count_reclaim: bool,
+) -> bool:
+    """Supersede a delivery with a new one (outbox row, delivery + 1); False if stale.
+
+    ``count_reclaim`` is True when a worker lost it (counts toward ``max_deliveries``) and
+    False when Redis lost it (the reconciler): a broker's data loss is not the task's fault.
+    """
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.update(tasks_table)
+            .where(_unowned(task_id, namespace, generation, delivery, now))
+            .values(
+                state=TaskState.PENDING,
+                delivery=t.delivery + 1,
+                reclaims=t.reclaims + (1 if count_reclaim else 0),
+                lease_expires_at=None,
+            )
+            .returning(t.queue, t.shadow, t.delivery)
+        ).one_or_none()
+        if row is None:
+            return False
+        close_open_attempts(conn, task_id, generation, now, reason=reason)
+        insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
+    return True
+
+
+def dead_letter_task(
+    engine: sa.Engine,
+    namespace: str,
+    *,
+    task_id: str,
+    generation: int,
+    delivery: int,
+    now: datetime,
+    reason: str,
+) -> bool:
+    """Mark the task DEAD (kept for inspection and replay); False if it moved on meanwhile."""
+    with engine.begin() as conn:
+        updated = conn.execute(
+            sa.update(tasks_table)
+            .where(_unowned(task_id, namespace, generation, delivery, now))
+            .values(
+                state=TaskState.DEAD,
+                error_type="DeadLettered",
+                error_message=reason,
+                finished_at=now,
+                lease_expires_at=None,
+            )
+        ).rowcount
+        if updated:
+            close_open_attempts(conn, task_id, generation, now, reason=reason)
+    return bool(updated)
+
+
+@dataclass(frozen=True, slots=True)
+class UnconfirmedDelivery:
+    """A task waiting on a delivery that was sent: is its entry still in Redis?"""
+
+    task_id: str
+    queue: str
+    shadow: bool
+    generation: int
+    delivery: int
+    stream_id: str
+
+
+def unconfirmed_deliveries(
+    engine: sa.Engine, namespace: str, *, now: datetime, grace: timedelta, limit: int
+) -> list[UnconfirmedDelivery]:
+    """Tasks ENQUEUED for longer than ``grace``, or RUNNING with an expired lease, with the
+    entry id their current delivery was published as."""
+    query = (
+        sa.select(t.id, t.queue, t.shadow, t.generation, t.delivery, o.stream_id)
+        .join(
+            outbox_table,
+            sa.and_(
+                o.task_id == t.id,
+                o.generation == t.generation,
+                o.delivery == t.delivery,
+                o.state == OutboxState.SENT,
+            ),
+        )
+        .where(
+            t.namespace == namespace,
+            sa.or_(
+                sa.and_(t.state == TaskState.ENQUEUED, t.enqueued_at <= now - grace),
+                sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
+            ),
+        )
+        .order_by(t.enqueued_at)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [
+        UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id)
+        for r in rows
+        if r.stream_id
+    ]

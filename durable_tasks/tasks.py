@@ -1,0 +1,124 @@
+"""Declaring tasks: the ``@app.task`` decorator, the context a handler receives, handles."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
+
+from pydantic import TypeAdapter
+from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["OnCommitHook", "Task", "TaskContext", "TaskHandle"]
+
+PayloadT = TypeVar("PayloadT")
+ResultT = TypeVar("ResultT")
+
+#: ``hook(session, ctx, result)``: runs inside the fenced result transaction; never commits.
+OnCommitHook = Callable[[Session, "TaskContext[Any]", Any], None]
+
+
+@dataclass(slots=True)
+class TaskContext(Generic[PayloadT]):
+    """What a handler knows about the execution it runs in."""
+
+    task_id: str
+    name: str
+    queue: str
+    generation: int
+    attempt: int
+    delivery: int
+    idempotency_key: str | None
+    payload: PayloadT
+    shadow: bool = False
+    _beat: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False)
+    fenced_out: bool = False
+
+    @property
+    def idempotency_token(self) -> str:
+        """``"task_id:generation"``: pass it to downstream systems so a re-run body is harmless."""
+        return f"{self.task_id}:{self.generation}"
+
+    async def heartbeat(self) -> bool:
+        """Extend the lease now (the worker also does so on its own); False once fenced out."""
+        if self._beat is None:
+            return True
+        alive = await self._beat()
+        self.fenced_out = self.fenced_out or not alive
+        return alive
+
+
+@dataclass(frozen=True, slots=True)
+class TaskHandle:
+    """What ``submit`` returns: the durable task's id and generation."""
+
+    id: str
+    name: str
+    generation: int
+    created: bool
+
+
+class Task(Generic[PayloadT, ResultT]):
+    """A registered task: its handler, payload and result types, and delivery policy."""
+
+    def __init__(
+        self,
+        app: App,
+        fn: Callable[[TaskContext[PayloadT], PayloadT], ResultT | Awaitable[ResultT]],
+        *,
+        name: str,
+        queue: str,
+        max_attempts: int,
+        timeout: timedelta | None,
+        retry_on: tuple[type[BaseException], ...],
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.queue = queue
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self.retry_on = retry_on
+        self.is_async = inspect.iscoroutinefunction(fn)
+        hints = get_type_hints(fn)
+        params = list(inspect.signature(fn).parameters)
+        if len(params) != 2:
+            raise TypeError(f"task {name!r}: a handler takes (ctx, payload), got {params}")
+        self.payload_adapter: TypeAdapter[PayloadT] = TypeAdapter(hints.get(params[1], Any))
+        self.result_adapter: TypeAdapter[ResultT] = TypeAdapter(hints.get("return", Any))
+        self.hooks: list[OnCommitHook] = []
+
+    def submit(
+        self,
+        session: Session,
+        payload: PayloadT | dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        shadow: bool = False,
+    ) -> TaskHandle:
+        """Record the intent in ``session``'s transaction (no commit: the caller commits).
+
+        The same ``idempotency_key`` returns the existing task instead of a second one.
+        """
+        return self.app.submit(session, self, payload, idempotency_key=idempotency_key, shadow=shadow)
+
+    def on_commit(self, hook: OnCommitHook) -> OnCommitHook:
+        """Register ``hook(session, ctx, result)`` to run inside the fenced result transaction."""
+        self.hooks.append(hook)
+        return hook
+
+    async def run(self, ctx: TaskContext[PayloadT]) -> ResultT:
+        """Run the handler once (sync handlers in a worker thread)."""
+        if self.is_async:
+            return await self.fn(ctx, ctx.payload)  # type: ignore[no-any-return,misc]
+        import anyio
+
+        return await anyio.to_thread.run_sync(self.fn, ctx, ctx.payload, abandon_on_cancel=True)  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue}>"

@@ -1,0 +1,116 @@
+"""What travels on a stream: a reference to a durable intent, never the payload itself.
+
+Entries carry ids only (task, generation, delivery, name, trace context); the worker reads
+the payload from the database under its execution fence. Nothing in a stream is ever
+deserialized as code, so an entry written by a stranger can at worst name a task that the
+fence then refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "AutoclaimPage",
+    "Delivery",
+    "MalformedEntryError",
+    "OutgoingMessage",
+    "StreamEntry",
+    "parse_autoclaim_reply",
+    "parse_delivery",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One delivery to publish: the outbox row's identity and where it goes."""
+
+    queue: str
+    task_id: str
+    generation: int
+    delivery: int
+    name: str
+    traceparent: str | None = None
+    shadow: bool = False
+
+    def fields(self) -> dict[str, str]:
+        """The stream entry's fields."""
+        out = {
+            "t": self.task_id,
+            "g": str(self.generation),
+            "d": str(self.delivery),
+            "n": self.name,
+        }
+        if self.traceparent:
+            out["tp"] = self.traceparent
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """An entry as read from a stream, fields untouched."""
+
+    queue: str
+    shadow: bool
+    entry_id: str
+    fields: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A parsed entry: which delivery of which task generation it carries."""
+
+    task_id: str
+    generation: int
+    delivery: int
+    name: str
+    traceparent: str | None
+
+
+class MalformedEntryError(ValueError):
+    """A stream entry lacks a field or holds garbage; it cannot name a task delivery."""
+
+
+def parse_delivery(fields: Mapping[str, str]) -> Delivery:
+    """Read a delivery out of entry fields, or raise :class:`MalformedEntryError`."""
+    try:
+        task_id, name = fields["t"], fields["n"]
+        generation, delivery = int(fields["g"]), int(fields["d"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise MalformedEntryError(f"entry fields {sorted(fields)!r} are not a delivery: {exc!r}") from exc
+    if not task_id or len(task_id) > 36 or not name or generation < 0 or delivery < 0:
+        raise MalformedEntryError(f"entry names no valid task delivery: {dict(fields)!r}")
+    return Delivery(task_id, generation, delivery, name, fields.get("tp"))
+
+
+@dataclass(frozen=True, slots=True)
+class AutoclaimPage:
+    """One XAUTOCLAIM reply: the next cursor, claimed entries, ids dropped as deleted."""
+
+    cursor: str
+    entries: list[tuple[str, dict[str, str]]]
+    deleted: list[str]
+
+
+def parse_autoclaim_reply(reply: Sequence[Any]) -> AutoclaimPage:
+    """Normalize XAUTOCLAIM replies of every server version.
+
+    Redis 6.2 replies ``[cursor, entries]`` and reports an entry trimmed from the stream as an
+    entry without fields; Redis/Valkey 7+ add a third element listing such ids, which the
+    server has already removed from the PEL.
+    """
+    cursor = str(reply[0])
+    entries: list[tuple[str, dict[str, str]]] = []
+    deleted = [str(i) for i in reply[2]] if len(reply) > 2 and reply[2] else []
+    for item in reply[1] or []:
+        entry_id, raw = item[0], item[1]
+        if raw is None:
+            deleted.append(str(entry_id))
+        elif isinstance(raw, Mapping):
+            entries.append((str(entry_id), {str(k): str(v) for k, v in raw.items()}))
+        else:
+            flat = list(raw)
+            entries.append((str(entry_id), {str(k): str(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}))
+    return AutoclaimPage(cursor, entries, deleted)

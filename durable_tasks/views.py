@@ -1,0 +1,89 @@
+"""Read models returned to callers: a task with its history, per-queue statistics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from .records import AttemptRecord, TaskRecord, TaskState
+
+__all__ = ["AttemptInfo", "QueueStats", "TaskInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """One execution attempt, as the audit trail records it."""
+
+    generation: int
+    attempt: int
+    delivery: int
+    worker_id: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error_type: str | None
+    error_message: str | None
+    retry_reason: str | None
+
+    @classmethod
+    def from_record(cls, r: AttemptRecord) -> AttemptInfo:
+        """Build from a ``dt_attempts`` row."""
+        return cls(
+            r.generation, r.attempt, r.delivery, r.worker_id, r.started_at, r.finished_at,
+            r.outcome, r.error_type, r.error_message, r.retry_reason,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """A task's current state, outcome and full attempt history."""
+
+    id: str
+    name: str
+    queue: str
+    state: TaskState
+    generation: int
+    attempt: int
+    delivery: int
+    reclaims: int
+    idempotency_key: str | None
+    payload: Any
+    result: Any
+    error_type: str | None
+    error_message: str | None
+    shadow: bool
+    created_at: datetime
+    enqueued_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: tuple[AttemptInfo, ...]
+
+    @classmethod
+    def from_records(cls, t: TaskRecord, attempts: list[AttemptRecord]) -> TaskInfo:
+        """Build from a ``dt_tasks`` row and its ``dt_attempts`` rows."""
+        return cls(
+            id=t.id, name=t.name, queue=t.queue, state=TaskState(t.state), generation=t.generation,
+            attempt=t.attempt, delivery=t.delivery, reclaims=t.reclaims, idempotency_key=t.idempotency_key,
+            payload=json.loads(t.payload), result=None if t.result is None else json.loads(t.result),
+            error_type=t.error_type, error_message=t.error_message, shadow=t.shadow,
+            created_at=t.created_at, enqueued_at=t.enqueued_at, started_at=t.started_at,
+            finished_at=t.finished_at, attempts=tuple(AttemptInfo.from_record(a) for a in attempts),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Named numbers for one queue (the CLI's ``status`` prints the same)."""
+
+    outbox_backlog: int
+    outbox_oldest_age_s: float
+    pel_size: int
+    queue_delay_s: float
+    oldest_pending_age_s: float
+    dlq_length: int
+
+    def as_dict(self) -> dict[str, float]:
+        """The numbers by name."""
+        return asdict(self)

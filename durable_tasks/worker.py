@@ -1,0 +1,263 @@
+"""Consumer loop: read entries, take the execution fence, run, heartbeat, commit fenced, ack.
+
+An entry is acknowledged only after the database has recorded what happened to it (result,
+failure, or "stale"): a worker that cannot reach the database leaves the entry in the PEL
+for the reaper.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import sqlalchemy as sa
+from anyio import to_thread
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session
+
+from .codec import decode_payload, encode_result
+from .errors import PayloadValidationError, ResultNotSerializableError
+from .policy import FailureDecision, backoff_delay, decide_after_failure
+from .store import execution
+from .store.execution import CommitOutcome, ExecutionClaim, FinalWrite
+from .tasks import Task, TaskContext
+from .transport.messages import Delivery, MalformedEntryError, StreamEntry, parse_delivery
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["Worker", "WorkerCounters"]
+
+logger = logging.getLogger(__name__)
+
+_NOT_RETRYABLE = (PayloadValidationError, ResultNotSerializableError)
+
+
+class WorkerCounters:
+    """What one worker did; tests and stats read it."""
+
+    def __init__(self) -> None:
+        self.settled = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.retried = 0
+        self.skipped_stale = 0
+        self.fenced_out = 0
+        self.malformed = 0
+        self.unsettled = 0
+
+
+class Worker:
+    """Runs the tasks of some queues of one App, ``concurrency`` at a time."""
+
+    def __init__(self, app: App, *, queues: list[str] | None = None, concurrency: int | None = None) -> None:
+        self.app = app
+        self.queues = queues or sorted({t.queue for t in app.registry.values()})
+        self.concurrency = concurrency or app.settings.concurrency
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.counters = WorkerCounters()
+        self._in_flight = 0
+
+    async def run(self, *, max_tasks: int | None = None, timeout: timedelta | None = None) -> int:
+        """Work until ``max_tasks`` deliveries are settled, ``timeout`` passes, or cancellation.
+
+        Returns how many deliveries this call settled.
+        """
+        start = self.counters.settled
+        streams = [(q, shadow) for q in self.queues for shadow in (False, True)]
+        transport = self.app.transport()
+        limiter = anyio.Semaphore(self.concurrency)
+        done = anyio.Event()
+        with anyio.move_on_after(timeout.total_seconds() if timeout else None):
+            async with anyio.create_task_group() as tg:
+                while not done.is_set():
+                    settled = self.counters.settled - start
+                    want = self.concurrency - self._in_flight
+                    if max_tasks is not None:
+                        want = min(want, max_tasks - settled - self._in_flight)
+                    if max_tasks is not None and settled >= max_tasks:
+                        break
+                    if want <= 0:
+                        await anyio.sleep(0.005)
+                        continue
+                    try:
+                        entries = await transport.read(
+                            streams, self.worker_id, count=want, block=self.app.settings.read_block
+                        )
+                    except Exception:
+                        logger.exception("reading streams failed; retrying")
+                        await anyio.sleep(1)
+                        continue
+                    for entry in entries:
+                        await limiter.acquire()
+                        self._in_flight += 1
+                        tg.start_soon(self._handle_and_release, entry, limiter)
+        return self.counters.settled - start
+
+    async def _handle_and_release(self, entry: StreamEntry, limiter: anyio.Semaphore) -> None:
+        try:
+            settled = await self.handle(entry)
+        except Exception:
+            logger.exception("unexpected error handling entry %s; it stays pending", entry.entry_id)
+            settled = False
+        finally:
+            self._in_flight -= 1
+            limiter.release()
+        if settled:
+            self.counters.settled += 1
+        else:
+            self.counters.unsettled += 1
+
+    async def handle(self, entry: StreamEntry) -> bool:
+        """Process one entry; True when the database recorded its outcome and it was acked."""
+        app = self.app
+        stream = app.transport().keys(entry.queue).stream_for(shadow=entry.shadow)
+        try:
+            delivery = parse_delivery(entry.fields)
+        except MalformedEntryError as exc:
+            # Nothing names a task: park the raw entry in the DLQ for an operator, then ack.
+            await app.transport().dead_letter(entry.queue, {**entry.fields, "dt_reason": str(exc)[:500], "dt_entry": entry.entry_id})
+            await app.transport().ack(stream, [entry.entry_id])
+            self.counters.malformed += 1
+            return True
+        try:
+            claim = await self._claim(delivery)
+        except SQLAlchemyError as exc:
+            logger.warning("cannot reach the database to claim %s (%s); entry stays pending", delivery.task_id, exc)
+            return False
+        if claim is None:
+            self.counters.skipped_stale += 1
+            await app.transport().ack(stream, [entry.entry_id])
+            return True
+        try:
+            recorded = await self._execute(claim)
+        except SQLAlchemyError as exc:
+            logger.warning("cannot record the outcome of %s (%s); entry stays pending", claim.task_id, exc)
+            return False
+        if recorded:
+            await app.transport().ack(stream, [entry.entry_id])
+        return recorded
+
+    async def _claim(self, d: Delivery) -> ExecutionClaim | None:
+        app = self.app
+        now = app.clock()
+        return await to_thread.run_sync(
+            lambda: execution.claim_execution(
+                app.engine, app.settings.namespace, task_id=d.task_id, generation=d.generation,
+                delivery=d.delivery, worker_id=self.worker_id, now=now, lease=app.settings.lease_timeout,
+            )
+        )
+
+    async def _execute(self, claim: ExecutionClaim) -> bool:
+        """Run the claimed attempt and record its outcome; False if the DB write failed silently."""
+        task = self.app.registry.get(claim.name)
+        if task is None:
+            return await self._fail(claim, None, LookupError(f"no task {claim.name!r} is registered in this worker"))
+        try:
+            payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
+        except PayloadValidationError as exc:
+            return await self._fail(claim, task, exc)
+        ctx: TaskContext[Any] = TaskContext(
+            task_id=claim.task_id, name=claim.name, queue=claim.queue, generation=claim.generation,
+            attempt=claim.attempt, delivery=claim.delivery, idempotency_key=claim.idempotency_key,
+            payload=payload, shadow=claim.shadow, _beat=lambda: self._beat(claim),
+        )
+        try:
+            result = await self._run_with_heartbeat(task, ctx)
+            result_json = encode_result(
+                task.result_adapter, result, task=claim.name,
+                max_bytes=self.app.settings.max_payload_bytes, max_depth=self.app.settings.max_json_depth,
+            )
+        except Exception as exc:
+            return await self._fail(claim, task, exc)
+        write = FinalWrite(claim, result_json, hook=self._hook(task, ctx, result))
+        await self.app.commit_result(write)
+        if write.outcome is CommitOutcome.FENCED_OUT:
+            self.counters.fenced_out += 1
+            logger.info("result of %s gen %s attempt %s fenced out", claim.task_id, claim.generation, claim.attempt)
+            return True
+        if write.outcome is CommitOutcome.HOOK_FAILED:
+            assert write.hook_error is not None
+            return await self._fail(claim, task, write.hook_error)
+        self.counters.succeeded += 1
+        return True
+
+    async def _run_with_heartbeat(self, task: Task[Any, Any], ctx: TaskContext[Any]) -> Any:
+        interval = self.app.settings.heartbeat_interval.total_seconds()
+        result: Any = None
+        async with anyio.create_task_group() as tg:
+
+            async def beat() -> None:
+                while True:
+                    await anyio.sleep(interval)
+                    await ctx.heartbeat()
+
+            tg.start_soon(beat)
+            try:
+                if task.timeout is not None:
+                    with anyio.fail_after(task.timeout.total_seconds()):
+                        result = await task.run(ctx)
+                else:
+                    result = await task.run(ctx)
+            finally:
+                tg.cancel_scope.cancel()
+        return result
+
+    async def _beat(self, claim: ExecutionClaim) -> bool:
+        app = self.app
+        now = app.clock()
+        try:
+            return await to_thread.run_sync(
+                lambda: execution.heartbeat(app.engine, claim, now=now, lease=app.settings.lease_timeout)
+            )
+        except SQLAlchemyError as exc:
+            logger.warning("heartbeat of %s failed: %s", claim.task_id, exc)
+            return True  # unknown: keep running; the fence decides at commit
+
+    def _hook(self, task: Task[Any, Any], ctx: TaskContext[Any], result: Any) -> Any:
+        if not task.hooks:
+            return None
+
+        def run_hooks(conn: sa.Connection) -> None:
+            with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+                for hook in task.hooks:
+                    hook(session, ctx, result)
+                session.commit()  # releases the session's savepoint; the fenced transaction commits later
+
+        return run_hooks
+
+    async def _fail(self, claim: ExecutionClaim, task: Task[Any, Any] | None, exc: BaseException) -> bool:
+        app, s = self.app, self.app.settings
+        retryable = not isinstance(exc, _NOT_RETRYABLE) and (
+            task is None or not task.retry_on or isinstance(exc, task.retry_on)
+        )
+        decision = decide_after_failure(attempt=claim.attempt, max_attempts=claim.max_attempts, retryable=retryable)
+        now = app.clock()
+        retry_at = None
+        if decision is FailureDecision.RETRY:
+            retry_at = now + backoff_delay(
+                claim.attempt, initial=s.retry_backoff_initial, cap=s.retry_backoff_max, jitter=s.backoff_jitter
+            )
+        message = f"{exc}"[:4000]
+        error_type = type(exc).__qualname__
+        recorded = await to_thread.run_sync(
+            lambda: execution.record_failure(
+                app.engine, claim, now=now, error_type=error_type, error_message=message, retry_at=retry_at
+            )
+        )
+        if not recorded:
+            self.counters.fenced_out += 1
+        elif retry_at is None:
+            self.counters.failed += 1
+        else:
+            self.counters.retried += 1
+        logger.info(
+            "task %s attempt %s failed with %s: %s", claim.task_id, claim.attempt, error_type,
+            "retrying" if retry_at else "final",
+        )
+        return True

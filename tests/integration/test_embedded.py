@@ -1,0 +1,261 @@
+"""Real-server tests for durable_tasks.embedded: no mocks, every server is stopped by pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import sqlalchemy
+
+from durable_tasks.embedded import (
+    EmbeddedServerError,
+    ensure_valkey,
+    start_embedded_postgres,
+    stop_valkey,
+)
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _is_valkey(pid: int) -> bool:
+    try:
+        return b"valkey" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float = 6.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _valkey_pids_for(sock: str) -> list[int]:
+    """Every live valkey process whose process title names ``sock``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"valkey" in cmdline and sock.encode() in cmdline and _alive(int(entry.name)):
+                pids.append(int(entry.name))
+    return pids
+
+
+def _state(data_dir: Path) -> dict[str, int | str]:
+    state: dict[str, int | str] = json.loads((data_dir / "valkey.json").read_text())
+    return state
+
+
+def _server_pid(data_dir: Path) -> int:
+    return int(_state(data_dir)["server_pid"])
+
+
+def _sock(url: str) -> str:
+    return url.removeprefix("unix://")
+
+
+@pytest.fixture
+def valkey_pids() -> Iterator[list[int]]:
+    """Valkey server pids the test started; each is stopped at teardown."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if _alive(pid) and _is_valkey(pid):
+            os.kill(pid, signal.SIGTERM)
+            if not _wait_gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _python(code: str, stdin: int | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, text=True, stdin=stdin, stdout=subprocess.PIPE
+    )
+
+
+def test_start_answers_ping(tmp_path: Path, valkey_pids: list[int]) -> None:
+    url = ensure_valkey(tmp_path)
+    valkey_pids.append(_server_pid(tmp_path))
+
+    assert url.startswith("unix://")
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.ping() is True
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+    finally:
+        client.close()
+    assert _state(tmp_path)["owner_pid"] == os.getpid()
+
+
+def test_second_call_reuses_server(tmp_path: Path, valkey_pids: list[int]) -> None:
+    url = ensure_valkey(tmp_path)
+    pid = _server_pid(tmp_path)
+    valkey_pids.append(pid)
+
+    assert ensure_valkey(tmp_path) == url
+    assert _server_pid(tmp_path) == pid
+
+    # Another process of the same app, while this process (the owner) is alive.
+    child = _python(
+        "from pathlib import Path; from durable_tasks.embedded import ensure_valkey;"
+        f"print(ensure_valkey(Path({str(tmp_path)!r})))"
+    )
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 0
+    assert out.strip() == url
+    assert _server_pid(tmp_path) == pid
+    assert _state(tmp_path)["owner_pid"] == os.getpid()
+    assert _valkey_pids_for(_sock(url)) == [pid]
+
+
+def test_stale_server_of_dead_owner_is_replaced(tmp_path: Path, valkey_pids: list[int]) -> None:
+    child = _python(
+        "import os; from pathlib import Path; import redis;"
+        "from durable_tasks.embedded import ensure_valkey;"
+        f"url = ensure_valkey(Path({str(tmp_path)!r}));"
+        "redis.Redis.from_url(url).set('survives', '1');"
+        "print(url, flush=True); os._exit(0)"
+    )
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 0
+    old_pid = _server_pid(tmp_path)
+    valkey_pids.append(old_pid)
+    assert _state(tmp_path)["owner_pid"] == child.pid
+    assert _alive(old_pid), "the child's server should outlive the child"
+
+    url = ensure_valkey(tmp_path)
+    new_pid = _server_pid(tmp_path)
+    valkey_pids.append(new_pid)
+
+    assert url == out.strip()
+    assert new_pid != old_pid
+    assert _wait_gone(old_pid, timeout=1.0)
+    assert _state(tmp_path)["owner_pid"] == os.getpid()
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.ping() is True
+        # SIGTERM lets the old server flush its AOF, so the replacement loads the data.
+        assert client.get("survives") == b"1"
+    finally:
+        client.close()
+
+
+def test_concurrent_calls_start_one_server(tmp_path: Path, valkey_pids: list[int]) -> None:
+    go = tmp_path / "go"
+    code = (
+        "import sys, time; from pathlib import Path;"
+        "from durable_tasks.embedded import ensure_valkey;"
+        f"go = Path({str(go)!r})\n"
+        "while not go.exists(): time.sleep(0.001)\n"
+        f"print(ensure_valkey(Path({str(tmp_path)!r})), flush=True)\n"
+        # Stay alive until the test has looked, so neither child sees a dead owner.
+        "sys.stdin.read()"
+    )
+    children = [_python(code, stdin=subprocess.PIPE) for _ in range(2)]
+    try:
+        time.sleep(0.5)  # let both interpreters import and reach the busy-wait
+        go.touch()
+        urls = []
+        for child in children:
+            assert child.stdout is not None
+            urls.append(child.stdout.readline().strip())
+        pid = _server_pid(tmp_path)
+        valkey_pids.append(pid)
+
+        assert urls[0] == urls[1] != ""
+        assert _valkey_pids_for(_sock(urls[0])) == [pid]
+        assert _state(tmp_path)["owner_pid"] in {c.pid for c in children}
+    finally:
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(timeout=30)
+            assert child.stdout is not None
+            child.stdout.close()
+
+
+def test_stop_valkey_only_for_owner(tmp_path: Path, valkey_pids: list[int]) -> None:
+    ensure_valkey(tmp_path, appendonly=False)
+    pid = _server_pid(tmp_path)
+    valkey_pids.append(pid)
+
+    assert stop_valkey(tmp_path) is True
+    assert _wait_gone(pid, timeout=1.0)
+    assert not (tmp_path / "valkey.json").exists()
+    assert stop_valkey(tmp_path) is False
+
+    # A server owned by a live process other than this one is left alone unless forced.
+    ensure_valkey(tmp_path)
+    pid = _server_pid(tmp_path)
+    valkey_pids.append(pid)
+    state = _state(tmp_path) | {"owner_pid": os.getppid()}
+    (tmp_path / "valkey.json").write_text(json.dumps(state))
+    assert stop_valkey(tmp_path) is False
+    assert _alive(pid)
+    assert stop_valkey(tmp_path, force=True) is True
+    assert _wait_gone(pid, timeout=1.0)
+
+
+def test_long_data_dir_uses_short_socket(tmp_path: Path, valkey_pids: list[int]) -> None:
+    data_dir = tmp_path / ("d" * 60) / ("e" * 60)
+    url = ensure_valkey(data_dir)
+    valkey_pids.append(_server_pid(data_dir))
+
+    assert url.startswith("unix:///tmp/dt-valkey-")
+    assert redis.Redis.from_url(url).ping() is True
+    # The same dir maps to the same short socket, so it is reused.
+    assert ensure_valkey(data_dir) == url
+
+
+def test_start_failure_raises_with_log(tmp_path: Path) -> None:
+    # A directory where the socket should go makes the bind fail.
+    (tmp_path / "valkey.sock").mkdir()
+    with pytest.raises(EmbeddedServerError, match=r"did not start .* exited with code") as info:
+        ensure_valkey(tmp_path, timeout=5.0)
+    assert "Address already in use" in str(info.value), "the message should carry the log tail"
+    assert not (tmp_path / "valkey.json").exists()
+
+
+def test_embedded_postgres_select_1(tmp_path: Path) -> None:
+    url, stop = start_embedded_postgres(tmp_path)
+    try:
+        assert url.startswith("postgresql+psycopg://")
+        engine = sqlalchemy.create_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(sqlalchemy.text("SELECT 1")).scalar_one() == 1
+                db = conn.execute(sqlalchemy.text("SELECT current_database()")).scalar_one()
+                assert db == "dt_test"
+        finally:
+            engine.dispose()
+    finally:
+        stop()
+    assert not (tmp_path / "pgdata" / "postmaster.pid").exists()
