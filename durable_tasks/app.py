@@ -29,7 +29,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .notify import OutboxWaiter, waiter_for
-from .reaper import ReapReport, Reaper
+from .reaper import Reaper, ReapReport
 from .records import attempts_table, outbox_table, tasks_table
 from .settings import NAME_PATTERN, Settings
 from .store import execution, queries
@@ -182,8 +182,14 @@ class App:
             task.payload_adapter, payload, task=task.name, max_bytes=s.max_payload_bytes, max_depth=s.max_json_depth
         )
         new = submit_store.NewTask(
-            namespace=s.namespace, name=task.name, queue=task.queue, payload_json=payload_json,
-            idempotency_key=idempotency_key, max_attempts=task.max_attempts, traceparent=None, shadow=shadow,
+            namespace=s.namespace,
+            name=task.name,
+            queue=task.queue,
+            payload_json=payload_json,
+            idempotency_key=idempotency_key,
+            max_attempts=task.max_attempts,
+            traceparent=None,
+            shadow=shadow,
         )
         try:
             outcome = submit_store.submit_task(session, new, self.clock())
@@ -295,7 +301,9 @@ class App:
         """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,
         DLQ length."""
         now = self.clock()
-        backlogs = await to_thread.run_sync(lambda: queries.queue_backlogs(read_only(self.engine), self.settings.namespace))
+        backlogs = await to_thread.run_sync(
+            lambda: queries.queue_backlogs(read_only(self.engine), self.settings.namespace)
+        )
         out: dict[str, QueueStats] = {}
         for queue in sorted(set(self.queues()) | set(backlogs)):
             b = backlogs.get(queue)
@@ -310,8 +318,9 @@ class App:
             )
         return out
 
-    async def run(self, *, dispatcher: bool = True, worker: bool = True, reaper: bool = True,
-                  queues: list[str] | None = None) -> None:
+    async def run(
+        self, *, dispatcher: bool = True, worker: bool = True, reaper: bool = True, queues: list[str] | None = None
+    ) -> None:
         """Run the chosen components until cancelled (Ctrl-C in the CLI)."""
         await self.check_connections()
         async with anyio.create_task_group() as tg:

@@ -7,13 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 __all__ = ["Clock", "FrozenClock", "system_clock"]
 
-#: A clock returns the current time as a naive UTC datetime (how the records store it).
+#: A clock returns the current time as an aware UTC datetime.
 Clock = Callable[[], datetime]
 
 
 def system_clock() -> datetime:
-    """The wall clock, naive UTC."""
-    return datetime.now(UTC).replace(tzinfo=None)
+    """The wall clock, UTC."""
+    return datetime.now(UTC)
 
 
 class FrozenClock:

@@ -11,7 +11,12 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from .errors import PayloadNotSerializableError, PayloadTooLargeError, PayloadValidationError, ResultNotSerializableError
+from .errors import (
+    PayloadNotSerializableError,
+    PayloadTooLargeError,
+    PayloadValidationError,
+    ResultNotSerializableError,
+)
 
 __all__ = ["decode_payload", "encode_payload", "encode_result", "json_depth"]
 
@@ -74,9 +79,7 @@ def encode_result(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes
     try:
         text = _to_json(adapter.dump_python(value, mode="json"), max_depth)
     except Exception as exc:
-        raise ResultNotSerializableError(
-            f"task {task!r} returned a value that is not plain JSON: {exc}"
-        ) from exc
+        raise ResultNotSerializableError(f"task {task!r} returned a value that is not plain JSON: {exc}") from exc
     if len(text.encode()) > max_bytes:
         raise ResultNotSerializableError(
             f"task {task!r} returned {len(text.encode())} bytes of JSON, over max_payload_bytes={max_bytes}"

@@ -40,7 +40,11 @@ class Dispatcher:
         now = app.clock()
         rows = await to_thread.run_sync(
             lambda: outbox_store.claim_batch(
-                app.engine, s.namespace, now=now, lease=s.claim_lease, limit=s.batch_size,
+                app.engine,
+                s.namespace,
+                now=now,
+                lease=s.claim_lease,
+                limit=s.batch_size,
                 watermark=s.cutover_watermark,
             )
         )
@@ -60,7 +64,14 @@ class Dispatcher:
         sent, failed = await self._publish(ready)
         now = app.clock()
         retry = [
-            (row, now + backoff_delay(row.attempts + 1, initial=s.backoff_initial, cap=s.backoff_max, jitter=s.backoff_jitter), err)
+            (
+                row,
+                now
+                + backoff_delay(
+                    row.attempts + 1, initial=s.backoff_initial, cap=s.backoff_max, jitter=s.backoff_jitter
+                ),
+                err,
+            )
             for row, err in failed
         ]
 
@@ -95,8 +106,7 @@ class Dispatcher:
         if not rows:
             return sent, failed
         messages = [
-            OutgoingMessage(r.queue, r.task_id, r.generation, r.delivery, r.name, r.traceparent, r.shadow)
-            for r in rows
+            OutgoingMessage(r.queue, r.task_id, r.generation, r.delivery, r.name, r.traceparent, r.shadow) for r in rows
         ]
         try:
             replies: list[str | Exception] = await self.app.transport().publish(messages)

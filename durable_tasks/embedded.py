@@ -72,9 +72,7 @@ def _is_valkey(pid: int) -> bool:
         if Path("/proc/self").exists():
             return False
         # No procfs (macOS): ask ps instead.
-        result = subprocess.run(
-            ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True
-        )
+        result = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
         cmdline = result.stdout
     except OSError:
         return False
@@ -207,26 +205,18 @@ def ensure_valkey(data_dir: Path, *, appendonly: bool = True, timeout: float = 1
         ]  # fmt: skip
         # Own session: Ctrl-C in the app's terminal must not kill a server other
         # processes of the app still use. close_fds (the default) keeps the lock fd out.
-        proc = subprocess.Popen(
-            args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _children[proc.pid] = proc
         _write_state(data_dir, proc.pid, sock)
         started = time.monotonic()
         if _wait_for_ping(sock, timeout, lambda: proc.poll() is None):
-            logger.info(
-                "started valkey pid %d at %s in %.2fs", proc.pid, sock, time.monotonic() - started
-            )
+            logger.info("started valkey pid %d at %s in %.2fs", proc.pid, sock, time.monotonic() - started)
             return f"unix://{sock}"
 
         exit_code = proc.poll()
         _terminate(proc.pid)
         (data_dir / "valkey.json").unlink(missing_ok=True)
-        why = (
-            f"it did not answer PING within {timeout:g}s"
-            if exit_code is None
-            else f"it exited with code {exit_code}"
-        )
+        why = f"it did not answer PING within {timeout:g}s" if exit_code is None else f"it exited with code {exit_code}"
         raise EmbeddedServerError(
             f"The embedded Valkey server for {data_dir} did not start on {sock}: {why}. "
             f"Check the log below, make sure the directory is writable and on a local "
@@ -286,9 +276,7 @@ def start_embedded_postgres(data_dir: Path) -> tuple[str, Callable[[], None]]:
             conn.execute("CREATE DATABASE dt_test")
     logger.info("embedded postgres ready at %s in %.2fs", socket_dir, time.monotonic() - started)
 
-    url = URL.create(
-        "postgresql+psycopg", username="postgres", database="dt_test", query={"host": socket_dir}
-    )
+    url = URL.create("postgresql+psycopg", username="postgres", database="dt_test", query={"host": socket_dir})
 
     def stop() -> None:
         server.cleanup()

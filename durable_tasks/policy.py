@@ -23,9 +23,7 @@ __all__ = [
 ]
 
 
-def backoff_delay(
-    failures: int, *, initial: timedelta, cap: timedelta, jitter: timedelta
-) -> timedelta:
+def backoff_delay(failures: int, *, initial: timedelta, cap: timedelta, jitter: timedelta) -> timedelta:
     """Delay before the next try after ``failures`` consecutive failures (1 = first failure).
 
     Exponential (initial * 2**(failures-1)) plus random jitter, never above ``cap``; tenacity's
@@ -95,11 +93,7 @@ def decide_reap(
     """
     if task is None:
         return ReapAction.DEAD_LETTER if idle >= visibility_timeout else ReapAction.KEEP
-    if (
-        task.state in TERMINAL_STATES
-        or task.generation != entry_generation
-        or task.delivery != entry_delivery
-    ):
+    if task.state in TERMINAL_STATES or task.generation != entry_generation or task.delivery != entry_delivery:
         return ReapAction.ACK_STALE
     lease_live = task.lease_expires_at is not None and task.lease_expires_at > now
     if task.state == TaskState.RUNNING and lease_live:

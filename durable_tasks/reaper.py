@@ -105,8 +105,13 @@ class Reaper:
         now = app.clock()
         age = timedelta(milliseconds=max(0, int(now.timestamp() * 1000) - int(entry_id.split("-")[0])))
         action = decide_reap(
-            entry_generation=d.generation, entry_delivery=d.delivery, idle=idle if view else age,
-            task=view, now=now, lease_timeout=s.lease_timeout, visibility_timeout=s.visibility_timeout,
+            entry_generation=d.generation,
+            entry_delivery=d.delivery,
+            idle=idle if view else age,
+            task=view,
+            now=now,
+            lease_timeout=s.lease_timeout,
+            visibility_timeout=s.visibility_timeout,
             max_deliveries=s.max_deliveries,
         )
         if action is ReapAction.KEEP:
@@ -115,28 +120,44 @@ class Reaper:
         if action is ReapAction.REDELIVER:
             done = await to_thread.run_sync(
                 lambda: recovery.redeliver(
-                    app.engine, s.namespace, task_id=d.task_id, generation=d.generation, delivery=d.delivery,
-                    now=now, reason="worker lost: lease expired, entry reclaimed", count_reclaim=True,
+                    app.engine,
+                    s.namespace,
+                    task_id=d.task_id,
+                    generation=d.generation,
+                    delivery=d.delivery,
+                    now=now,
+                    reason="worker lost: lease expired, entry reclaimed",
+                    count_reclaim=True,
                 )
             )
             report.redelivered += int(done)
             logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
         elif action is ReapAction.DEAD_LETTER:
             reason = (
-                f"lost {s.max_deliveries} deliveries (max_deliveries)" if view
+                f"lost {s.max_deliveries} deliveries (max_deliveries)"
+                if view
                 else f"no task row for {s.visibility_timeout} (visibility_timeout)"
             )
             done = view is None or await to_thread.run_sync(
                 lambda: recovery.dead_letter_task(
-                    app.engine, s.namespace, task_id=d.task_id, generation=d.generation, delivery=d.delivery,
-                    now=now, reason=reason,
+                    app.engine,
+                    s.namespace,
+                    task_id=d.task_id,
+                    generation=d.generation,
+                    delivery=d.delivery,
+                    now=now,
+                    reason=reason,
                 )
             )
             if done:
                 await self._publish_dead_letter(queue, entry_id, d, reason)
                 report.dead_lettered += 1
         else:
-            if view is not None and view.state == TaskState.DEAD and (view.generation, view.delivery) == (d.generation, d.delivery):
+            if (
+                view is not None
+                and view.state == TaskState.DEAD
+                and (view.generation, view.delivery) == (d.generation, d.delivery)
+            ):
                 # Dead in the database but maybe not yet in the DLQ stream (a crash between the
                 # two): publishing again is deduplicated.
                 await self._publish_dead_letter(queue, entry_id, d, "dead-lettered")
@@ -145,8 +166,18 @@ class Reaper:
 
     async def _publish_dead_letter(self, queue: str, entry_id: str, d: Delivery, reason: str) -> None:
         await self.app.transport().dead_letter_once(
-            queue, d.task_id, d.generation, d.delivery,
-            {"t": d.task_id, "g": str(d.generation), "d": str(d.delivery), "n": d.name, "dt_reason": reason, "dt_entry": entry_id},
+            queue,
+            d.task_id,
+            d.generation,
+            d.delivery,
+            {
+                "t": d.task_id,
+                "g": str(d.generation),
+                "d": str(d.delivery),
+                "n": d.name,
+                "dt_reason": reason,
+                "dt_entry": entry_id,
+            },
         )
 
     async def _reconcile(self, report: ReapReport) -> None:
@@ -169,8 +200,14 @@ class Reaper:
                     continue
                 done = await to_thread.run_sync(
                     lambda u=u: recovery.redeliver(  # type: ignore[misc]
-                        app.engine, s.namespace, task_id=u.task_id, generation=u.generation, delivery=u.delivery,
-                        now=now, reason=f"stream entry {u.stream_id} lost by Redis", count_reclaim=False,
+                        app.engine,
+                        s.namespace,
+                        task_id=u.task_id,
+                        generation=u.generation,
+                        delivery=u.delivery,
+                        now=now,
+                        reason=f"stream entry {u.stream_id} lost by Redis",
+                        count_reclaim=False,
                     )
                 )
                 report.reconciled += int(done)

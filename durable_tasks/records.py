@@ -1,7 +1,7 @@
 """SQLModel tables: the durable intent (``dt_tasks``), delivery intents (``dt_outbox``) and
 the audit trail of executions (``dt_attempts``).
 
-Every row carries its App's namespace. Timestamps are naive UTC. Payloads and results are
+Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres). Payloads and results are
 stored as the exact JSON text the runtime validated, so nothing is serialized twice.
 Schema creation is explicit: ``App.create_all()`` or ``durable-tasks init-db``.
 """

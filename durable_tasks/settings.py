@@ -24,9 +24,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DT_", extra="forbid")
 
-    database_url: str | None = Field(
-        default=None, description="SQLAlchemy URL; None means a SQLite file in data_dir."
-    )
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; None means a SQLite file in data_dir.")
     redis_url: str | None = Field(
         default=None, description="Redis/Valkey URL; None starts an embedded Valkey in data_dir."
     )

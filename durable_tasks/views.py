@@ -31,8 +31,16 @@ class AttemptInfo:
     def from_record(cls, r: AttemptRecord) -> AttemptInfo:
         """Build from a ``dt_attempts`` row."""
         return cls(
-            r.generation, r.attempt, r.delivery, r.worker_id, r.started_at, r.finished_at,
-            r.outcome, r.error_type, r.error_message, r.retry_reason,
+            r.generation,
+            r.attempt,
+            r.delivery,
+            r.worker_id,
+            r.started_at,
+            r.finished_at,
+            r.outcome,
+            r.error_type,
+            r.error_message,
+            r.retry_reason,
         )
 
 
@@ -64,12 +72,25 @@ class TaskInfo:
     def from_records(cls, t: TaskRecord, attempts: list[AttemptRecord]) -> TaskInfo:
         """Build from a ``dt_tasks`` row and its ``dt_attempts`` rows."""
         return cls(
-            id=t.id, name=t.name, queue=t.queue, state=TaskState(t.state), generation=t.generation,
-            attempt=t.attempt, delivery=t.delivery, reclaims=t.reclaims, idempotency_key=t.idempotency_key,
-            payload=json.loads(t.payload), result=None if t.result is None else json.loads(t.result),
-            error_type=t.error_type, error_message=t.error_message, shadow=t.shadow,
-            created_at=t.created_at, enqueued_at=t.enqueued_at, started_at=t.started_at,
-            finished_at=t.finished_at, attempts=tuple(AttemptInfo.from_record(a) for a in attempts),
+            id=t.id,
+            name=t.name,
+            queue=t.queue,
+            state=TaskState(t.state),
+            generation=t.generation,
+            attempt=t.attempt,
+            delivery=t.delivery,
+            reclaims=t.reclaims,
+            idempotency_key=t.idempotency_key,
+            payload=json.loads(t.payload),
+            result=None if t.result is None else json.loads(t.result),
+            error_type=t.error_type,
+            error_message=t.error_message,
+            shadow=t.shadow,
+            created_at=t.created_at,
+            enqueued_at=t.enqueued_at,
+            started_at=t.started_at,
+            finished_at=t.finished_at,
+            attempts=tuple(AttemptInfo.from_record(a) for a in attempts),
         )
 
 

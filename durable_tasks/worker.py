@@ -121,7 +121,9 @@ class Worker:
             delivery = parse_delivery(entry.fields)
         except MalformedEntryError as exc:
             # Nothing names a task: park the raw entry in the DLQ for an operator, then ack.
-            await app.transport().dead_letter(entry.queue, {**entry.fields, "dt_reason": str(exc)[:500], "dt_entry": entry.entry_id})
+            await app.transport().dead_letter(
+                entry.queue, {**entry.fields, "dt_reason": str(exc)[:500], "dt_entry": entry.entry_id}
+            )
             await app.transport().ack(stream, [entry.entry_id])
             self.counters.malformed += 1
             return True
@@ -148,8 +150,14 @@ class Worker:
         now = app.clock()
         return await to_thread.run_sync(
             lambda: execution.claim_execution(
-                app.engine, app.settings.namespace, task_id=d.task_id, generation=d.generation,
-                delivery=d.delivery, worker_id=self.worker_id, now=now, lease=app.settings.lease_timeout,
+                app.engine,
+                app.settings.namespace,
+                task_id=d.task_id,
+                generation=d.generation,
+                delivery=d.delivery,
+                worker_id=self.worker_id,
+                now=now,
+                lease=app.settings.lease_timeout,
             )
         )
 
@@ -163,15 +171,25 @@ class Worker:
         except PayloadValidationError as exc:
             return await self._fail(claim, task, exc)
         ctx: TaskContext[Any] = TaskContext(
-            task_id=claim.task_id, name=claim.name, queue=claim.queue, generation=claim.generation,
-            attempt=claim.attempt, delivery=claim.delivery, idempotency_key=claim.idempotency_key,
-            payload=payload, shadow=claim.shadow, _beat=lambda: self._beat(claim),
+            task_id=claim.task_id,
+            name=claim.name,
+            queue=claim.queue,
+            generation=claim.generation,
+            attempt=claim.attempt,
+            delivery=claim.delivery,
+            idempotency_key=claim.idempotency_key,
+            payload=payload,
+            shadow=claim.shadow,
+            _beat=lambda: self._beat(claim),
         )
         try:
             result = await self._run_with_heartbeat(task, ctx)
             result_json = encode_result(
-                task.result_adapter, result, task=claim.name,
-                max_bytes=self.app.settings.max_payload_bytes, max_depth=self.app.settings.max_json_depth,
+                task.result_adapter,
+                result,
+                task=claim.name,
+                max_bytes=self.app.settings.max_payload_bytes,
+                max_depth=self.app.settings.max_json_depth,
             )
         except Exception as exc:
             return await self._fail(claim, task, exc)
@@ -257,7 +275,10 @@ class Worker:
         else:
             self.counters.retried += 1
         logger.info(
-            "task %s attempt %s failed with %s: %s", claim.task_id, claim.attempt, error_type,
+            "task %s attempt %s failed with %s: %s",
+            claim.task_id,
+            claim.attempt,
+            error_type,
             "retrying" if retry_at else "final",
         )
         return True

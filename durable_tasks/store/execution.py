@@ -101,8 +101,16 @@ def claim_execution(
                 started_at=now,
             )
             .returning(
-                t.name, t.queue, t.attempt, t.max_attempts, t.payload, t.idempotency_key,
-                t.traceparent, t.shadow, t.created_at, t.enqueued_at,
+                t.name,
+                t.queue,
+                t.attempt,
+                t.max_attempts,
+                t.payload,
+                t.idempotency_key,
+                t.traceparent,
+                t.shadow,
+                t.created_at,
+                t.enqueued_at,
             )
         ).one_or_none()
         if row is None:
@@ -138,9 +146,7 @@ def claim_execution(
     )
 
 
-def close_open_attempts(
-    conn: sa.Connection, task_id: str, generation: int, now: datetime, *, reason: str
-) -> None:
+def close_open_attempts(conn: sa.Connection, task_id: str, generation: int, now: datetime, *, reason: str) -> None:
     """Attempts still open (their worker vanished) end as ``lost`` with the reason."""
     conn.execute(
         sa.update(attempts_table)
@@ -250,8 +256,15 @@ def record_failure(
         _finish_attempt(conn, claim, now, AttemptOutcome.FAILED, error_type, error_message, reason)
         if retry_at is not None:
             insert_outbox(
-                conn, claim.namespace, claim.task_id, claim.queue, claim.generation,
-                row.delivery, claim.shadow, now, due=retry_at,
+                conn,
+                claim.namespace,
+                claim.task_id,
+                claim.queue,
+                claim.generation,
+                row.delivery,
+                claim.shadow,
+                now,
+                due=retry_at,
             )
     return True
 

@@ -85,9 +85,7 @@ def claim_batch(
         tasks = {
             row.id: row
             for row in conn.execute(
-                sa.select(t.id, t.name, t.payload, t.traceparent).where(
-                    t.id.in_({c.task_id for c in claimed})
-                )
+                sa.select(t.id, t.name, t.payload, t.traceparent).where(t.id.in_({c.task_id for c in claimed}))
             )
         }
     out = []
@@ -122,9 +120,7 @@ _FENCE = sa.and_(
 )
 
 
-def mark_sent(
-    engine: sa.Engine, sent: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime
-) -> int:
+def mark_sent(engine: sa.Engine, sent: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> int:
     """Record published rows as SENT with their entry ids; their tasks become ENQUEUED.
 
     The task moves only if it is still PENDING/RETRYING in the same generation and delivery:
@@ -182,9 +178,7 @@ def mark_dead(engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, str]], *,
         )
 
 
-def schedule_retry(
-    engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, datetime, str]]
-) -> None:
+def schedule_retry(engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, datetime, str]]) -> None:
     """A publish failed: count the attempt, keep the error, try again at the given time."""
     if not rows:
         return
@@ -208,8 +202,6 @@ def release(engine: sa.Engine, rows: Sequence[ClaimedDelivery], *, next_attempt_
         return
     with engine.begin() as conn:
         conn.execute(
-            sa.update(outbox_table)
-            .where(_FENCE)
-            .values(next_attempt_at=next_attempt_at, lease_expires_at=None),
+            sa.update(outbox_table).where(_FENCE).values(next_attempt_at=next_attempt_at, lease_expires_at=None),
             [_fenced(r) for r in rows],
         )

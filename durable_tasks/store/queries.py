@@ -59,7 +59,4 @@ def queue_backlogs(engine: sa.Engine, namespace: str) -> dict[str, QueueBacklog]
             )
         }
     queues = set(outbox) | set(enqueued)
-    return {
-        q: QueueBacklog(outbox.get(q, (0, None))[0], outbox.get(q, (0, None))[1], enqueued.get(q))
-        for q in queues
-    }
+    return {q: QueueBacklog(outbox.get(q, (0, None))[0], outbox.get(q, (0, None))[1], enqueued.get(q)) for q in queues}

@@ -37,8 +37,7 @@ def lease_views(engine: sa.Engine, namespace: str, task_ids: Iterable[str]) -> d
             )
         ).all()
     return {
-        r.id: TaskLeaseView(TaskState(r.state), r.generation, r.delivery, r.lease_expires_at, r.reclaims)
-        for r in rows
+        r.id: TaskLeaseView(TaskState(r.state), r.generation, r.delivery, r.lease_expires_at, r.reclaims) for r in rows
     }
 
 
@@ -158,7 +157,5 @@ def unconfirmed_deliveries(
     with engine.connect() as conn:
         rows = conn.execute(query).all()
     return [
-        UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id)
-        for r in rows
-        if r.stream_id
+        UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id) for r in rows if r.stream_id
     ]

@@ -171,4 +171,3 @@ def insert_outbox(
     )
     if is_postgres(conn):
         conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, namespace)))
-

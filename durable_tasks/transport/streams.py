@@ -115,7 +115,11 @@ class RedisStreamsTransport:
         streams: dict[str, str] = dict.fromkeys(by_stream, ">")
         block_ms = max(1, int(block.total_seconds() * 1000))
         result: list[list[object]] = await self.client.xreadgroup(
-            CONSUMER_GROUP, consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
+            CONSUMER_GROUP,
+            consumer,
+            streams,
+            count=count,
+            block=block_ms,  # type: ignore[arg-type]
         )
         return result
 
@@ -150,9 +154,7 @@ class RedisStreamsTransport:
         """Idle milliseconds of pending entries (absent: not pending)."""
         out: dict[str, int] = {}
         for entry_id in entry_ids:
-            rows = await self.client.xpending_range(
-                stream, CONSUMER_GROUP, min=entry_id, max=entry_id, count=1
-            )
+            rows = await self.client.xpending_range(stream, CONSUMER_GROUP, min=entry_id, max=entry_id, count=1)
             for row in rows:
                 out[str(row["message_id"])] = int(row["time_since_delivered"])
         return out

