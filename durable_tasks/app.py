@@ -319,14 +319,36 @@ class App:
         return out
 
     async def run(
-        self, *, dispatcher: bool = True, worker: bool = True, reaper: bool = True, queues: list[str] | None = None
+        self,
+        *,
+        dispatcher: bool = True,
+        worker: bool = True,
+        reaper: bool = True,
+        queues: list[str] | None = None,
+        stop: anyio.Event | None = None,
     ) -> None:
-        """Run the chosen components until cancelled (Ctrl-C in the CLI)."""
+        """Run the chosen components until ``stop`` is set (or cancellation).
+
+        On ``stop`` the worker stops reading and gives in-flight tasks ``shutdown_grace`` to
+        finish (whatever is left stays pending for a reaper); then the dispatcher and reaper end.
+        """
         await self.check_connections()
+        w = Worker(self, queues=queues) if worker else None
         async with anyio.create_task_group() as tg:
             if dispatcher:
                 tg.start_soon(Dispatcher(self).run)
             if reaper:
                 tg.start_soon(Reaper(self).run)
-            if worker:
-                tg.start_soon(lambda: Worker(self, queues=queues).run())
+            if w is not None:
+
+                async def work_then_stop_all() -> None:
+                    await w.run()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(work_then_stop_all)
+            if stop is not None:
+                await stop.wait()
+                if w is not None:
+                    w.stop()
+                else:
+                    tg.cancel_scope.cancel()

@@ -8,6 +8,7 @@ for the reaper.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import uuid
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import sqlalchemy as sa
 from anyio import to_thread
+from anyio.abc import TaskGroup
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
@@ -62,44 +64,51 @@ class Worker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.counters = WorkerCounters()
         self._in_flight = 0
+        self._stopping = anyio.Event()
+
+    def stop(self) -> None:
+        """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
+        self._stopping.set()
 
     async def run(self, *, max_tasks: int | None = None, timeout: timedelta | None = None) -> int:
-        """Work until ``max_tasks`` deliveries are settled, ``timeout`` passes, or cancellation.
+        """Work until ``max_tasks`` deliveries are settled, ``timeout`` passes, or :meth:`stop`.
 
         Returns how many deliveries this call settled.
         """
         start = self.counters.settled
-        streams = [(q, shadow) for q in self.queues for shadow in (False, True)]
-        transport = self.app.transport()
-        limiter = anyio.Semaphore(self.concurrency)
-        done = anyio.Event()
-        with anyio.move_on_after(timeout.total_seconds() if timeout else None):
+        with anyio.move_on_after(timeout.total_seconds() if timeout else math.inf):
             async with anyio.create_task_group() as tg:
-                while not done.is_set():
-                    settled = self.counters.settled - start
-                    want = self.concurrency - self._in_flight
-                    if max_tasks is not None:
-                        want = min(want, max_tasks - settled - self._in_flight)
-                    if max_tasks is not None and settled >= max_tasks:
-                        break
-                    if want <= 0:
-                        await anyio.sleep(0.005)
-                        continue
-                    try:
-                        entries = await transport.read(
-                            streams, self.worker_id, count=want, block=self.app.settings.read_block
-                        )
-                    except Exception:
-                        logger.exception("reading streams failed; retrying")
-                        await anyio.sleep(1)
-                        continue
-                    for entry in entries:
-                        await limiter.acquire()
-                        self._in_flight += 1
-                        tg.start_soon(self._handle_and_release, entry, limiter)
+                await self._read_loop(tg, start, max_tasks)
+                with anyio.move_on_after(self.app.settings.shutdown_grace.total_seconds()):
+                    while self._in_flight:
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
         return self.counters.settled - start
 
-    async def _handle_and_release(self, entry: StreamEntry, limiter: anyio.Semaphore) -> None:
+    async def _read_loop(self, tg: TaskGroup, start: int, max_tasks: int | None) -> None:
+        streams = [(q, shadow) for q in self.queues for shadow in (False, True)]
+        transport = self.app.transport()
+        while not self._stopping.is_set():
+            settled = self.counters.settled - start
+            if max_tasks is not None and settled >= max_tasks:
+                return
+            want = self.concurrency - self._in_flight
+            if max_tasks is not None:
+                want = min(want, max_tasks - settled - self._in_flight)
+            if want <= 0:
+                await anyio.sleep(0.002)
+                continue
+            try:
+                entries = await transport.read(streams, self.worker_id, count=want, block=self.app.settings.read_block)
+            except Exception:
+                logger.exception("reading streams failed; retrying in a second")
+                await anyio.sleep(1)
+                continue
+            for entry in entries:
+                self._in_flight += 1
+                tg.start_soon(self._handle_and_count, entry)
+
+    async def _handle_and_count(self, entry: StreamEntry) -> None:
         try:
             settled = await self.handle(entry)
         except Exception:
@@ -107,7 +116,6 @@ class Worker:
             settled = False
         finally:
             self._in_flight -= 1
-            limiter.release()
         if settled:
             self.counters.settled += 1
         else:

@@ -141,7 +141,7 @@ def mark_sent(engine: sa.Engine, sent: Sequence[tuple[ClaimedDelivery, str]], *,
                 t.id == sa.bindparam("b_task"),
                 t.generation == sa.bindparam("b_gen"),
                 t.delivery == sa.bindparam("b_delivery"),
-                t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
+                sa.or_(t.state == TaskState.PENDING, t.state == TaskState.RETRYING),  # no IN: executemany
             )
             .values(state=TaskState.ENQUEUED, enqueued_at=now),
             [{"b_task": r.task_id, "b_gen": r.generation, "b_delivery": r.delivery} for r, _ in sent],
@@ -165,7 +165,7 @@ def mark_dead(engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, str]], *,
             .where(
                 t.id == sa.bindparam("b_task"),
                 t.generation == sa.bindparam("b_gen"),
-                t.state.not_in(list(TERMINAL_STATES)),
+                sa.and_(*(t.state != state for state in TERMINAL_STATES)),  # no IN: executemany
             )
             .values(
                 state=TaskState.DEAD,

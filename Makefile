@@ -1,0 +1,32 @@
+# Two commands on a fresh machine with only Python >= 3.11: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck check clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,examples]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/durable-tasks demo
+
+test: $(STAMP)
+	$(BIN)/ruff check durable_tasks tests
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check durable_tasks tests
+	$(BIN)/ruff format --check durable_tasks tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+clean:
+	rm -rf $(VENV) .durable_tasks .pytest_cache .mypy_cache .ruff_cache
