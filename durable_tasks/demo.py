@@ -90,7 +90,13 @@ def run_demo(console: Console, *, tasks: int, data_dir: str) -> int:
             h = app.submit(s, "demo.collatz", Collatz(n=27 + i, flaky=i % 10 == 0), idempotency_key=f"demo-{i}")
             ids[h.id] = 27 + i
         s.commit()
-    return anyio.run(_drive, app, console, ids, started)
+    try:
+        return anyio.run(_drive, app, console, ids, started)
+    finally:
+        if app.settings.redis_url is None:
+            from .embedded import stop_valkey
+
+            stop_valkey(app.settings.data_dir)
 
 
 async def _drive(app: App, console: Console, ids: dict[str, int], started: float) -> int:

@@ -79,8 +79,9 @@ def submit_task(session: Session, task: NewTask, now: datetime) -> SubmitOutcome
         "shadow": task.shadow,
         "created_at": now,
     }
-    inserted = conn.execute(_insert_ignoring_duplicate(conn, values)).rowcount
-    if inserted == 0:
+    # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
+    inserted = conn.execute(_insert_ignoring_duplicate(conn, values).returning(tasks_table.c.id)).first()
+    if inserted is None:
         existing = _find_by_key(conn, task)
         if existing is None:  # pragma: no cover - the conflicting row must be visible now
             raise RuntimeError("idempotency conflict without a visible task")

@@ -1,0 +1,131 @@
+"""Submit: intent and business row in one transaction; idempotency keys."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+from pydantic import BaseModel
+from sqlmodel import Field, Session, SQLModel
+
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks.store.engine import read_only
+
+pytestmark = pytest.mark.anyio
+
+
+class Job(BaseModel):
+    n: int
+
+
+class Order(SQLModel, table=True):
+    __tablename__ = "test_orders"
+    id: int | None = Field(default=None, primary_key=True)
+    ref: str
+
+
+def counts(app: App) -> tuple[int, int]:
+    ns = app.settings.namespace
+    with read_only(app.engine).connect() as conn:
+        tasks = conn.execute(sa.select(sa.func.count()).where(tasks_table.c.namespace == ns)).scalar_one()
+        outbox = conn.execute(sa.select(sa.func.count()).where(outbox_table.c.namespace == ns)).scalar_one()
+    return tasks, outbox
+
+
+def orders(app: App, ref: str) -> int:
+    with read_only(app.engine).connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).where(sa.column("ref") == ref).select_from(sa.table("test_orders"))).scalar_one())
+
+
+@pytest.fixture
+def job_app(make_app: Callable[..., App]) -> App:
+    app = make_app()
+    Order.metadata.create_all(app.engine, tables=[Order.__table__])  # type: ignore[attr-defined]
+
+    @app.task(name="job", queue="jobs")
+    def job(ctx: TaskContext[Job], p: Job) -> int:
+        return p.n
+
+    return app
+
+
+def test_submit_writes_task_outbox_and_business_row_in_one_transaction(job_app: App, namespace: str) -> None:
+    with Session(job_app.engine) as s:
+        s.add(Order(ref=namespace))
+        handle = job_app.submit(s, "job", Job(n=1))
+        assert counts(job_app) == (0, 0)  # nothing visible before commit
+        s.commit()
+    assert counts(job_app) == (1, 1)
+    assert orders(job_app, namespace) == 1
+    info = job_app.get_task(handle.id)
+    assert (info.state, info.generation, info.attempt, info.payload) == (TaskState.PENDING, 0, 0, {"n": 1})
+
+
+def test_rollback_leaves_nothing(job_app: App, namespace: str) -> None:
+    with Session(job_app.engine) as s:
+        s.add(Order(ref=namespace))
+        job_app.submit(s, "job", {"n": 2})
+        s.rollback()
+    assert counts(job_app) == (0, 0)
+    assert orders(job_app, namespace) == 0
+
+
+def test_same_idempotency_key_in_one_session_returns_the_same_task(job_app: App) -> None:
+    with Session(job_app.engine) as s:
+        first = job_app.submit(s, "job", {"n": 1}, idempotency_key="req-1")
+        second = job_app.submit(s, "job", {"n": 1}, idempotency_key="req-1")
+        s.commit()
+    assert first.id == second.id
+    assert (first.created, second.created) == (True, False)
+    assert counts(job_app) == (1, 1)
+
+
+def test_same_idempotency_key_after_commit_returns_the_committed_task(job_app: App) -> None:
+    with Session(job_app.engine) as s:
+        first = job_app.submit(s, "job", {"n": 1}, idempotency_key="req-2")
+        s.commit()
+    with Session(job_app.engine) as s:
+        again = job_app.submit(s, "job", {"n": 999}, idempotency_key="req-2")
+        s.commit()
+    assert again.id == first.id and not again.created
+    assert job_app.get_task(first.id).payload == {"n": 1}
+    assert counts(job_app) == (1, 1)
+
+
+def test_concurrent_duplicate_submits_end_with_one_task(job_app: App) -> None:
+    barrier = threading.Barrier(8)
+    handles: list[str] = []
+    errors: list[BaseException] = []
+
+    def submit_once() -> None:
+        try:
+            with Session(job_app.engine) as s:
+                barrier.wait()
+                handles.append(job_app.submit(s, "job", {"n": 5}, idempotency_key="race").id)
+                s.commit()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit_once) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(set(handles)) == 1
+    assert counts(job_app) == (1, 1)
+
+
+def test_different_names_may_share_an_idempotency_key(job_app: App) -> None:
+    @job_app.task(name="other", queue="jobs")
+    def other(ctx: TaskContext[Job], p: Job) -> int:
+        return 0
+
+    with Session(job_app.engine) as s:
+        a = job_app.submit(s, "job", {"n": 1}, idempotency_key="shared")
+        b = other.submit(s, {"n": 1}, idempotency_key="shared")
+        s.commit()
+    assert a.id != b.id
