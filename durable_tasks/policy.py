@@ -30,7 +30,7 @@ def backoff_delay(failures: int, *, initial: timedelta, cap: timedelta, jitter: 
     wait strategy computes it so the curve is the one its users know.
     """
     wait = tenacity.wait_exponential_jitter(
-        initial=initial.total_seconds(),
+        multiplier=initial.total_seconds(),
         max=cap.total_seconds(),
         jitter=jitter.total_seconds(),
     )

@@ -216,22 +216,24 @@ class Worker:
     async def _run_with_heartbeat(self, task: Task[Any, Any], ctx: TaskContext[Any]) -> Any:
         interval = self.app.settings.heartbeat_interval.total_seconds()
         result: Any = None
+        error: Exception | None = None
+
+        async def beat() -> None:
+            while True:
+                await anyio.sleep(interval)
+                await ctx.heartbeat()
+
         async with anyio.create_task_group() as tg:
-
-            async def beat() -> None:
-                while True:
-                    await anyio.sleep(interval)
-                    await ctx.heartbeat()
-
             tg.start_soon(beat)
             try:
-                if task.timeout is not None:
-                    with anyio.fail_after(task.timeout.total_seconds()):
-                        result = await task.run(ctx)
-                else:
+                with anyio.fail_after(task.timeout.total_seconds() if task.timeout else math.inf):
                     result = await task.run(ctx)
+            except Exception as exc:  # raised below, outside the group: no ExceptionGroup wrapping
+                error = exc
             finally:
                 tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
         return result
 
     async def _beat(self, claim: ExecutionClaim) -> bool:

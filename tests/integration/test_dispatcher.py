@@ -1,0 +1,197 @@
+"""Dispatcher: claim with a lease, publish through the Lua dedup script, mark SENT."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+import sqlalchemy as sa
+from pydantic import BaseModel
+from sqlmodel import Session
+
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.records import OutboxState, outbox_table
+from durable_tasks.store import outbox as outbox_store
+from durable_tasks.store.engine import read_only
+from durable_tasks.transport.keys import QueueKeys
+from durable_tasks.transport.messages import OutgoingMessage
+
+pytestmark = pytest.mark.anyio
+
+
+class Job(BaseModel):
+    n: int
+
+
+def register(app: App) -> None:
+    @app.task(name="job", queue="jobs")
+    def job(ctx: TaskContext[Job], p: Job) -> int:
+        return p.n
+
+
+def submit_many(app: App, n: int, start: int = 0) -> list[str]:
+    with Session(app.engine) as s:
+        ids = [app.submit(s, "job", {"n": i}, idempotency_key=f"k{i}").id for i in range(start, start + n)]
+        s.commit()
+    return ids
+
+
+def outbox_states(app: App) -> list[str]:
+    with read_only(app.engine).connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(outbox_table.c.state)
+                .where(outbox_table.c.namespace == app.settings.namespace)
+                .order_by(outbox_table.c.id)
+            ).scalars()
+        )
+
+
+async def stream_len(app: App, queue: str = "jobs") -> int:
+    return int(await app.transport().client.xlen(QueueKeys(app.settings.namespace, queue).stream))
+
+
+async def test_a_pass_claims_at_most_batch_size_rows(make_app: Callable[..., App]) -> None:
+    app = make_app(batch_size=7)
+    register(app)
+    submit_many(app, 10)
+    assert await app.dispatch_once() == 7
+    assert outbox_states(app).count(OutboxState.SENT) == 7
+    assert await app.dispatch_once() == 3
+    assert await app.dispatch_once() == 0
+    assert await stream_len(app) == 10
+    await app.aclose()
+
+
+async def test_sent_row_keeps_the_entry_id_and_task_becomes_enqueued(app: App) -> None:
+    register(app)
+    [task_id] = submit_many(app, 1)
+    await app.dispatch_once()
+    with read_only(app.engine).connect() as conn:
+        stream_id = conn.execute(sa.select(outbox_table.c.stream_id).where(outbox_table.c.task_id == task_id)).scalar_one()
+    entries = await app.transport().client.xrange(QueueKeys(app.settings.namespace, "jobs").stream)
+    assert [e[0] for e in entries] == [stream_id]
+    assert entries[0][1]["t"] == task_id
+    assert app.get_task(task_id).state == TaskState.ENQUEUED
+
+
+async def test_dispatcher_dying_between_xadd_and_mark_sent_republishes_nothing(app: App) -> None:
+    register(app)
+    [task_id] = submit_many(app, 1)
+    # The dying dispatcher: it claimed the row and ran the script, then crashed before mark-SENT.
+    [row] = outbox_store.claim_batch(
+        app.engine, app.settings.namespace, now=app.clock(), lease=timedelta(0), limit=10, watermark=None
+    )
+    [first_id] = await app.transport().publish(
+        [OutgoingMessage(row.queue, row.task_id, row.generation, row.delivery, row.name)]
+    )
+    assert isinstance(first_id, str)
+    # Its lease (zero here) has run out: the next dispatcher publishes the same delivery again.
+    assert await app.dispatch_once() == 1
+    assert await stream_len(app) == 1
+    with read_only(app.engine).connect() as conn:
+        stream_id = conn.execute(sa.select(outbox_table.c.stream_id).where(outbox_table.c.task_id == task_id)).scalar_one()
+    assert stream_id == first_id
+
+
+async def test_a_new_delivery_of_the_same_generation_does_go_out(app: App) -> None:
+    register(app)
+    [task_id] = submit_many(app, 1)
+    await app.dispatch_once()
+    msg = OutgoingMessage("jobs", task_id, 0, 1, "job")
+    [second] = await app.transport().publish([msg])
+    [again] = await app.transport().publish([msg])
+    assert second == again
+    assert await stream_len(app) == 2
+
+
+async def test_two_dispatchers_never_publish_a_row_twice(make_app: Callable[..., App]) -> None:
+    apps = [make_app(batch_size=25) for _ in range(2)]
+    for a in apps:
+        register(a)
+    submit_many(apps[0], 400)
+    handled = [0, 0]
+
+    async def drain(i: int) -> None:
+        while True:
+            n = await apps[i].dispatch_once()
+            if n == 0:
+                return
+            handled[i] += n
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drain, 0)
+        tg.start_soon(drain, 1)
+    assert sum(handled) == 400
+    assert outbox_states(apps[0]) == [OutboxState.SENT] * 400
+    # Each delivery went out once: one entry per task in the stream.
+    entries = await apps[0].transport().client.xrange(QueueKeys(apps[0].settings.namespace, "jobs").stream)
+    assert len(entries) == 400
+    assert len({e[1]["t"] for e in entries}) == 400
+    for a in apps:
+        await a.aclose()
+
+
+async def test_rows_below_the_cutover_watermark_are_not_dispatched(make_app: Callable[..., App]) -> None:
+    legacy = make_app()
+    register(legacy)
+    submit_many(legacy, 3)
+    with read_only(legacy.engine).connect() as conn:
+        top = conn.execute(
+            sa.select(sa.func.max(outbox_table.c.id)).where(outbox_table.c.namespace == legacy.settings.namespace)
+        ).scalar_one()
+    app = make_app(cutover_watermark=top + 1)
+    register(app)
+    submit_many(app, 2, start=10)
+    assert await app.dispatch_once() == 2
+    assert outbox_states(app) == [OutboxState.PENDING] * 3 + [OutboxState.SENT] * 2
+    assert await stream_len(app) == 2
+    await app.aclose()
+    await legacy.aclose()
+
+
+async def test_shadow_tasks_travel_on_the_shadow_stream_and_never_run_hooks(app: App) -> None:
+    hooked: list[str] = []
+
+    @app.task(name="job", queue="jobs")
+    def job(ctx: TaskContext[Job], p: Job) -> int:
+        return p.n * 2
+
+    @job.on_commit
+    def hook(session: Session, ctx: TaskContext[Job], result: int) -> None:
+        hooked.append(ctx.task_id)
+
+    with Session(app.engine) as s:
+        shadow = job.submit(s, {"n": 4}, shadow=True)
+        real = job.submit(s, {"n": 5})
+        s.commit()
+    await app.dispatch_once()
+    keys = QueueKeys(app.settings.namespace, "jobs")
+    client: aioredis.Redis = app.transport().client
+    assert [e[1]["t"] for e in await client.xrange(keys.shadow)] == [shadow.id]
+    assert [e[1]["t"] for e in await client.xrange(keys.stream)] == [real.id]
+    assert await app.work(max_tasks=2, timeout=10) == 2
+    assert hooked == [real.id]
+    info = app.get_task(shadow.id)
+    assert (info.state, info.result, info.shadow) == (TaskState.SUCCEEDED, 8, True)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_notify_wakes_the_dispatcher_before_the_poll_interval(make_app: Callable[..., App]) -> None:
+    app = make_app(poll_interval=timedelta(seconds=60))
+    register(app)
+    async with anyio.create_task_group() as tg:
+        from durable_tasks.dispatcher import Dispatcher
+
+        tg.start_soon(Dispatcher(app).run)
+        await anyio.sleep(0.5)  # the first pass found nothing and is now waiting (60 s poll)
+        [task_id] = submit_many(app, 1)
+        with anyio.fail_after(20):  # far below the 60 s poll: only NOTIFY can explain it
+            while app.get_task(task_id).state != TaskState.ENQUEUED:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    await app.aclose()

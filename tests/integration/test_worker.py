@@ -1,0 +1,281 @@
+"""Worker: execution fence, result fence, retries, heartbeats, acknowledgement rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from pydantic import BaseModel
+from sqlmodel import Field, Session, SQLModel
+
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.store.engine import read_only
+from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
+from durable_tasks.transport.messages import OutgoingMessage
+from durable_tasks.worker import Worker
+
+pytestmark = pytest.mark.anyio
+
+
+class Job(BaseModel):
+    n: int
+
+
+class Verdict(SQLModel, table=True):
+    __tablename__ = "test_verdicts"
+    id: int | None = Field(default=None, primary_key=True)
+    task_id: str
+    generation: int
+    value: int
+
+
+def verdicts(app: App, task_id: str) -> list[tuple[int, int]]:
+    with read_only(app.engine).connect() as conn:
+        rows = conn.execute(
+            sa.select(sa.column("generation"), sa.column("value"))
+            .select_from(sa.table("test_verdicts"))
+            .where(sa.column("task_id") == task_id)
+        ).all()
+    return [(r[0], r[1]) for r in rows]
+
+
+def submit(app: App, name: str, n: int = 1) -> str:
+    with Session(app.engine) as s:
+        task_id = app.submit(s, name, {"n": n}).id
+        s.commit()
+    return task_id
+
+
+def keys(app: App, queue: str = "jobs") -> QueueKeys:
+    return QueueKeys(app.settings.namespace, queue)
+
+
+async def pending_count(app: App, queue: str = "jobs") -> int:
+    summary = await app.transport().client.xpending(keys(app, queue).stream, CONSUMER_GROUP)
+    return int(summary["pending"])
+
+
+@pytest.fixture
+def verdict_app(app: App) -> App:
+    Verdict.metadata.create_all(app.engine, tables=[Verdict.__table__])  # type: ignore[attr-defined]
+    return app
+
+
+async def test_async_handler_runs_and_hook_writes_inside_the_fenced_commit(verdict_app: App) -> None:
+    app = verdict_app
+
+    @app.task(name="double", queue="jobs")
+    async def double(ctx: TaskContext[Job], p: Job) -> int:
+        await anyio.sleep(0)
+        return p.n * 2
+
+    @double.on_commit
+    def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
+        session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=result))
+
+    task_id = submit(app, "double", 21)
+    await app.dispatch_once()
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert app.get_task(task_id).result == 42
+    assert verdicts(app, task_id) == [(0, 42)]
+    assert await pending_count(app) == 0
+
+
+async def test_a_duplicate_entry_runs_nothing_and_is_acked(app: App) -> None:
+    runs: list[int] = []
+
+    @app.task(name="count", queue="jobs")
+    def count(ctx: TaskContext[Job], p: Job) -> int:
+        runs.append(ctx.attempt)
+        return p.n
+
+    task_id = submit(app, "count")
+    await app.dispatch_once()
+    # A duplicate of the same delivery (what a failed script or a replay would leave).
+    await app.transport().client.xadd(keys(app).stream, {"t": task_id, "g": "0", "d": "0", "n": "count"})
+    worker = Worker(app)
+    assert await worker.run(max_tasks=2, timeout=timedelta(seconds=10)) == 2
+    assert runs == [1]
+    assert worker.counters.skipped_stale == 1
+    assert await pending_count(app) == 0
+
+
+async def test_an_entry_read_before_mark_sent_still_runs_and_the_mark_never_moves_it_back(app: App) -> None:
+    @app.task(name="early", queue="jobs")
+    def early(ctx: TaskContext[Job], p: Job) -> int:
+        return 7
+
+    task_id = submit(app, "early")
+    # Published, but the dispatcher's mark-SENT has not committed: the task is still PENDING.
+    await app.transport().publish([OutgoingMessage("jobs", task_id, 0, 0, "early")])
+    assert app.get_task(task_id).state == TaskState.PENDING
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert app.get_task(task_id).state == TaskState.SUCCEEDED
+    await app.dispatch_once()  # the late dispatcher: dedup returns the same entry, mark is fenced
+    assert app.get_task(task_id).state == TaskState.SUCCEEDED
+    assert await app.transport().client.xlen(keys(app).stream) == 1
+
+
+async def test_rerun_while_running_fences_out_the_old_result(verdict_app: App) -> None:
+    app = verdict_app
+    started, release = anyio.Event(), anyio.Event()
+
+    @app.task(name="judge", queue="jobs")
+    async def judge(ctx: TaskContext[Job], p: Job) -> int:
+        if ctx.generation == 0:
+            started.set()
+            await release.wait()
+            return 100  # the stale verdict
+        return 200
+
+    @judge.on_commit
+    def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
+        session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=result))
+
+    task_id = submit(app, "judge")
+    await app.dispatch_once()
+    worker = Worker(app)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(max_tasks=2, timeout=timedelta(seconds=20)))
+        await started.wait()
+        with Session(app.engine) as s:
+            assert app.rerun(s, task_id) == 1
+            s.commit()
+        await app.dispatch_once()
+        release.set()
+    info = app.get_task(task_id)
+    assert (info.state, info.generation, info.result) == (TaskState.SUCCEEDED, 1, 200)
+    assert verdicts(app, task_id) == [(1, 200)]
+    assert worker.counters.fenced_out == 1
+    assert [(a.generation, a.outcome) for a in info.attempts] == [(0, "fenced_out"), (1, "succeeded")]
+
+
+async def test_failures_retry_through_new_deliveries_then_fail_after_max_attempts(app: App) -> None:
+    @app.task(name="boom", queue="jobs", max_attempts=3)
+    def boom(ctx: TaskContext[Job], p: Job) -> int:
+        raise RuntimeError(f"broken on attempt {ctx.attempt}")
+
+    task_id = submit(app, "boom")
+    for _ in range(3):
+        assert await app.dispatch_once() == 1
+        assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.dispatch_once() == 0
+    info = app.get_task(task_id)
+    assert (info.state, info.attempt, info.delivery) == (TaskState.FAILED, 3, 2)
+    assert info.error_type == "RuntimeError" and info.error_message == "broken on attempt 3"
+    assert [a.outcome for a in info.attempts] == ["failed"] * 3
+    assert [a.error_message for a in info.attempts] == [f"broken on attempt {i}" for i in (1, 2, 3)]
+    assert all(a.retry_reason and "RuntimeError" in a.retry_reason for a in info.attempts[:2])
+    assert info.attempts[2].retry_reason is None
+    assert await pending_count(app) == 0
+
+
+async def test_retry_on_limits_which_errors_retry(app: App) -> None:
+    @app.task(name="picky", queue="jobs", max_attempts=5, retry_on=(ConnectionError,))
+    def picky(ctx: TaskContext[Job], p: Job) -> int:
+        raise ValueError("a bug, not a transient error")
+
+    task_id = submit(app, "picky")
+    await app.dispatch_once()
+    await app.work(max_tasks=1, timeout=10)
+    info = app.get_task(task_id)
+    assert (info.state, info.attempt) == (TaskState.FAILED, 1)
+
+
+async def test_a_failing_on_commit_hook_rolls_back_and_retries(verdict_app: App) -> None:
+    app = verdict_app
+
+    @app.task(name="hooked", queue="jobs", max_attempts=2)
+    def hooked(ctx: TaskContext[Job], p: Job) -> int:
+        return ctx.attempt
+
+    @hooked.on_commit
+    def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
+        session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=result))
+        session.flush()
+        if ctx.attempt == 1:
+            raise RuntimeError("hook failed after writing")
+
+    task_id = submit(app, "hooked")
+    for _ in range(2):
+        await app.dispatch_once()
+        await app.work(max_tasks=1, timeout=10)
+    info = app.get_task(task_id)
+    assert (info.state, info.result) == (TaskState.SUCCEEDED, 2)
+    assert verdicts(app, task_id) == [(0, 2)]  # attempt 1's row was rolled back with its result
+    assert [a.outcome for a in info.attempts] == ["failed", "succeeded"]
+
+
+async def test_heartbeats_keep_a_long_task_from_being_reclaimed(app: App) -> None:
+    @app.task(name="long", queue="jobs")
+    async def long(ctx: TaskContext[Job], p: Job) -> int:
+        await anyio.sleep(2.5)  # longer than lease_timeout (1 s): only heartbeats keep it
+        return 1
+
+    task_id = submit(app, "long")
+    await app.dispatch_once()
+    reports = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: app.work(max_tasks=1, timeout=20))
+        for _ in range(3):
+            await anyio.sleep(0.8)
+            reports.append(await app.reap_once())
+    assert sum(r.redelivered for r in reports) == 0
+    info = app.get_task(task_id)
+    assert (info.state, len(info.attempts)) == (TaskState.SUCCEEDED, 1)
+
+
+async def test_entries_added_before_the_group_existed_are_consumed(app: App) -> None:
+    @app.task(name="old", queue="jobs")
+    def old(ctx: TaskContext[Job], p: Job) -> int:
+        return 1
+
+    task_id = submit(app, "old")
+    client = app.transport().client
+    assert not await client.exists(keys(app).stream)
+    await app.dispatch_once()  # XADD creates the stream; no group exists yet
+    assert await client.xinfo_groups(keys(app).stream) == []
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert app.get_task(task_id).state == TaskState.SUCCEEDED
+
+
+async def test_a_vanished_group_is_recreated(app: App) -> None:
+    @app.task(name="again", queue="jobs")
+    def again(ctx: TaskContext[Job], p: Job) -> int:
+        return 1
+
+    first = submit(app, "again")
+    await app.dispatch_once()
+    worker = Worker(app)
+    assert await worker.run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    await app.transport().client.xgroup_destroy(keys(app).stream, CONSUMER_GROUP)
+    second = submit(app, "again")
+    await app.dispatch_once()
+    # The recreated group starts from 0-0: the first entry comes back and is skipped as stale.
+    assert await worker.run(max_tasks=2, timeout=timedelta(seconds=10)) == 2
+    assert worker.counters.skipped_stale == 1
+    assert app.get_task(first).state == app.get_task(second).state == TaskState.SUCCEEDED
+
+
+async def test_a_worker_that_cannot_reach_the_database_does_not_ack(
+    app: App, make_app: Callable[..., App], redis_url: str
+) -> None:
+    @app.task(name="unreached", queue="jobs")
+    def unreached(ctx: TaskContext[Job], p: Job) -> int:
+        return 1
+
+    task_id = submit(app, "unreached")
+    await app.dispatch_once()
+    cut_off = App(
+        "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1", redis_url, app.settings.namespace
+    )
+    cut_off.registry = app.registry
+    worker = Worker(cut_off)
+    assert await worker.run(max_tasks=1, timeout=timedelta(seconds=3)) == 0
+    assert worker.counters.unsettled == 1
+    assert await pending_count(app) == 1  # still in the PEL, for the reaper
+    assert app.get_task(task_id).state == TaskState.ENQUEUED
+    await cut_off.aclose()
