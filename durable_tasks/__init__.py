@@ -51,6 +51,7 @@ __all__ = [
     "TaskContext",
     "TaskHandle",
     "TaskInfo",
+    "TaskNotFoundError",
     "TaskState",
     "UnknownTaskError",
 ]

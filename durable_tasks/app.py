@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import anyio
 import redis.asyncio as aioredis
@@ -84,10 +84,6 @@ class App:
 
     # -- declaring tasks -----------------------------------------------------------------
 
-    @overload
-    def task(self, fn: HandlerT[P], /) -> Task[P, Any]: ...
-
-    @overload
     def task(
         self,
         *,
@@ -96,19 +92,7 @@ class App:
         max_attempts: int = 3,
         timeout: timedelta | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
-    ) -> Callable[[HandlerT[P]], Task[P, Any]]: ...
-
-    def task(
-        self,
-        fn: HandlerT[P] | None = None,
-        /,
-        *,
-        name: str | None = None,
-        queue: str = "default",
-        max_attempts: int = 3,
-        timeout: timedelta | None = None,
-        retry_on: tuple[type[BaseException], ...] = (),
-    ) -> Task[P, Any] | Callable[[HandlerT[P]], Task[P, Any]]:
+    ) -> Callable[[HandlerT[P]], Task[P, Any]]:
         """Register ``fn(ctx, payload)`` as a task (sync or async).
 
         ``max_attempts`` counts executions that raise; ``retry_on`` limits which exceptions
@@ -129,7 +113,7 @@ class App:
             self.registry[task_name] = t
             return t
 
-        return register(fn) if fn is not None else register
+        return register
 
     def queues(self) -> list[str]:
         """Every queue a registered task uses."""

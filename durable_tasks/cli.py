@@ -110,8 +110,14 @@ def status(app: AppArg) -> None:
             await the_app.aclose()
         table = Table(title=f"durable_tasks · namespace {the_app.settings.namespace}")
         table.add_column("queue")
-        for column in ("outbox_backlog", "outbox_oldest_age_s", "pel_size", "queue_delay_s",
-                       "oldest_pending_age_s", "dlq_length"):
+        for column in (
+            "outbox_backlog",
+            "outbox_oldest_age_s",
+            "pel_size",
+            "queue_delay_s",
+            "oldest_pending_age_s",
+            "dlq_length",
+        ):
             table.add_column(column, justify="right")
         for queue, s in stats.items():
             d = s.as_dict()

@@ -143,9 +143,7 @@ def _summarize(app: App, console: Console, ids: dict[str, int], elapsed: float) 
         "every task SUCCEEDED": all(i.state == TaskState.SUCCEEDED for i in infos),
         "one business row per task": len(rows) == len(ids) == len(by_task),
         "results correct": all(by_task[t].value == _collatz_steps(n) for t, n in ids.items() if t in by_task),
-        "flaky tasks retried once": all(
-            len(i.attempts) == (2 if ids[i.id] % 10 == 7 else 1) for i in infos
-        ),
+        "flaky tasks retried once": all(len(i.attempts) == (2 if ids[i.id] % 10 == 7 else 1) for i in infos),
     }
     table = Table(title=f"demo summary · {len(ids)} tasks in {elapsed:.1f} s")
     table.add_column("measure")

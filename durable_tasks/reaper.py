@@ -11,6 +11,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
@@ -81,9 +82,8 @@ class Reaper:
                     await transport.dead_letter(queue, {**fields, "dt_reason": str(exc)[:500], "dt_entry": entry_id})
                     await transport.ack(stream, [entry_id])
                     report.dead_lettered += 1
-            views = await to_thread.run_sync(
-                lambda: recovery.lease_views(app.engine, s.namespace, [d.task_id for _, d in parsed])
-            )
+            task_ids = [d.task_id for _, d in parsed]
+            views = await to_thread.run_sync(partial(recovery.lease_views, app.engine, s.namespace, task_ids))
             for entry_id, d in parsed:
                 await self._settle_entry(queue, stream, entry_id, d, views.get(d.task_id), min_idle, report)
             cursor = page.cursor
@@ -199,7 +199,8 @@ class Reaper:
                 if present:
                     continue
                 done = await to_thread.run_sync(
-                    lambda u=u: recovery.redeliver(  # type: ignore[misc]
+                    partial(
+                        recovery.redeliver,
                         app.engine,
                         s.namespace,
                         task_id=u.task_id,

@@ -6,10 +6,11 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, get_type_hints
 
+import anyio
 from pydantic import TypeAdapter
-from sqlalchemy.orm import Session
+from sqlmodel import Session
 
 if TYPE_CHECKING:
     from .app import App
@@ -20,7 +21,7 @@ PayloadT = TypeVar("PayloadT")
 ResultT = TypeVar("ResultT")
 
 #: ``hook(session, ctx, result)``: runs inside the fenced result transaction; never commits.
-OnCommitHook = Callable[[Session, "TaskContext[Any]", Any], None]
+OnCommitHook = Callable[[Session, "TaskContext[PayloadT]", ResultT], None]
 
 
 @dataclass(slots=True)
@@ -91,7 +92,7 @@ class Task(Generic[PayloadT, ResultT]):
             raise TypeError(f"task {name!r}: a handler takes (ctx, payload), got {params}")
         self.payload_adapter: TypeAdapter[PayloadT] = TypeAdapter(hints.get(params[1], Any))
         self.result_adapter: TypeAdapter[ResultT] = TypeAdapter(hints.get("return", Any))
-        self.hooks: list[OnCommitHook] = []
+        self.hooks: list[OnCommitHook[PayloadT, ResultT]] = []
 
     def submit(
         self,
@@ -107,7 +108,7 @@ class Task(Generic[PayloadT, ResultT]):
         """
         return self.app.submit(session, self, payload, idempotency_key=idempotency_key, shadow=shadow)
 
-    def on_commit(self, hook: OnCommitHook) -> OnCommitHook:
+    def on_commit(self, hook: OnCommitHook[PayloadT, ResultT]) -> OnCommitHook[PayloadT, ResultT]:
         """Register ``hook(session, ctx, result)`` to run inside the fenced result transaction."""
         self.hooks.append(hook)
         return hook
@@ -115,10 +116,9 @@ class Task(Generic[PayloadT, ResultT]):
     async def run(self, ctx: TaskContext[PayloadT]) -> ResultT:
         """Run the handler once (sync handlers in a worker thread)."""
         if self.is_async:
-            return await self.fn(ctx, ctx.payload)  # type: ignore[no-any-return,misc]
-        import anyio
-
-        return await anyio.to_thread.run_sync(self.fn, ctx, ctx.payload, abandon_on_cancel=True)  # type: ignore[return-value]
+            return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
+        sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
+        return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True)
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"

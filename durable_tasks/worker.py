@@ -65,6 +65,7 @@ class Worker:
         self.counters = WorkerCounters()
         self._in_flight = 0
         self._stopping = anyio.Event()
+        self._slot_freed = anyio.Event()
 
     def stop(self) -> None:
         """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
@@ -81,7 +82,7 @@ class Worker:
                 await self._read_loop(tg, start, max_tasks)
                 with anyio.move_on_after(self.app.settings.shutdown_grace.total_seconds()):
                     while self._in_flight:
-                        await anyio.sleep(0.01)
+                        await self._wait_for_a_slot()
                 tg.cancel_scope.cancel()
         return self.counters.settled - start
 
@@ -96,7 +97,7 @@ class Worker:
             if max_tasks is not None:
                 want = min(want, max_tasks - settled - self._in_flight)
             if want <= 0:
-                await anyio.sleep(0.002)
+                await self._wait_for_a_slot()
                 continue
             try:
                 entries = await transport.read(streams, self.worker_id, count=want, block=self.app.settings.read_block)
@@ -108,18 +109,23 @@ class Worker:
                 self._in_flight += 1
                 tg.start_soon(self._handle_and_count, entry)
 
+    async def _wait_for_a_slot(self) -> None:
+        self._slot_freed = anyio.Event()
+        await self._slot_freed.wait()
+
     async def _handle_and_count(self, entry: StreamEntry) -> None:
+        settled = False
         try:
             settled = await self.handle(entry)
         except Exception:
             logger.exception("unexpected error handling entry %s; it stays pending", entry.entry_id)
-            settled = False
         finally:
+            if settled:
+                self.counters.settled += 1
+            else:
+                self.counters.unsettled += 1
             self._in_flight -= 1
-        if settled:
-            self.counters.settled += 1
-        else:
-            self.counters.unsettled += 1
+            self._slot_freed.set()
 
     async def handle(self, entry: StreamEntry) -> bool:
         """Process one entry; True when the database recorded its outcome and it was acked."""

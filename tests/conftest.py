@@ -96,9 +96,7 @@ def namespace() -> str:
 
 
 @pytest.fixture
-def make_app(
-    database_url: str, redis_url: str, namespace: str, tmp_path: Path
-) -> Iterator[Callable[..., App]]:
+def make_app(database_url: str, redis_url: str, namespace: str, tmp_path: Path) -> Iterator[Callable[..., App]]:
     """Build Apps on the test's database, Redis and namespace (fast timings by default)."""
     apps: list[App] = []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -62,7 +63,7 @@ def submit_task(session: Session, task: NewTask, now: datetime) -> SubmitOutcome
         if existing is not None:
             return existing
     task_id = str(uuid.uuid4())
-    values = {
+    values: dict[str, Any] = {
         "id": task_id,
         "namespace": task.namespace,
         "name": task.name,
@@ -123,7 +124,7 @@ def rerun_task(session: Session, namespace: str, task_id: str, now: datetime) ->
     return int(row.generation)
 
 
-def _insert_ignoring_duplicate(conn: sa.Connection, values: dict[str, object]) -> sa.Insert:
+def _insert_ignoring_duplicate(conn: sa.Connection, values: dict[str, Any]) -> sa.Insert:
     index = ["namespace", "name", "idempotency_key"]
     if is_postgres(conn):
         return postgresql.insert(tasks_table).values(values).on_conflict_do_nothing(index_elements=index)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -111,17 +112,11 @@ class RedisStreamsTransport:
 
     async def _xreadgroup(
         self, by_stream: dict[str, tuple[str, bool]], consumer: str, count: int, block: timedelta
-    ) -> list[list[object]]:
-        streams: dict[str, str] = dict.fromkeys(by_stream, ">")
+    ) -> list[Any]:
+        streams: dict[Any, Any] = dict.fromkeys(by_stream, ">")
         block_ms = max(1, int(block.total_seconds() * 1000))
-        result: list[list[object]] = await self.client.xreadgroup(
-            CONSUMER_GROUP,
-            consumer,
-            streams,
-            count=count,
-            block=block_ms,  # type: ignore[arg-type]
-        )
-        return result
+        result: Any = await self.client.xreadgroup(CONSUMER_GROUP, consumer, streams, count=count, block=block_ms)
+        return list(result or [])
 
     async def ack(self, stream: str, entry_ids: Sequence[str]) -> int:
         """Acknowledge entries of one stream; returns how many were pending."""

@@ -7,7 +7,6 @@ from datetime import timedelta
 
 import anyio
 import pytest
-import redis.asyncio as aioredis
 import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Session
@@ -18,6 +17,7 @@ from durable_tasks.store import outbox as outbox_store
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import QueueKeys
 from durable_tasks.transport.messages import OutgoingMessage
+from tests.helpers import entries as stream_entries
 
 pytestmark = pytest.mark.anyio
 
@@ -71,8 +71,10 @@ async def test_sent_row_keeps_the_entry_id_and_task_becomes_enqueued(app: App) -
     [task_id] = submit_many(app, 1)
     await app.dispatch_once()
     with read_only(app.engine).connect() as conn:
-        stream_id = conn.execute(sa.select(outbox_table.c.stream_id).where(outbox_table.c.task_id == task_id)).scalar_one()
-    entries = await app.transport().client.xrange(QueueKeys(app.settings.namespace, "jobs").stream)
+        stream_id = conn.execute(
+            sa.select(outbox_table.c.stream_id).where(outbox_table.c.task_id == task_id)
+        ).scalar_one()
+    entries = await stream_entries(app, QueueKeys(app.settings.namespace, "jobs").stream)
     assert [e[0] for e in entries] == [stream_id]
     assert entries[0][1]["t"] == task_id
     assert app.get_task(task_id).state == TaskState.ENQUEUED
@@ -93,7 +95,9 @@ async def test_dispatcher_dying_between_xadd_and_mark_sent_republishes_nothing(a
     assert await app.dispatch_once() == 1
     assert await stream_len(app) == 1
     with read_only(app.engine).connect() as conn:
-        stream_id = conn.execute(sa.select(outbox_table.c.stream_id).where(outbox_table.c.task_id == task_id)).scalar_one()
+        stream_id = conn.execute(
+            sa.select(outbox_table.c.stream_id).where(outbox_table.c.task_id == task_id)
+        ).scalar_one()
     assert stream_id == first_id
 
 
@@ -128,7 +132,7 @@ async def test_two_dispatchers_never_publish_a_row_twice(make_app: Callable[...,
     assert sum(handled) == 400
     assert outbox_states(apps[0]) == [OutboxState.SENT] * 400
     # Each delivery went out once: one entry per task in the stream.
-    entries = await apps[0].transport().client.xrange(QueueKeys(apps[0].settings.namespace, "jobs").stream)
+    entries = await stream_entries(apps[0], QueueKeys(apps[0].settings.namespace, "jobs").stream)
     assert len(entries) == 400
     assert len({e[1]["t"] for e in entries}) == 400
     for a in apps:
@@ -170,9 +174,8 @@ async def test_shadow_tasks_travel_on_the_shadow_stream_and_never_run_hooks(app:
         s.commit()
     await app.dispatch_once()
     keys = QueueKeys(app.settings.namespace, "jobs")
-    client: aioredis.Redis = app.transport().client
-    assert [e[1]["t"] for e in await client.xrange(keys.shadow)] == [shadow.id]
-    assert [e[1]["t"] for e in await client.xrange(keys.stream)] == [real.id]
+    assert [e[1]["t"] for e in await stream_entries(app, keys.shadow)] == [shadow.id]
+    assert [e[1]["t"] for e in await stream_entries(app, keys.stream)] == [real.id]
     assert await app.work(max_tasks=2, timeout=10) == 2
     assert hooked == [real.id]
     info = app.get_task(shadow.id)

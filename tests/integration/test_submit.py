@@ -37,7 +37,11 @@ def counts(app: App) -> tuple[int, int]:
 
 def orders(app: App, ref: str) -> int:
     with read_only(app.engine).connect() as conn:
-        return int(conn.execute(sa.select(sa.func.count()).where(sa.column("ref") == ref).select_from(sa.table("test_orders"))).scalar_one())
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).where(sa.column("ref") == ref).select_from(sa.table("test_orders"))
+            ).scalar_one()
+        )
 
 
 @pytest.fixture
@@ -90,7 +94,8 @@ def test_same_idempotency_key_after_commit_returns_the_committed_task(job_app: A
     with Session(job_app.engine) as s:
         again = job_app.submit(s, "job", {"n": 999}, idempotency_key="req-2")
         s.commit()
-    assert again.id == first.id and not again.created
+    assert again.id == first.id
+    assert not again.created
     assert job_app.get_task(first.id).payload == {"n": 1}
     assert counts(job_app) == (1, 1)
 

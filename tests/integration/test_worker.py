@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
@@ -34,11 +36,11 @@ class Verdict(SQLModel, table=True):
 
 def verdicts(app: App, task_id: str) -> list[tuple[int, int]]:
     with read_only(app.engine).connect() as conn:
-        rows = conn.execute(
+        rows: list[Any] = conn.execute(
             sa.select(sa.column("generation"), sa.column("value"))
             .select_from(sa.table("test_verdicts"))
             .where(sa.column("task_id") == task_id)
-        ).all()
+        ).all()  # type: ignore[assignment]
     return [(r[0], r[1]) for r in rows]
 
 
@@ -69,7 +71,7 @@ async def test_async_handler_runs_and_hook_writes_inside_the_fenced_commit(verdi
 
     @app.task(name="double", queue="jobs")
     async def double(ctx: TaskContext[Job], p: Job) -> int:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         return p.n * 2
 
     @double.on_commit
@@ -165,7 +167,8 @@ async def test_failures_retry_through_new_deliveries_then_fail_after_max_attempt
     assert await app.dispatch_once() == 0
     info = app.get_task(task_id)
     assert (info.state, info.attempt, info.delivery) == (TaskState.FAILED, 3, 2)
-    assert info.error_type == "RuntimeError" and info.error_message == "broken on attempt 3"
+    assert info.error_type == "RuntimeError"
+    assert info.error_message == "broken on attempt 3"
     assert [a.outcome for a in info.attempts] == ["failed"] * 3
     assert [a.error_message for a in info.attempts] == [f"broken on attempt {i}" for i in (1, 2, 3)]
     assert all(a.retry_reason and "RuntimeError" in a.retry_reason for a in info.attempts[:2])
@@ -269,9 +272,7 @@ async def test_a_worker_that_cannot_reach_the_database_does_not_ack(
 
     task_id = submit(app, "unreached")
     await app.dispatch_once()
-    cut_off = App(
-        "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1", redis_url, app.settings.namespace
-    )
+    cut_off = App("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1", redis_url, app.settings.namespace)
     cut_off.registry = app.registry
     worker = Worker(cut_off)
     assert await worker.run(max_tasks=1, timeout=timedelta(seconds=3)) == 0
