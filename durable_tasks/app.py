@@ -202,6 +202,16 @@ class App:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return generation
 
+    def cancel(self, session: Session, task_id: str) -> bool:
+        """Cancel a task in ``session``'s transaction; False if it already has a final state.
+
+        A running attempt keeps running but its result is fenced out.
+        """
+        cancelled = submit_store.cancel_task(session, self.settings.namespace, task_id, self.clock())
+        if cancelled is None:
+            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
+        return cancelled
+
     def get_task(self, task_id: str) -> TaskInfo:
         """The task's state, generation, attempt, result, error and attempts history."""
         loaded = queries.load_task(read_only(self.engine), self.settings.namespace, task_id)

@@ -11,12 +11,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ..records import OutboxState, TaskState, outbox_table, tasks_table
+from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
 from .engine import is_postgres
 
 __all__ = [
     "NOTIFY_CHANNEL",
     "NewTask",
+    "cancel_task",
     "SubmitOutcome",
     "insert_outbox",
     "rerun_task",
@@ -25,6 +26,8 @@ __all__ = [
 
 #: Postgres channel a submit notifies on commit; the payload is the namespace.
 NOTIFY_CHANNEL = "durable_tasks"
+
+t = tasks_table.c
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +100,6 @@ def rerun_task(session: Session, namespace: str, task_id: str, now: datetime) ->
     Every execution of an older generation is fenced out from the commit on.
     """
     conn = session.connection()
-    t = tasks_table.c
     row = conn.execute(
         sa.update(tasks_table)
         .where(t.id == task_id, t.namespace == namespace)
@@ -124,6 +126,28 @@ def rerun_task(session: Session, namespace: str, task_id: str, now: datetime) ->
     return int(row.generation)
 
 
+def cancel_task(session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
+    """Cancel a task that has no final write yet; None if no such task, False if already final.
+
+    A running attempt is fenced out: its result fence requires state RUNNING.
+    """
+    conn = session.connection()
+    updated = conn.execute(
+        sa.update(tasks_table)
+        .where(t.id == task_id, t.namespace == namespace, t.state.not_in(list(TERMINAL_STATES)))
+        .values(state=TaskState.CANCELLED, finished_at=now, lease_expires_at=None)
+    ).rowcount
+    if updated:
+        conn.execute(
+            sa.update(outbox_table)
+            .where(outbox_table.c.task_id == task_id, outbox_table.c.state == OutboxState.PENDING)
+            .values(state=OutboxState.DEAD, last_error="task cancelled")
+        )
+        return True
+    exists = conn.execute(sa.select(t.id).where(t.id == task_id, t.namespace == namespace)).first()
+    return None if exists is None else False
+
+
 def _insert_ignoring_duplicate(conn: sa.Connection, values: dict[str, Any]) -> sa.Insert:
     index = ["namespace", "name", "idempotency_key"]
     if is_postgres(conn):
@@ -132,7 +156,6 @@ def _insert_ignoring_duplicate(conn: sa.Connection, values: dict[str, Any]) -> s
 
 
 def _find_by_key(conn: sa.Connection, task: NewTask) -> SubmitOutcome | None:
-    t = tasks_table.c
     row = conn.execute(
         sa.select(t.id, t.generation).where(
             t.namespace == task.namespace, t.name == task.name, t.idempotency_key == task.idempotency_key

@@ -95,9 +95,7 @@ def valkey_pids() -> Iterator[list[int]]:
 
 
 def _python(code: str, stdin: int | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, text=True, stdin=stdin, stdout=subprocess.PIPE
-    )
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, text=True, stdin=stdin, stdout=subprocess.PIPE)
 
 
 def test_start_answers_ping(tmp_path: Path, valkey_pids: list[int]) -> None:

@@ -280,3 +280,34 @@ async def test_a_worker_that_cannot_reach_the_database_does_not_ack(
     assert await pending_count(app) == 1  # still in the PEL, for the reaper
     assert app.get_task(task_id).state == TaskState.ENQUEUED
     await cut_off.aclose()
+
+
+async def test_cancel_fences_out_a_running_attempt(verdict_app: App) -> None:
+    app = verdict_app
+    started, release = anyio.Event(), anyio.Event()
+
+    @app.task(name="cancellable", queue="jobs")
+    async def cancellable(ctx: TaskContext[Job], p: Job) -> int:
+        started.set()
+        await release.wait()
+        return 1
+
+    @cancellable.on_commit
+    def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
+        session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=result))
+
+    task_id = submit(app, "cancellable")
+    await app.dispatch_once()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: app.work(max_tasks=1, timeout=10))
+        await started.wait()
+        with Session(app.engine) as s:
+            assert app.cancel(s, task_id) is True
+            s.commit()
+        release.set()
+    info = app.get_task(task_id)
+    assert (info.state, info.result) == (TaskState.CANCELLED, None)
+    assert verdicts(app, task_id) == []
+    assert [a.outcome for a in info.attempts] == ["fenced_out"]
+    with Session(app.engine) as s:
+        assert app.cancel(s, task_id) is False

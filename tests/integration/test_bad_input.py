@@ -1,0 +1,476 @@
+"""Bad input: every case raises a typed DurableTasksError whose message says what to do, and
+leaves nothing half-written, on real PostgreSQL / SQLite and Redis."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict
+from sqlmodel import Session
+
+from durable_tasks import (
+    App,
+    BrokerUnavailableError,
+    ConfigurationError,
+    DatabaseUnavailableError,
+    DurableTasksError,
+    InvalidIdempotencyKeyError,
+    OutboxState,
+    PayloadNotSerializableError,
+    PayloadTooLargeError,
+    PayloadValidationError,
+    TaskContext,
+    TaskState,
+    UnknownTaskError,
+)
+from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks.store.engine import read_only
+
+pytestmark = pytest.mark.anyio
+
+
+class Job(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: int
+    name: str
+
+
+class Measure(BaseModel):
+    value: float
+
+
+business = sa.MetaData()
+orders = sa.Table(
+    "test_bad_input_orders",
+    business,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("namespace", sa.String(64), nullable=False),
+    sa.Column("ref", sa.String(64), nullable=False),
+)
+
+
+@pytest.fixture
+async def build(make_app: Callable[..., App]) -> AsyncIterator[Callable[..., App]]:
+    """``make_app`` with the tasks of this module registered and the business table created;
+    every App built is closed at teardown."""
+    made: list[App] = []
+
+    def build_app(**overrides: Any) -> App:
+        app = make_app(**overrides)
+        made.append(app)
+        business.create_all(app.engine)
+
+        @app.task(name="job", queue="jobs")
+        def job(ctx: TaskContext[Job], p: Job) -> str:
+            return p.name
+
+        @app.task(name="measure", queue="jobs")
+        def measure(ctx: TaskContext[Measure], p: Measure) -> float:
+            return p.value
+
+        @app.task(name="loose", queue="jobs")
+        def loose(ctx: TaskContext[dict[str, Any]], p: dict[str, Any]) -> int:
+            return len(p)
+
+        return app
+
+    yield build_app
+    for app in made:
+        await app.aclose()
+
+
+def count_rows(conn: sa.Connection, namespace: str) -> tuple[int, int, int]:
+    """(dt_tasks, dt_outbox, business orders) rows of the namespace, as ``conn`` sees them."""
+
+    def count(table: sa.Table) -> int:
+        return int(conn.execute(sa.select(sa.func.count()).where(table.c.namespace == namespace)).scalar_one())
+
+    return count(tasks_table), count(outbox_table), count(orders)
+
+
+def committed_rows(app: App) -> tuple[int, int, int]:
+    with read_only(app.engine).connect() as conn:
+        return count_rows(conn, app.settings.namespace)
+
+
+# -- submit-time errors --------------------------------------------------------------------
+
+
+class Opaque:
+    """An arbitrary object with no JSON form."""
+
+
+@dataclass(frozen=True)
+class BadSubmit:
+    """One way to call submit wrongly, the error it must raise and the advice it must give."""
+
+    error: type[DurableTasksError]
+    advice: str
+    task: str = "job"
+    payload: Any = field(default_factory=lambda: {"user_id": 1, "name": "ok"})
+    key: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+BAD_SUBMITS: dict[str, BadSubmit] = {
+    "unknown-task-name": BadSubmit(UnknownTaskError, "registered: ['job', 'loose', 'measure']", task="no.such.task"),
+    "missing-field": BadSubmit(PayloadValidationError, "Field required", payload={"user_id": 1}),
+    "extra-field": BadSubmit(
+        PayloadValidationError, "Extra inputs are not permitted", payload={"user_id": 1, "name": "n", "admin": True}
+    ),
+    "wrong-typed-field": BadSubmit(
+        PayloadValidationError, "does not match its payload type", payload={"user_id": "one", "name": "n"}
+    ),
+    "nan-in-float-field": BadSubmit(PayloadNotSerializableError, "NaN", task="measure", payload={"value": float("nan")}),
+    "infinity-in-float-field": BadSubmit(
+        PayloadNotSerializableError, "NaN/Infinity", task="measure", payload={"value": float("inf")}
+    ),
+    "nan-in-untyped-payload": BadSubmit(
+        PayloadNotSerializableError, "NaN/Infinity", task="loose", payload={"score": float("nan")}
+    ),
+    "bytes-in-untyped-payload": BadSubmit(
+        PayloadNotSerializableError, "bytes", task="loose", payload={"blob": b"\x00\x01raw"}
+    ),
+    "object-in-untyped-payload": BadSubmit(
+        PayloadNotSerializableError, "custom objects", task="loose", payload={"o": Opaque()}
+    ),
+    "payload-over-max-payload-bytes": BadSubmit(
+        PayloadTooLargeError,
+        "store large data elsewhere",
+        task="loose",
+        payload={"blob": "x" * 2000},
+        settings={"max_payload_bytes": 1024},
+    ),
+    "empty-key": BadSubmit(InvalidIdempotencyKeyError, "pass None or a stable request id", key=""),
+    "whitespace-key": BadSubmit(InvalidIdempotencyKeyError, "pass None or a stable request id", key="   "),
+    "huge-key": BadSubmit(InvalidIdempotencyKeyError, "hash it", key="k" * 513),
+    "very-huge-key": BadSubmit(InvalidIdempotencyKeyError, "hash it", key="k" * 100_000),
+    "key-with-newline": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req-1\nX-Injected: 1"),
+    "key-with-nul": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req\x001"),
+    "key-with-escape": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req\x1b[31m"),
+    "key-with-del": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req\x7f"),
+    "key-with-c1-control": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req\x85next-line"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SUBMITS.values(), ids=BAD_SUBMITS.keys())
+async def test_bad_submit_writes_nothing_and_rollback_discards_the_business_row(
+    build: Callable[..., App], namespace: str, case: BadSubmit
+) -> None:
+    app = build(**case.settings)
+    with Session(app.engine) as session:
+        session.connection().execute(sa.insert(orders).values(namespace=namespace, ref="order-1"))
+        with pytest.raises(case.error) as exc_info:
+            app.submit(session, case.task, case.payload, idempotency_key=case.key)
+        assert case.advice in str(exc_info.value)
+        # Nothing half-written, not even inside the caller's still-open transaction.
+        assert count_rows(session.connection(), namespace) == (0, 0, 1)
+        session.rollback()
+    assert committed_rows(app) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("case", BAD_SUBMITS.values(), ids=BAD_SUBMITS.keys())
+async def test_session_stays_usable_after_a_bad_submit(build: Callable[..., App], namespace: str, case: BadSubmit) -> None:
+    app = build(**case.settings)
+    with Session(app.engine) as session:
+        session.connection().execute(sa.insert(orders).values(namespace=namespace, ref="order-1"))
+        with pytest.raises(case.error):
+            app.submit(session, case.task, case.payload, idempotency_key=case.key)
+        handle = app.submit(session, "job", {"user_id": 2, "name": "fine"}, idempotency_key="good-key")
+        session.commit()
+    assert committed_rows(app) == (1, 1, 1)
+    info = app.get_task(handle.id)
+    assert (info.name, info.state, info.payload, info.idempotency_key) == (
+        "job",
+        TaskState.PENDING,
+        {"user_id": 2, "name": "fine"},
+        "good-key",
+    )
+
+
+async def test_key_length_setting_cannot_exceed_what_the_database_stores(build: Callable[..., App]) -> None:
+    """A raised ``max_idempotency_key_length`` is either refused up front or honoured: a key it
+    allows must be stored, not fail inside the caller's transaction with a raw driver error."""
+    try:
+        app = build(max_idempotency_key_length=1000)
+    except ConfigurationError:
+        return
+    key = "k" * 600
+    with Session(app.engine) as session:
+        first = app.submit(session, "job", {"user_id": 1, "name": "n"}, idempotency_key=key)
+        session.commit()
+    with Session(app.engine) as session:
+        again = app.submit(session, "job", {"user_id": 1, "name": "n"}, idempotency_key=key)
+        session.commit()
+    assert (again.id, again.created) == (first.id, False)
+    assert app.get_task(first.id).idempotency_key == key
+
+
+# -- configuration errors ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("namespace_value", ["a{b}", "a}b", "a:b", "a b", "", "n" * 65, "a\nb", "ns/x", "*"])
+def test_namespace_that_would_break_the_key_layout_is_refused(namespace_value: str) -> None:
+    with pytest.raises(ConfigurationError) as exc_info:
+        App(namespace=namespace_value)
+    assert "namespace must be 1-64 characters of letters, digits" in str(exc_info.value)
+
+
+@pytest.fixture
+async def offline_app(tmp_path: Path) -> AsyncIterator[App]:
+    """An App that never connects: registering tasks needs no server."""
+    app = App(f"sqlite:///{tmp_path / 'unused.sqlite3'}", "redis://127.0.0.1:1", "offline", data_dir=tmp_path)
+    yield app
+    await app.aclose()
+
+
+@pytest.mark.parametrize("queue", ["a{b}", "q}", "jobs:high", "with space", "", "q" * 65, "q\n"])
+async def test_queue_name_that_would_break_the_key_layout_is_refused(offline_app: App, queue: str) -> None:
+    app = offline_app
+    with pytest.raises(ConfigurationError) as exc_info:
+
+        @app.task(name="job", queue=queue)
+        def job(ctx: TaskContext[Job], p: Job) -> None:
+            return None
+
+    assert f"queue name {queue!r} must match" in str(exc_info.value)
+    assert app.registry == {}
+
+
+async def test_duplicate_task_name_is_refused_and_the_first_registration_kept(offline_app: App) -> None:
+    app = offline_app
+
+    @app.task(name="job")
+    def first(ctx: TaskContext[Job], p: Job) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError) as exc_info:
+
+        @app.task(name="job", queue="other")
+        def second(ctx: TaskContext[Job], p: Job) -> None:
+            return None
+
+    message = str(exc_info.value)
+    assert "'job' is already registered" in message
+    assert "name=" in message, f"the message should say how to register it under another name: {message!r}"
+    assert app.registry["job"].fn is first.fn
+    assert app.queues() == ["default"]
+
+
+async def test_task_name_longer_than_the_database_column_is_refused(offline_app: App) -> None:
+    app = offline_app
+
+    with pytest.raises(ConfigurationError):
+
+        @app.task(name="n" * 201)
+        def job(ctx: TaskContext[Job], p: Job) -> None:
+            return None
+
+    assert app.registry == {}
+
+
+# -- servers that cannot be reached --------------------------------------------------------
+
+
+@pytest.fixture(
+    params=["postgresql+psycopg://nobody:s3cret-pw@127.0.0.1:1/x", "sqlite:////nonexistent-dt-dir/sub/dt.sqlite3"],
+    ids=["postgres-port-1", "sqlite-missing-dir"],
+)
+async def unreachable_db_app(
+    request: pytest.FixtureRequest, redis_url: str, namespace: str, tmp_path: Path
+) -> AsyncIterator[App]:
+    app = App(request.param, redis_url, namespace, data_dir=tmp_path / "data")
+    yield app
+    await app.aclose()
+
+
+async def test_unreachable_database_at_start_is_reported(unreachable_db_app: App) -> None:
+    app = unreachable_db_app
+    with pytest.raises(DatabaseUnavailableError) as exc_info:
+        await app.check_connections()
+    message = str(exc_info.value)
+    assert "point DT_DATABASE_URL at one" in message
+    assert "s3cret-pw" not in message
+
+    with pytest.raises(DatabaseUnavailableError) as create_info:
+        app.create_all()
+    assert "point DT_DATABASE_URL at one" in str(create_info.value)
+    assert "s3cret-pw" not in str(create_info.value)
+
+
+async def test_submit_against_an_unreachable_database_is_a_typed_error(unreachable_db_app: App) -> None:
+    app = unreachable_db_app
+
+    @app.task(name="job")
+    def job(ctx: TaskContext[Job], p: Job) -> None:
+        return None
+
+    with Session(app.engine) as session, pytest.raises(DatabaseUnavailableError):
+        job.submit(session, Job(user_id=1, name="n"))
+
+
+async def test_unreachable_redis_at_start_is_reported(database_url: str, namespace: str, tmp_path: Path) -> None:
+    app = App(database_url, "redis://127.0.0.1:1", namespace, data_dir=tmp_path / "data")
+    try:
+        app.create_all()  # the database is fine
+        with pytest.raises(BrokerUnavailableError) as exc_info:
+            await app.check_connections()
+        message = str(exc_info.value)
+        assert "redis://127.0.0.1:1" in message
+        assert "point DT_REDIS_URL at one" in message
+    finally:
+        await app.aclose()
+
+
+# -- errors found after the submit -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BadResult:
+    value: Any
+    typed: bool  # whether the handler declares ``-> float`` (else it returns Any)
+
+
+BAD_RESULTS = {
+    "object": BadResult(Opaque(), typed=False),
+    "nan-declared-float": BadResult(float("nan"), typed=True),
+    "nan-untyped": BadResult(float("nan"), typed=False),
+    "bytes-untyped": BadResult(b"raw", typed=False),
+}
+
+
+@pytest.mark.parametrize("case", BAD_RESULTS.values(), ids=BAD_RESULTS.keys())
+async def test_non_serializable_result_fails_the_task_without_retry(app: App, case: BadResult) -> None:
+    if case.typed:
+
+        @app.task(name="bad", queue="results", max_attempts=3)
+        def bad_typed(ctx: TaskContext[Job], p: Job) -> float:
+            return float(case.value)
+
+    else:
+
+        @app.task(name="bad", queue="results", max_attempts=3)
+        def bad_untyped(ctx: TaskContext[Job], p: Job) -> Any:
+            return case.value
+
+    with Session(app.engine) as session:
+        handle = app.submit(session, "bad", Job(user_id=1, name="n"))
+        session.commit()
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=30) == 1
+
+    info = app.get_task(handle.id)
+    assert info.state == TaskState.FAILED
+    assert info.error_type == "ResultNotSerializableError"
+    assert info.result is None
+    assert info.attempt == 1
+    assert [(a.outcome, a.error_type) for a in info.attempts] == [("failed", "ResultNotSerializableError")]
+    # No retry was scheduled: the only outbox row is the original, already sent.
+    with read_only(app.engine).connect() as conn:
+        states = conn.execute(sa.select(outbox_table.c.state).where(outbox_table.c.task_id == handle.id)).all()
+    assert [s.state for s in states] == [OutboxState.SENT]
+    assert await app.dispatch_once() == 0
+
+
+def outbox_row(app: App, task_id: str) -> sa.Row[Any]:
+    with read_only(app.engine).connect() as conn:
+        return conn.execute(sa.select(outbox_table).where(outbox_table.c.task_id == task_id)).one()
+
+
+def task_row(app: App, task_id: str) -> sa.Row[Any]:
+    with read_only(app.engine).connect() as conn:
+        return conn.execute(sa.select(tasks_table).where(tasks_table.c.id == task_id)).one()
+
+
+async def stream_length(redis_url: str, key: str) -> int:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        return int(await client.xlen(key))
+    finally:
+        await client.aclose()
+
+
+def submit_and_tamper(app: App, **column_values: str) -> str:
+    with Session(app.engine) as session:
+        handle = app.submit(session, "job", Job(user_id=1, name="n"))
+        session.commit()
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(tasks_table).where(tasks_table.c.id == handle.id).values(**column_values))
+    return handle.id
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ['{"x":', '{"user_id": "one", "name": "n"}', '{"user_id": 1}', '{"user_id": 1, "name": "n", "admin": true}', "[]"],
+    ids=["truncated-json", "wrong-type", "missing-field", "extra-field", "not-an-object"],
+)
+async def test_stored_payload_edited_to_nonsense_is_dead_with_the_reason(
+    build: Callable[..., App], redis_url: str, namespace: str, stored: str
+) -> None:
+    app = build()
+    task_id = submit_and_tamper(app, payload=stored)
+
+    assert await app.dispatch_once() == 1
+
+    outbox = outbox_row(app, task_id)
+    task = task_row(app, task_id)
+    assert outbox.state == OutboxState.DEAD
+    assert "stored payload of task 'job' no longer validates" in outbox.last_error
+    assert outbox.stream_id is None
+    assert task.state == TaskState.DEAD
+    assert task.error_message == outbox.last_error
+    assert task.finished_at is not None
+    assert await stream_length(redis_url, f"dt:{{{namespace}:jobs}}:stream") == 0
+    assert await app.dispatch_once() == 0  # never retried
+
+
+async def test_operator_can_read_a_task_whose_stored_payload_is_corrupt(build: Callable[..., App]) -> None:
+    app = build()
+    task_id = submit_and_tamper(app, payload='{"x":')
+    assert await app.dispatch_once() == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.DEAD
+    assert info.error_message is not None
+    assert "no longer validates" in info.error_message
+
+
+async def test_task_name_no_longer_registered_is_dead_with_the_reason(
+    build: Callable[..., App], redis_url: str, namespace: str
+) -> None:
+    app = build()
+    task_id = submit_and_tamper(app, name="gone")
+
+    assert await app.dispatch_once() == 1
+
+    outbox = outbox_row(app, task_id)
+    task = task_row(app, task_id)
+    assert outbox.state == OutboxState.DEAD
+    assert "unknown task name 'gone'" in outbox.last_error
+    assert task.state == TaskState.DEAD
+    assert "unknown task name 'gone'" in task.error_message
+    assert await stream_length(redis_url, f"dt:{{{namespace}:jobs}}:stream") == 0
+    assert await app.dispatch_once() == 0
+
+
+async def test_one_bad_row_does_not_hold_back_the_good_ones(
+    build: Callable[..., App], redis_url: str, namespace: str
+) -> None:
+    app = build()
+    bad = submit_and_tamper(app, payload='{"x":')
+    with Session(app.engine) as session:
+        good = app.submit(session, "job", Job(user_id=2, name="fine"))
+        session.commit()
+
+    assert await app.dispatch_once() == 2
+
+    assert task_row(app, bad).state == TaskState.DEAD
+    assert outbox_row(app, good.id).state == OutboxState.SENT
+    assert task_row(app, good.id).state == TaskState.ENQUEUED
+    assert await stream_length(redis_url, f"dt:{{{namespace}:jobs}}:stream") == 1

@@ -1,0 +1,477 @@
+"""The reaper and the reconciler against real Redis and real databases.
+
+A "dead worker" is simulated with the runtime's own primitives: the entry is read through the
+consumer group under a consumer name that then never acknowledges it (and, when the scenario
+says so, the execution fence is taken with ``claim_execution`` and never released). Redis idle
+times are real, so the tests sleep past the (FAST, 1 s) lease before a reaper pass; database
+leases follow the App's clock, which some tests freeze.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+import sqlalchemy as sa
+from pydantic import BaseModel
+from sqlmodel import Session
+
+from durable_tasks import App, FrozenClock, Task, TaskContext, TaskState
+from durable_tasks.records import outbox_table
+from durable_tasks.store.engine import read_only
+from durable_tasks.store.execution import ExecutionClaim, claim_execution
+from durable_tasks.transport.keys import CONSUMER_GROUP
+from durable_tasks.transport.messages import StreamEntry, parse_delivery
+
+pytestmark = pytest.mark.anyio
+
+QUEUE = "reap"
+TASK_NAME = "reaper.double"
+
+
+class Job(BaseModel):
+    n: int
+
+
+def _register(app: App) -> Task[Job, Any]:
+    @app.task(name=TASK_NAME, queue=QUEUE)
+    def double(ctx: TaskContext[Job], p: Job) -> int:
+        return p.n * 2
+
+    return double
+
+
+def _submit(app: App, task: Task[Job, Any], n: int) -> str:
+    with Session(app.engine) as s:
+        handle = task.submit(s, Job(n=n))
+        s.commit()
+    return handle.id
+
+
+def _lease_wait(app: App) -> float:
+    """Seconds to sleep so a Redis entry read now is idle past the lease, and a lease taken now
+    (on the system clock) has expired."""
+    return app.settings.lease_timeout.total_seconds() + 0.5
+
+
+def _redis(app: App) -> aioredis.Redis:
+    return app.transport().client
+
+
+def _stream(app: App) -> str:
+    return app.transport().keys(QUEUE).stream
+
+
+def _dlq(app: App) -> str:
+    return app.transport().keys(QUEUE).dlq
+
+
+async def _pending(app: App) -> int:
+    summary = await _redis(app).xpending(_stream(app), CONSUMER_GROUP)
+    return int(summary["pending"])
+
+
+async def _xrange(app: App, key: str, *, start: str = "-") -> list[tuple[str, dict[str, str]]]:
+    """XRANGE with the reply typed (the client decodes responses to str)."""
+    reply = await _redis(app).xrange(key, min=start)
+    return [(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in reply or []]
+
+
+async def _read(app: App, consumer: str, count: int = 1) -> list[StreamEntry]:
+    """XREADGROUP as ``consumer``: the entries become pending under that consumer's name."""
+    entries = await app.transport().read([(QUEUE, False)], consumer, count=count, block=timedelta(milliseconds=100))
+    assert len(entries) == count, entries
+    return entries
+
+
+def _claim(app: App, entry: StreamEntry, worker_id: str, *, lease: timedelta | None = None) -> ExecutionClaim | None:
+    d = parse_delivery(entry.fields)
+    return claim_execution(
+        app.engine,
+        app.settings.namespace,
+        task_id=d.task_id,
+        generation=d.generation,
+        delivery=d.delivery,
+        worker_id=worker_id,
+        now=app.clock(),
+        lease=lease or app.settings.lease_timeout,
+    )
+
+
+def _outbox(app: App, task_id: str) -> list[tuple[int, str]]:
+    o = outbox_table.c
+    with read_only(app.engine).connect() as conn:
+        rows = conn.execute(sa.select(o.delivery, o.state).where(o.task_id == task_id).order_by(o.id)).all()
+    return [(r.delivery, r.state) for r in rows]
+
+
+def _history(app: App, task_id: str) -> list[tuple[int, str | None]]:
+    return [(a.attempt, a.outcome) for a in app.get_task(task_id).attempts]
+
+
+@asynccontextmanager
+async def _opened(app: App) -> AsyncIterator[App]:
+    try:
+        yield app
+    finally:
+        await app.aclose()
+
+
+# -- lost workers ----------------------------------------------------------------------------
+
+
+async def test_worker_lost_after_claim_is_redelivered_and_completes(app: App) -> None:
+    double = _register(app)
+    task_id = _submit(app, double, 21)
+    assert await app.dispatch_once() == 1
+    [entry] = await _read(app, "dead-worker")
+    claim = _claim(app, entry, "dead-worker")
+    assert claim is not None
+    assert claim.attempt == 1
+    assert app.get_task(task_id).state == TaskState.RUNNING
+
+    await anyio.sleep(_lease_wait(app))  # the worker never heartbeats again
+    report = await app.reap_once()
+
+    assert report.redelivered == 1
+    assert (report.kept, report.dead_lettered, report.reconciled) == (0, 0, 0)
+    info = app.get_task(task_id)
+    assert info.state == TaskState.PENDING
+    assert (info.delivery, info.reclaims) == (1, 1)
+    assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
+    assert _history(app, task_id) == [(1, "lost")]
+    lost = info.attempts[0]
+    assert lost.worker_id == "dead-worker"
+    assert lost.finished_at is not None
+    assert lost.retry_reason
+    assert await _pending(app) == 0  # the superseded entry was acknowledged
+
+    # A second pass finds nothing more to do: no second redelivery, no extra outbox row.
+    again = await app.reap_once()
+    assert (again.redelivered, again.reconciled) == (0, 0)
+    assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
+
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.SUCCEEDED
+    assert info.result == 42
+    assert _history(app, task_id) == [(1, "lost"), (2, "succeeded")]
+    assert info.attempts[1].delivery == 1
+    assert info.attempts[1].worker_id != "dead-worker"
+    assert _outbox(app, task_id) == [(0, "SENT"), (1, "SENT")]
+    assert await _pending(app) == 0
+
+
+async def test_entry_read_but_never_claimed_is_redelivered(app: App) -> None:
+    double = _register(app)
+    task_id = _submit(app, double, 5)
+    assert await app.dispatch_once() == 1
+    await _read(app, "died-after-xreadgroup")  # no claim: the worker died right after reading
+    assert app.get_task(task_id).state == TaskState.ENQUEUED
+
+    await anyio.sleep(_lease_wait(app))
+    report = await app.reap_once()
+
+    assert report.redelivered == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.PENDING
+    assert (info.delivery, info.reclaims) == (1, 1)
+    assert info.attempts == ()  # nothing ever ran
+    assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
+    assert await _pending(app) == 0
+
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.SUCCEEDED
+    assert info.result == 10
+    assert _history(app, task_id) == [(1, "succeeded")]
+    assert await _pending(app) == 0
+
+
+async def test_entry_whose_task_holds_a_live_lease_is_kept(make_app: Callable[..., App]) -> None:
+    clock = FrozenClock()
+    async with _opened(make_app(clock=clock)) as app:
+        double = _register(app)
+        task_id = _submit(app, double, 1)
+        assert await app.dispatch_once() == 1
+        [entry] = await _read(app, "busy-worker")
+        assert _claim(app, entry, "busy-worker") is not None
+
+        # Redis says the entry is idle past the lease; the database (frozen clock) says the
+        # worker's lease is live: the worker may simply be running a long task.
+        await anyio.sleep(_lease_wait(app))
+        report = await app.reap_once()
+
+        assert report.kept == 1
+        assert (report.redelivered, report.dead_lettered, report.acked_stale, report.reconciled) == (0, 0, 0, 0)
+        info = app.get_task(task_id)
+        assert info.state == TaskState.RUNNING
+        assert (info.delivery, info.reclaims) == (0, 0)
+        assert _history(app, task_id) == [(1, None)]
+        assert _outbox(app, task_id) == [(0, "SENT")]
+        assert await _pending(app) == 1  # still unacknowledged
+
+        # The same entry is recovered once the lease does run out: it was the lease that kept it.
+        clock.advance(app.settings.lease_timeout + timedelta(seconds=1))
+        await anyio.sleep(_lease_wait(app))  # the reaper's XAUTOCLAIM reset the idle time
+        report = await app.reap_once()
+        assert report.redelivered == 1
+        assert app.get_task(task_id).delivery == 1
+        assert _history(app, task_id) == [(1, "lost")]
+        assert await _pending(app) == 0
+
+
+# -- poison and garbage ----------------------------------------------------------------------
+
+
+async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: Callable[..., App]) -> None:
+    async with _opened(make_app(max_deliveries=2)) as app:
+        double = _register(app)
+        task_id = _submit(app, double, 3)
+        client = _redis(app)
+
+        # First lost delivery: redelivered.
+        assert await app.dispatch_once() == 1
+        [entry] = await _read(app, "oom-killed-1")
+        assert _claim(app, entry, "oom-killed-1") is not None
+        await anyio.sleep(_lease_wait(app))
+        report = await app.reap_once()
+        assert (report.redelivered, report.dead_lettered) == (1, 0)
+        assert await client.xlen(_dlq(app)) == 0
+
+        # Second lost delivery reaches max_deliveries: DEAD and dead-lettered.
+        assert await app.dispatch_once() == 1
+        [entry] = await _read(app, "oom-killed-2")
+        assert parse_delivery(entry.fields).delivery == 1
+        assert _claim(app, entry, "oom-killed-2") is not None
+        await anyio.sleep(_lease_wait(app))
+        report = await app.reap_once()
+        assert (report.redelivered, report.dead_lettered) == (0, 1)
+
+        info = app.get_task(task_id)
+        assert info.state == TaskState.DEAD
+        assert info.error_type == "DeadLettered"
+        assert info.error_message is not None
+        assert "max_deliveries" in info.error_message
+        assert info.finished_at is not None
+        assert _history(app, task_id) == [(1, "lost"), (2, "lost")]
+        assert _outbox(app, task_id) == [(0, "SENT"), (1, "SENT")]  # no third delivery
+        assert await _pending(app) == 0
+        dlq = await _xrange(app, _dlq(app))
+        assert len(dlq) == 1
+        fields = dlq[0][1]
+        assert (fields["t"], fields["g"], fields["d"], fields["n"]) == (task_id, "0", "1", TASK_NAME)
+        assert fields["dt_entry"] == entry.entry_id
+        assert "max_deliveries" in fields["dt_reason"]
+
+        # Reaping again changes nothing.
+        report = await app.reap_once()
+        assert (report.redelivered, report.dead_lettered, report.reconciled) == (0, 0, 0)
+        assert await client.xlen(_dlq(app)) == 1
+
+        # A duplicate of the dead delivery turns up pending (e.g. republished after its dedup key
+        # expired, read by a worker that died): it is acknowledged, and the DLQ still holds one entry.
+        dup_id = await client.xadd(_stream(app), {"t": task_id, "g": "0", "d": "1", "n": TASK_NAME})
+        [dup] = await _read(app, "oom-killed-3")
+        assert dup.entry_id == dup_id
+        await anyio.sleep(_lease_wait(app))
+        report = await app.reap_once()
+        assert report.acked_stale == 1
+        assert (report.redelivered, report.dead_lettered) == (0, 0)
+        assert await client.xlen(_dlq(app)) == 1
+        assert await _pending(app) == 0
+
+        # Nothing will run it again.
+        assert await app.dispatch_once() == 0
+        assert app.get_task(task_id).state == TaskState.DEAD
+
+
+async def test_malformed_entry_left_pending_is_dead_lettered_and_acked(app: App) -> None:
+    double = _register(app)
+    client = _redis(app)
+    await app.transport().ensure_group(_stream(app))
+    garbage_id = await client.xadd(_stream(app), {"hello": "world", "g": "not-a-number"})
+    [garbage] = await _read(app, "crashed-on-garbage")
+    assert garbage.entry_id == garbage_id
+
+    task_id = _submit(app, double, 50)  # a healthy task queued behind it
+    assert await app.dispatch_once() == 1
+
+    await anyio.sleep(_lease_wait(app))
+    report = await app.reap_once()
+
+    assert report.dead_lettered == 1
+    assert (report.redelivered, report.kept) == (0, 0)
+    assert await _pending(app) == 0
+    dlq = await _xrange(app, _dlq(app))
+    assert len(dlq) == 1
+    fields = dlq[0][1]
+    assert fields["dt_entry"] == garbage_id
+    assert fields["hello"] == "world"
+    assert fields["dt_reason"]
+
+    again = await app.reap_once()
+    assert again.dead_lettered == 0
+    assert await client.xlen(_dlq(app)) == 1
+
+    # The healthy task is untouched by all this and runs normally.
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.SUCCEEDED
+    assert info.result == 100
+    assert (info.delivery, info.reclaims) == (0, 0)
+    assert await _pending(app) == 0
+
+
+async def test_malformed_entries_read_by_a_worker_go_to_dlq_and_others_run(app: App) -> None:
+    double = _register(app)
+    client = _redis(app)
+    first = _submit(app, double, 1)
+    assert await app.dispatch_once() == 1
+    bad_ids = [
+        await client.xadd(_stream(app), {"junk": "1"}),
+        await client.xadd(_stream(app), {"t": "x" * 40, "g": "0", "d": "0", "n": TASK_NAME}),
+        await client.xadd(_stream(app), {"t": str(uuid.uuid4()), "g": "-1", "d": "0", "n": TASK_NAME}),
+    ]
+    second = _submit(app, double, 2)
+    assert await app.dispatch_once() == 1
+
+    assert await app.work(max_tasks=5, timeout=10) == 5
+
+    assert app.get_task(first).result == 2
+    assert app.get_task(second).result == 4
+    assert app.get_task(first).state == app.get_task(second).state == TaskState.SUCCEEDED
+    dlq = await _xrange(app, _dlq(app))
+    assert sorted(f["dt_entry"] for _, f in dlq) == sorted(bad_ids)
+    assert all(f["dt_reason"] for _, f in dlq)
+    assert await _pending(app) == 0
+
+
+async def test_entry_naming_a_missing_task_waits_for_visibility_timeout_then_dlq(
+    make_app: Callable[..., App],
+) -> None:
+    clock = FrozenClock()
+    async with _opened(make_app(clock=clock, visibility_timeout=timedelta(minutes=10))) as app:
+        _register(app)
+        client = _redis(app)
+        await app.transport().ensure_group(_stream(app))
+        ghost = str(uuid.uuid4())
+        ghost_entry = await client.xadd(_stream(app), {"t": ghost, "g": "0", "d": "0", "n": TASK_NAME})
+        await _read(app, "died-holding-ghost")
+
+        # Idle past the lease, but the database may be restoring: kept until visibility_timeout.
+        await anyio.sleep(_lease_wait(app))
+        report = await app.reap_once()
+        assert report.kept == 1
+        assert report.dead_lettered == 0
+        assert await _pending(app) == 1
+
+        clock.advance(timedelta(minutes=11))
+        await anyio.sleep(_lease_wait(app))
+        report = await app.reap_once()
+        assert report.dead_lettered == 1
+        assert await _pending(app) == 0
+        dlq = await _xrange(app, _dlq(app))
+        assert [(f["t"], f["dt_entry"]) for _, f in dlq] == [(ghost, ghost_entry)]
+
+
+# -- reconciler ------------------------------------------------------------------------------
+
+
+async def test_reconciler_redispatches_when_redis_lost_the_stream(app: App) -> None:
+    double = _register(app)
+    task_id = _submit(app, double, 7)
+    assert await app.dispatch_once() == 1
+    await _read(app, "worker-on-lost-redis")  # the group exists and the entry was pending
+    assert app.get_task(task_id).state == TaskState.ENQUEUED
+
+    # Redis restarts without persistence: the namespace's stream, group and dedup keys are gone.
+    client = _redis(app)
+    lost = [k async for k in client.scan_iter(match=f"dt:{{{app.settings.namespace}:*")]
+    assert _stream(app) in lost
+    await client.delete(*lost)
+
+    report = await app.reap_once()
+
+    assert report.reconciled == 1
+    assert report.redelivered == 0
+    info = app.get_task(task_id)
+    assert info.state == TaskState.PENDING
+    assert (info.delivery, info.reclaims) == (1, 0)  # Redis's loss is not counted against the task
+    assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
+
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.SUCCEEDED
+    assert info.result == 14
+    assert _history(app, task_id) == [(1, "succeeded")]
+    assert await _pending(app) == 0
+
+    report = await app.reap_once()
+    assert report.reconciled == 0
+
+
+async def test_pending_entry_deleted_from_stream_leaves_pel_and_task_is_reconciled(app: App) -> None:
+    double = _register(app)
+    task_id = _submit(app, double, 8)
+    assert await app.dispatch_once() == 1
+    [entry] = await _read(app, "reader")
+    client = _redis(app)
+    assert await client.xdel(_stream(app), entry.entry_id) == 1
+    assert await _pending(app) == 1  # the PEL still names the deleted entry
+
+    report = await app.reap_once()
+
+    assert report.deleted_entries == [entry.entry_id]
+    assert report.reconciled == 1
+    assert await _pending(app) == 0
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert app.get_task(task_id).result == 16
+
+
+# -- trimming --------------------------------------------------------------------------------
+
+
+async def test_trim_drops_acknowledged_entries_but_never_a_pending_or_undelivered_one(
+    make_app: Callable[..., App],
+) -> None:
+    # A long lease keeps the pending entry out of reclaim; a long grace keeps the reconciler
+    # away from tasks whose entries this test acknowledges by hand without running them.
+    app = make_app(lease_timeout=timedelta(minutes=10), reconcile_grace=timedelta(hours=1))
+    async with _opened(app):
+        double = _register(app)
+        for n in range(4):
+            _submit(app, double, n)
+        assert await app.dispatch_once() == 4
+        client = _redis(app)
+        stream = _stream(app)
+        e1, e2, e3 = (e.entry_id for e in await _read(app, "c1", count=3))
+        [(e4, _)] = await _xrange(app, stream, start=f"({e3}")  # never delivered
+        assert await app.transport().ack(stream, [e1, e3]) == 2
+
+        report = await app.reap_once()
+
+        assert report.trimmed == 1
+        assert await client.xlen(stream) == 3
+        assert [i for i, _ in await _xrange(app, stream)] == [e2, e3, e4]
+        pending = await client.xpending_range(stream, CONSUMER_GROUP, min="-", max="+", count=10)
+        assert [p["message_id"] for p in pending] == [e2]
+
+        # Nothing below the pending entry is left, so a second pass trims nothing.
+        assert (await app.reap_once()).trimmed == 0
+        assert [i for i, _ in await _xrange(app, stream)] == [e2, e3, e4]
+
+        # Once e2 is acknowledged the floor moves to the last delivered entry; e4 stays.
+        assert await app.transport().ack(stream, [e2]) == 1
+        assert (await app.reap_once()).trimmed == 1
+        assert [i for i, _ in await _xrange(app, stream)] == [e3, e4]
