@@ -67,9 +67,9 @@ class App:
         clock: Clock = system_clock,
         **overrides: Any,
     ) -> None:
-        base = settings or Settings()
         given = {"database_url": database_url, "redis_url": redis_url, "namespace": namespace, **overrides}
         try:
+            base = settings or Settings()
             self.settings = Settings.model_validate(
                 base.model_dump() | {k: v for k, v in given.items() if v is not None}
             )

@@ -19,7 +19,13 @@ from .errors import DurableTasksError
 __all__ = ["load_app", "main"]
 
 cli = typer.Typer(help="Durable background tasks: outbox → Redis Streams → fenced workers.", no_args_is_help=True)
-console = Console()
+
+
+def _console() -> Console:
+    # Made per call so the terminal width (COLUMNS) is read when the command runs.
+    return Console()
+
+
 AppArg = Annotated[str, typer.Argument(help="The App as module:attribute, e.g. myproject.tasks:app")]
 
 
@@ -29,7 +35,10 @@ def load_app(spec: str) -> App:
     if not module_name or not attr:
         raise typer.BadParameter(f"{spec!r} is not module:attribute")
     sys.path.insert(0, ".")
-    obj = getattr(importlib.import_module(module_name), attr, None)
+    try:
+        obj = getattr(importlib.import_module(module_name), attr, None)
+    except DurableTasksError as exc:
+        raise typer.BadParameter(f"{spec}: {exc}") from exc
     if not isinstance(obj, App):
         raise typer.BadParameter(f"{spec} is not a durable_tasks.App")
     return obj
@@ -41,17 +50,18 @@ async def _serve(app: App, *, dispatcher: bool, worker: bool, reaper: bool, queu
     async def on_signal() -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                console.print(f"[yellow]{signal.Signals(signum).name}: stopping gracefully[/]")
+                _console().print(f"[yellow]{signal.Signals(signum).name}: stopping gracefully[/]")
                 stop.set()
                 return
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(on_signal)
-        try:
+    try:
+        await app.check_connections()  # outside the task group: a typed error, not a group
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(on_signal)
             await app.run(dispatcher=dispatcher, worker=worker, reaper=reaper, queues=queues, stop=stop)
-        finally:
             tg.cancel_scope.cancel()
-            await app.aclose()
+    finally:
+        await app.aclose()
 
 
 def _run(app: App, **components: bool) -> None:
@@ -59,7 +69,7 @@ def _run(app: App, **components: bool) -> None:
     try:
         anyio.run(lambda: _serve(app, queues=None, **components))
     except DurableTasksError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        _console().print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
 
 
@@ -69,9 +79,9 @@ def init_db(app: AppArg) -> None:
     try:
         load_app(app).create_all()
     except DurableTasksError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        _console().print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
-    console.print("tables ready")
+    _console().print("tables ready")
 
 
 @cli.command()
@@ -125,9 +135,9 @@ def status(app: AppArg) -> None:
         return table
 
     try:
-        console.print(anyio.run(collect))
+        _console().print(anyio.run(collect))
     except DurableTasksError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        _console().print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
 
 
@@ -139,7 +149,7 @@ def demo(
     """Submit → dispatch → work → summary on the embedded default (SQLite + Valkey)."""
     from .demo import run_demo
 
-    raise typer.Exit(run_demo(console, tasks=tasks, data_dir=data_dir))
+    raise typer.Exit(run_demo(_console(), tasks=tasks, data_dir=data_dir))
 
 
 def main() -> None:

@@ -10,13 +10,29 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["NAME_PATTERN", "Settings"]
+__all__ = ["NAME_PATTERN", "Duration", "Settings"]
 
 #: Namespaces and queue names end up inside Redis keys and hash tags: no braces, colons or spaces.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def _seconds(value: Any) -> Any:
+    """Environment variables arrive as text: "2.5" means seconds, like the number 2.5."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value  # ISO 8601 ("PT2S") or HH:MM:SS: pydantic parses those
+    return value
+
+
+#: A duration: a timedelta, a number of seconds, or ISO 8601 text.
+Duration = Annotated[timedelta, BeforeValidator(_seconds)]
 
 
 class Settings(BaseSettings):
@@ -33,31 +49,31 @@ class Settings(BaseSettings):
 
     # dispatcher
     batch_size: int = Field(default=50, ge=1, le=10_000)
-    poll_interval: timedelta = timedelta(seconds=2)
-    claim_lease: timedelta = timedelta(seconds=30)
-    backoff_initial: timedelta = timedelta(seconds=1)
-    backoff_max: timedelta = timedelta(seconds=60)
-    backoff_jitter: timedelta = timedelta(seconds=1)
+    poll_interval: Duration = timedelta(seconds=2)
+    claim_lease: Duration = timedelta(seconds=30)
+    backoff_initial: Duration = timedelta(seconds=1)
+    backoff_max: Duration = timedelta(seconds=60)
+    backoff_jitter: Duration = timedelta(seconds=1)
     cutover_watermark: int | None = Field(
         default=None, description="Outbox ids below this belong to a legacy path: never sent."
     )
-    dedup_ttl: timedelta = timedelta(hours=24)
+    dedup_ttl: Duration = timedelta(hours=24)
 
     # worker
     concurrency: int = Field(default=16, ge=1, le=10_000)
-    heartbeat_interval: timedelta = timedelta(seconds=5)
-    lease_timeout: timedelta = timedelta(seconds=10)
-    read_block: timedelta = timedelta(seconds=1)
-    retry_backoff_initial: timedelta = timedelta(seconds=1)
-    retry_backoff_max: timedelta = timedelta(seconds=60)
-    shutdown_grace: timedelta = timedelta(seconds=30)
+    heartbeat_interval: Duration = timedelta(seconds=5)
+    lease_timeout: Duration = timedelta(seconds=10)
+    read_block: Duration = timedelta(seconds=1)
+    retry_backoff_initial: Duration = timedelta(seconds=1)
+    retry_backoff_max: Duration = timedelta(seconds=60)
+    shutdown_grace: Duration = timedelta(seconds=30)
 
     # reaper
-    reaper_interval: timedelta = timedelta(seconds=10)
-    visibility_timeout: timedelta = timedelta(minutes=30)
+    reaper_interval: Duration = timedelta(seconds=10)
+    visibility_timeout: Duration = timedelta(minutes=30)
     max_deliveries: int = Field(default=5, ge=1)
     reaper_batch: int = Field(default=100, ge=1)
-    reconcile_grace: timedelta = timedelta(seconds=30)
+    reconcile_grace: Duration = timedelta(seconds=30)
 
     # input limits
     max_payload_bytes: int = Field(default=1024 * 1024, ge=64)

@@ -1,0 +1,1 @@
+"""Small apps that tests run in child processes."""
