@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator

@@ -17,8 +17,8 @@ from .engine import is_postgres
 __all__ = [
     "NOTIFY_CHANNEL",
     "NewTask",
-    "cancel_task",
     "SubmitOutcome",
+    "cancel_task",
     "insert_outbox",
     "rerun_task",
     "submit_task",

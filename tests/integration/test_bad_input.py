@@ -128,7 +128,9 @@ BAD_SUBMITS: dict[str, BadSubmit] = {
     "wrong-typed-field": BadSubmit(
         PayloadValidationError, "does not match its payload type", payload={"user_id": "one", "name": "n"}
     ),
-    "nan-in-float-field": BadSubmit(PayloadNotSerializableError, "NaN", task="measure", payload={"value": float("nan")}),
+    "nan-in-float-field": BadSubmit(
+        PayloadNotSerializableError, "NaN", task="measure", payload={"value": float("nan")}
+    ),
     "infinity-in-float-field": BadSubmit(
         PayloadNotSerializableError, "NaN/Infinity", task="measure", payload={"value": float("inf")}
     ),
@@ -177,7 +179,9 @@ async def test_bad_submit_writes_nothing_and_rollback_discards_the_business_row(
 
 
 @pytest.mark.parametrize("case", BAD_SUBMITS.values(), ids=BAD_SUBMITS.keys())
-async def test_session_stays_usable_after_a_bad_submit(build: Callable[..., App], namespace: str, case: BadSubmit) -> None:
+async def test_session_stays_usable_after_a_bad_submit(
+    build: Callable[..., App], namespace: str, case: BadSubmit
+) -> None:
     app = build(**case.settings)
     with Session(app.engine) as session:
         session.connection().execute(sa.insert(orders).values(namespace=namespace, ref="order-1"))

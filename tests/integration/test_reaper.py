@@ -229,6 +229,35 @@ async def test_entry_whose_task_holds_a_live_lease_is_kept(make_app: Callable[..
         assert await _pending(app) == 0
 
 
+async def test_a_lost_attempt_does_not_use_up_max_attempts(app: App) -> None:
+    """``App.task``: "max_attempts counts executions that raise". A worker that vanished did
+    not raise, so after one lost attempt a task with max_attempts=2 still gets two raising runs."""
+    ran: list[int] = []
+
+    @app.task(name="reaper.flaky", queue=QUEUE, max_attempts=2)
+    def flaky(ctx: TaskContext[Job], p: Job) -> int:
+        ran.append(ctx.attempt)
+        raise RuntimeError(f"boom {p.n}")
+
+    task_id = _submit(app, flaky, 1)
+    assert await app.dispatch_once() == 1
+    [entry] = await _read(app, "vanished")
+    assert _claim(app, entry, "vanished") is not None
+    await anyio.sleep(_lease_wait(app))
+    assert (await app.reap_once()).redelivered == 1
+
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.RETRYING, _history(app, task_id)  # 1 of 2 raising executions used
+
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert app.get_task(task_id).state == TaskState.FAILED
+    assert _history(app, task_id) == [(1, "lost"), (2, "failed"), (3, "failed")]
+    assert ran == [2, 3]
+
+
 # -- poison and garbage ----------------------------------------------------------------------
 
 
