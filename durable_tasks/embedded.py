@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from .errors import BrokerUnavailableError
+
 __all__ = ["EmbeddedServerError", "ensure_valkey", "start_embedded_postgres", "stop_valkey"]
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ _STOP_GRACE_SECONDS = 5.0
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-class EmbeddedServerError(RuntimeError):
+class EmbeddedServerError(BrokerUnavailableError):
     """An embedded server could not be started or reached."""
 
 
