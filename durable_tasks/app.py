@@ -32,10 +32,9 @@ from .notify import OutboxWaiter, waiter_for
 from .reaper import Reaper, ReapReport
 from .records import attempts_table, outbox_table, tasks_table
 from .settings import NAME_PATTERN, Settings
-from .store import execution, queries
+from .store import queries
 from .store import submit as submit_store
 from .store.engine import create_engine, read_only
-from .store.execution import FinalWrite
 from .tasks import Task, TaskContext, TaskHandle
 from .transport.streams import RedisStreamsTransport
 from .views import QueueStats, TaskInfo
@@ -270,10 +269,6 @@ class App:
             self._engine.dispose()
 
     # -- running -------------------------------------------------------------------------
-
-    async def commit_result(self, write: FinalWrite) -> None:
-        """Commit one fenced result (group commit batches several; see the worker)."""
-        await to_thread.run_sync(lambda: execution.commit_results(self.engine, [write], now=self.clock()))
 
     async def dispatch_once(self) -> int:
         """One dispatcher pass; returns how many outbox rows it handled (0 when none were due)."""

@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from .codec import decode_payload, encode_result
+from .commit import GroupCommitter
 from .errors import PayloadValidationError, ResultNotSerializableError
 from .policy import FailureDecision, backoff_delay, decide_after_failure
 from .store import execution
@@ -66,6 +67,9 @@ class Worker:
         self._in_flight = 0
         self._stopping = anyio.Event()
         self._slot_freed = anyio.Event()
+        self._committer = GroupCommitter(
+            app.engine, app.clock, max_batch=app.settings.commit_batch_max, window=app.settings.commit_window
+        )
 
     def stop(self) -> None:
         """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
@@ -79,6 +83,7 @@ class Worker:
         start = self.counters.settled
         with anyio.move_on_after(timeout.total_seconds() if timeout else math.inf):
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self._committer.run)
                 await self._read_loop(tg, start, max_tasks)
                 with anyio.move_on_after(self.app.settings.shutdown_grace.total_seconds()):
                     while self._in_flight:
@@ -208,7 +213,7 @@ class Worker:
         except Exception as exc:
             return await self._fail(claim, task, exc)
         write = FinalWrite(claim, result_json, hook=self._hook(task, ctx, result))
-        await self.app.commit_result(write)
+        await self._committer.commit(write)
         if write.outcome is CommitOutcome.FENCED_OUT:
             self.counters.fenced_out += 1
             logger.info("result of %s gen %s attempt %s fenced out", claim.task_id, claim.generation, claim.attempt)
