@@ -7,9 +7,11 @@ typed error before anything is written.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from .errors import (
     PayloadNotSerializableError,
@@ -22,17 +24,22 @@ __all__ = ["decode_payload", "encode_payload", "encode_result", "json_depth"]
 
 
 def json_depth(value: Any, limit: int) -> int:
-    """Nesting depth of a JSON-like value; stops counting past ``limit``."""
+    """How many containers deep a JSON-like value nests (``[[1]]`` is 2); stops past ``limit``."""
     depth, level = 0, [value]
-    while level and depth <= limit:
-        depth += 1
-        nxt: list[Any] = []
+    while depth <= limit:
+        children: list[Any] = []
+        found = False
         for item in level:
             if isinstance(item, dict):
-                nxt.extend(item.values())
+                found = True
+                children.extend(item.values())
             elif isinstance(item, list | tuple):
-                nxt.extend(item)
-        level = nxt
+                found = True
+                children.extend(item)
+        if not found:
+            break
+        depth += 1
+        level = children
     return depth
 
 
@@ -40,6 +47,29 @@ def _to_json(value: Any, max_depth: int) -> str:
     if json_depth(value, max_depth) > max_depth:
         raise ValueError(f"nested deeper than {max_depth} levels")
     return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _refuse_lossy_leaves(value: Any) -> None:
+    """pydantic's JSON mode silently turns NaN into null and bytes into text inside untyped
+    fields; refuse both instead of storing something the caller did not send."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("NaN and Infinity are not JSON")
+        if isinstance(item, bytes | bytearray | memoryview):
+            raise ValueError("bytes are not JSON; encode them (base64) or store them elsewhere")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+
+
+def _serialize(adapter: TypeAdapter[Any], obj: Any, max_depth: int) -> str:
+    if adapter.core_schema.get("type") == "any":
+        return _to_json(obj, max_depth)  # untyped: plain JSON only, no implicit conversions
+    _refuse_lossy_leaves(adapter.dump_python(obj, mode="python"))
+    return _to_json(adapter.dump_python(obj, mode="json"), max_depth)
 
 
 def encode_payload(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes: int, max_depth: int) -> str:
@@ -51,8 +81,8 @@ def encode_payload(adapter: TypeAdapter[Any], value: Any, *, task: str, max_byte
             f"payload for task {task!r} does not match its payload type: {exc.error_count()} error(s):\n{exc}"
         ) from exc
     try:
-        text = _to_json(adapter.dump_python(obj, mode="json"), max_depth)
-    except (ValueError, TypeError, RecursionError) as exc:
+        text = _serialize(adapter, obj, max_depth)
+    except (ValueError, TypeError, RecursionError, PydanticSerializationError) as exc:
         raise PayloadNotSerializableError(
             f"payload for task {task!r} is not plain JSON ({exc}); pass strings, numbers, "
             "lists and objects only (no NaN/Infinity, bytes or custom objects)"
@@ -77,7 +107,7 @@ def decode_payload(adapter: TypeAdapter[Any], text: str, *, task: str) -> Any:
 def encode_result(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes: int, max_depth: int) -> str:
     """Serialize a handler's return value, or raise ResultNotSerializableError."""
     try:
-        text = _to_json(adapter.dump_python(value, mode="json"), max_depth)
+        text = _serialize(adapter, value, max_depth)
     except Exception as exc:
         raise ResultNotSerializableError(f"task {task!r} returned a value that is not plain JSON: {exc}") from exc
     if len(text.encode()) > max_bytes:

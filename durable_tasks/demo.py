@@ -79,6 +79,8 @@ def build_app(data_dir: str) -> App:
 
 def run_demo(console: Console, *, tasks: int, data_dir: str) -> int:
     """Run the demo; returns the process exit code."""
+    for stale in Path(data_dir).glob("durable_tasks.sqlite3*"):
+        stale.unlink()  # the demo's own scratch database: start from an empty schema every run
     app = build_app(data_dir)
     app.create_all()
     DemoResult.metadata.create_all(app.engine, tables=[DemoResult.__table__])  # type: ignore[attr-defined]

@@ -79,8 +79,7 @@ class Reaper:
                 try:
                     parsed.append((entry_id, parse_delivery(fields)))
                 except MalformedEntryError as exc:
-                    await transport.dead_letter(queue, {**fields, "dt_reason": str(exc)[:500], "dt_entry": entry_id})
-                    await transport.ack(stream, [entry_id])
+                    await transport.dead_letter_malformed(queue, stream, entry_id, fields, str(exc))
                     report.dead_lettered += 1
             task_ids = [d.task_id for _, d in parsed]
             views = await to_thread.run_sync(partial(recovery.lease_views, app.engine, s.namespace, task_ids))
@@ -165,11 +164,9 @@ class Reaper:
         await transport.ack(stream, [entry_id])
 
     async def _publish_dead_letter(self, queue: str, entry_id: str, d: Delivery, reason: str) -> None:
-        await self.app.transport().dead_letter_once(
+        await self.app.transport().dead_letter(
             queue,
-            d.task_id,
-            d.generation,
-            d.delivery,
+            f"{d.task_id}:{d.generation}:{d.delivery}",
             {
                 "t": d.task_id,
                 "g": str(d.generation),

@@ -71,6 +71,7 @@ class TaskRecord(SQLModel, table=True):
     attempt: int = 0
     delivery: int = 0
     reclaims: int = 0
+    failures: int = 0
     max_attempts: int = 1
     lease_expires_at: datetime | None = None
     worker_id: str | None = Field(default=None, max_length=200)

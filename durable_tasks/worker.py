@@ -27,7 +27,7 @@ from .commit import GroupCommitter
 from .errors import PayloadValidationError, ResultNotSerializableError
 from .policy import FailureDecision, backoff_delay, decide_after_failure
 from .store import execution
-from .store.execution import CommitOutcome, ExecutionClaim, FinalWrite
+from .store.execution import ClaimRefused, CommitOutcome, ExecutionClaim, FinalWrite
 from .tasks import Task, TaskContext
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry, parse_delivery
 
@@ -139,11 +139,7 @@ class Worker:
         try:
             delivery = parse_delivery(entry.fields)
         except MalformedEntryError as exc:
-            # Nothing names a task: park the raw entry in the DLQ for an operator, then ack.
-            await app.transport().dead_letter(
-                entry.queue, {**entry.fields, "dt_reason": str(exc)[:500], "dt_entry": entry.entry_id}
-            )
-            await app.transport().ack(stream, [entry.entry_id])
+            await app.transport().dead_letter_malformed(entry.queue, stream, entry.entry_id, entry.fields, str(exc))
             self.counters.malformed += 1
             return True
         try:
@@ -151,7 +147,14 @@ class Worker:
         except SQLAlchemyError as exc:
             logger.warning("cannot reach the database to claim %s (%s); entry stays pending", delivery.task_id, exc)
             return False
-        if claim is None:
+        if claim is ClaimRefused.NO_TASK:
+            # The database may be restoring or lagging: the reaper dead-letters the entry only
+            # after visibility_timeout.
+            logger.warning(
+                "entry %s names task %s, which does not exist; left pending", entry.entry_id, delivery.task_id
+            )
+            return False
+        if claim is ClaimRefused.STALE:
             self.counters.skipped_stale += 1
             await app.transport().ack(stream, [entry.entry_id])
             return True
@@ -164,7 +167,7 @@ class Worker:
             await app.transport().ack(stream, [entry.entry_id])
         return recorded
 
-    async def _claim(self, d: Delivery) -> ExecutionClaim | None:
+    async def _claim(self, d: Delivery) -> ExecutionClaim | ClaimRefused:
         app = self.app
         now = app.clock()
         return await to_thread.run_sync(
@@ -275,12 +278,14 @@ class Worker:
         retryable = not isinstance(exc, _NOT_RETRYABLE) and (
             task is None or not task.retry_on or isinstance(exc, task.retry_on)
         )
-        decision = decide_after_failure(attempt=claim.attempt, max_attempts=claim.max_attempts, retryable=retryable)
+        # Failures, not claims, spend the retry budget: an attempt lost with its worker does not.
+        failures = claim.failures + 1
+        decision = decide_after_failure(attempt=failures, max_attempts=claim.max_attempts, retryable=retryable)
         now = app.clock()
         retry_at = None
         if decision is FailureDecision.RETRY:
             retry_at = now + backoff_delay(
-                claim.attempt, initial=s.retry_backoff_initial, cap=s.retry_backoff_max, jitter=s.backoff_jitter
+                failures, initial=s.retry_backoff_initial, cap=s.retry_backoff_max, jitter=s.backoff_jitter
             )
         message = f"{exc}"[:4000]
         error_type = type(exc).__qualname__

@@ -19,6 +19,7 @@ from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_tabl
 from .submit import insert_outbox
 
 __all__ = [
+    "ClaimRefused",
     "CommitOutcome",
     "ExecutionClaim",
     "FinalWrite",
@@ -45,6 +46,7 @@ class ExecutionClaim:
     attempt: int
     delivery: int
     max_attempts: int
+    failures: int
     payload_json: str
     idempotency_key: str | None
     traceparent: str | None
@@ -64,6 +66,13 @@ class ExecutionClaim:
         )
 
 
+class ClaimRefused(Enum):
+    """Why a delivery may not run."""
+
+    STALE = "stale"  # superseded, duplicate, finished, or held by a live lease: ack and skip
+    NO_TASK = "no_task"  # no such task row (yet): leave the entry pending for the reaper
+
+
 def claim_execution(
     engine: sa.Engine,
     namespace: str,
@@ -74,8 +83,8 @@ def claim_execution(
     worker_id: str,
     now: datetime,
     lease: timedelta,
-) -> ExecutionClaim | None:
-    """Take the execution fence for one delivery, or None if it is stale or a duplicate.
+) -> ExecutionClaim | ClaimRefused:
+    """Take the execution fence for one delivery, or say why it may not run.
 
     Claimable: the same generation and delivery, in PENDING (the entry can arrive before
     the dispatcher's mark-SENT commits), ENQUEUED or RETRYING, or RUNNING whose lease ran out.
@@ -105,6 +114,7 @@ def claim_execution(
                 t.queue,
                 t.attempt,
                 t.max_attempts,
+                t.failures,
                 t.payload,
                 t.idempotency_key,
                 t.traceparent,
@@ -114,7 +124,8 @@ def claim_execution(
             )
         ).one_or_none()
         if row is None:
-            return None
+            found = conn.execute(sa.select(t.id).where(t.id == task_id, t.namespace == namespace)).first()
+            return ClaimRefused.STALE if found else ClaimRefused.NO_TASK
         close_open_attempts(conn, task_id, generation, now, reason="lease expired: worker lost")
         conn.execute(
             sa.insert(attempts_table).values(
@@ -136,6 +147,7 @@ def claim_execution(
         attempt=row.attempt,
         delivery=delivery,
         max_attempts=row.max_attempts,
+        failures=row.failures,
         payload_json=row.payload,
         idempotency_key=row.idempotency_key,
         traceparent=row.traceparent,
@@ -243,9 +255,9 @@ def record_failure(
             "lease_expires_at": None,
         }
         if final:
-            values |= {"state": TaskState.FAILED, "finished_at": now}
+            values |= {"state": TaskState.FAILED, "finished_at": now, "failures": t.failures + 1}
         else:
-            values |= {"state": TaskState.RETRYING, "delivery": t.delivery + 1}
+            values |= {"state": TaskState.RETRYING, "delivery": t.delivery + 1, "failures": t.failures + 1}
         row = conn.execute(
             sa.update(tasks_table).where(claim.fence()).values(values).returning(t.delivery)
         ).one_or_none()

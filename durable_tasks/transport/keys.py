@@ -49,6 +49,7 @@ class QueueKeys:
         """The dedup key of one delivery: republishing it adds nothing."""
         return f"dt:{self.tag}:dedup:{task_id}:{generation}:{delivery}"
 
-    def dlq_dedup(self, task_id: str, generation: int, delivery: int) -> str:
-        """Marks that a delivery was dead-lettered, so a reaper retry adds no second entry."""
-        return f"dt:{self.tag}:dlqdedup:{task_id}:{generation}:{delivery}"
+    def dlq_dedup(self, what: str) -> str:
+        """Marks that ``what`` (a delivery, or a malformed entry id) was dead-lettered, so a
+        retry after a crash adds no second DLQ entry."""
+        return f"dt:{self.tag}:dlqdedup:{what}"

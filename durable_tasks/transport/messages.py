@@ -97,14 +97,18 @@ class AutoclaimPage:
 def parse_autoclaim_reply(reply: Sequence[Any]) -> AutoclaimPage:
     """Normalize XAUTOCLAIM replies of every server version.
 
-    Redis 6.2 replies ``[cursor, entries]`` and reports an entry trimmed from the stream as an
-    entry without fields; Redis/Valkey 7+ add a third element listing such ids, which the
-    server has already removed from the PEL.
+    Redis 6.2 replies ``[cursor, entries]`` and reports an entry deleted from the stream as an
+    entry without fields (or a bare nil, skipped: its id is unknown); Redis/Valkey 7+ add a
+    third element listing such ids, which the server has already removed from the PEL.
     """
     cursor = str(reply[0])
     entries: list[tuple[str, dict[str, str]]] = []
     deleted = [str(i) for i in reply[2]] if len(reply) > 2 and reply[2] else []
     for item in reply[1] or []:
+        if item is None or item[0] is None:
+            # Redis 6.2 reports an entry deleted while pending as a bare nil: its id is
+            # unknown, and the server keeps it in the PEL. 7.0+ lists such ids instead.
+            continue
         entry_id, raw = item[0], item[1]
         if raw is None:
             deleted.append(str(entry_id))

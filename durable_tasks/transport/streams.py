@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -154,20 +154,22 @@ class RedisStreamsTransport:
                 out[str(row["message_id"])] = int(row["time_since_delivered"])
         return out
 
-    async def dead_letter(self, queue: str, fields: dict[str, str]) -> str:
-        """Append an entry to the queue's dead-letter stream."""
-        return str(await self.client.xadd(self.keys(queue).dlq, fields))  # type: ignore[arg-type]
-
-    async def dead_letter_once(
-        self, queue: str, task_id: str, generation: int, delivery: int, fields: dict[str, str]
-    ) -> str:
-        """Dead-letter one delivery exactly once (same dedup script as publishing)."""
+    async def dead_letter(self, queue: str, what: str, fields: dict[str, str]) -> str:
+        """Append ``fields`` to the queue's dead-letter stream once per ``what`` (a delivery
+        ``task:generation:delivery`` or ``entry:<id>``): a retry after a crash adds nothing."""
         keys = self.keys(queue)
         args: list[str | int] = [self._dedup_ttl_ms]
-        for field, value in fields.items():
-            args += [field, value]
-        reply = await self._enqueue(keys=[keys.dlq, keys.dlq_dedup(task_id, generation, delivery)], args=args)
+        for name, value in fields.items():
+            args += [name, value]
+        reply = await self._enqueue(keys=[keys.dlq, keys.dlq_dedup(what)], args=args)
         return str(reply)
+
+    async def dead_letter_malformed(
+        self, queue: str, stream: str, entry_id: str, fields: Mapping[str, str], reason: str
+    ) -> None:
+        """Park an entry that names no task in the DLQ (once), then acknowledge it."""
+        await self.dead_letter(queue, f"entry:{entry_id}", {**fields, "dt_reason": reason[:500], "dt_entry": entry_id})
+        await self.ack(stream, [entry_id])
 
     async def entries_exist(self, stream: str, entry_ids: Sequence[str]) -> list[bool]:
         """Whether each entry id is still in the stream (one pipelined round trip)."""

@@ -37,8 +37,8 @@ def claimed(app: App, n: int) -> list[ExecutionClaim]:
         )
         for i in ids
     ]
-    assert all(c is not None for c in claims)
-    return [c for c in claims if c is not None]
+    assert all(isinstance(c, ExecutionClaim) for c in claims)
+    return [c for c in claims if isinstance(c, ExecutionClaim)]
 
 
 def failing_hook(conn: sa.Connection) -> None:

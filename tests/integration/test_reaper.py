@@ -92,7 +92,7 @@ async def _read(app: App, consumer: str, count: int = 1) -> list[StreamEntry]:
 
 def _claim(app: App, entry: StreamEntry, worker_id: str, *, lease: timedelta | None = None) -> ExecutionClaim | None:
     d = parse_delivery(entry.fields)
-    return claim_execution(
+    claim = claim_execution(
         app.engine,
         app.settings.namespace,
         task_id=d.task_id,
@@ -102,6 +102,7 @@ def _claim(app: App, entry: StreamEntry, worker_id: str, *, lease: timedelta | N
         now=app.clock(),
         lease=lease or app.settings.lease_timeout,
     )
+    return claim if isinstance(claim, ExecutionClaim) else None
 
 
 def _outbox(app: App, task_id: str) -> list[tuple[int, str]]:
