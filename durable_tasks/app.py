@@ -36,6 +36,7 @@ from .store import queries
 from .store import submit as submit_store
 from .store.engine import create_engine, read_only
 from .tasks import Task, TaskContext, TaskHandle
+from .telemetry import Redactor, Telemetry, traceparent_of
 from .transport.streams import RedisStreamsTransport
 from .views import QueueStats, TaskInfo
 from .worker import Worker
@@ -64,6 +65,7 @@ class App:
         *,
         settings: Settings | None = None,
         clock: Clock = system_clock,
+        redact: Redactor | None = None,
         **overrides: Any,
     ) -> None:
         given = {"database_url": database_url, "redis_url": redis_url, "namespace": namespace, **overrides}
@@ -75,6 +77,9 @@ class App:
         except ValueError as exc:
             raise ConfigurationError(f"invalid durable_tasks settings: {exc}") from exc
         self.clock = clock
+        self.telemetry = Telemetry(self.settings.namespace, trace_payloads=self.settings.trace_payloads, redact=redact)
+        self.latest_stats: dict[str, QueueStats] = {}
+        self.telemetry.observe_queues(self)
         self.registry: dict[str, Task[Any, Any]] = {}
         self.paused_queues: set[str] = set()
         self._engine: sa.Engine | None = None
@@ -164,20 +169,25 @@ class App:
         payload_json = codec.encode_payload(
             task.payload_adapter, payload, task=task.name, max_bytes=s.max_payload_bytes, max_depth=s.max_json_depth
         )
-        new = submit_store.NewTask(
-            namespace=s.namespace,
-            name=task.name,
-            queue=task.queue,
-            payload_json=payload_json,
-            idempotency_key=idempotency_key,
-            max_attempts=task.max_attempts,
-            traceparent=None,
-            shadow=shadow,
-        )
-        try:
-            outcome = submit_store.submit_task(session, new, self.clock())
-        except OperationalError as exc:
-            raise DatabaseUnavailableError(self._db_hint(exc)) from exc
+        with self.telemetry.submit_span(task.name, task.queue) as span:
+            span.set_attributes(self.telemetry.payload_attributes(task.name, "payload", payload_json))
+            new = submit_store.NewTask(
+                namespace=s.namespace,
+                name=task.name,
+                queue=task.queue,
+                payload_json=payload_json,
+                idempotency_key=idempotency_key,
+                max_attempts=task.max_attempts,
+                traceparent=traceparent_of(span),
+                shadow=shadow,
+            )
+            try:
+                outcome = submit_store.submit_task(session, new, self.clock())
+            except OperationalError as exc:
+                raise DatabaseUnavailableError(self._db_hint(exc)) from exc
+            span.set_attributes({"durable_tasks.task.id": outcome.task_id, "durable_tasks.created": outcome.created})
+        if outcome.created:
+            self.telemetry.submitted.add(1, {"queue": task.queue, "task": task.name})
         return TaskHandle(outcome.task_id, task.name, outcome.generation, outcome.created)
 
     def _check_idempotency_key(self, key: str | None) -> None:
@@ -304,7 +314,9 @@ class App:
                 queue_delay_s=(now - b.oldest_enqueued).total_seconds() if b and b.oldest_enqueued else 0.0,
                 oldest_pending_age_s=snap.oldest_pending_age_s,
                 dlq_length=snap.dlq_length,
+                stream_lag=snap.stream_lag,
             )
+        self.latest_stats = out
         return out
 
     async def run(

@@ -7,7 +7,10 @@ registry; this module only moves rows.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Sequence
+from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
@@ -39,7 +42,8 @@ class Dispatcher:
         app, s = self.app, self.app.settings
         now = app.clock()
         rows = await to_thread.run_sync(
-            lambda: outbox_store.claim_batch(
+            partial(
+                outbox_store.claim_batch,
                 app.engine,
                 s.namespace,
                 now=now,
@@ -50,9 +54,15 @@ class Dispatcher:
         )
         if not rows:
             return 0
+        with app.telemetry.dispatch_span([r.traceparent for r in rows]):
+            await self._settle(rows)
+        return len(rows)
+
+    async def _settle(self, rows: list[ClaimedDelivery]) -> None:
+        app, s = self.app, self.app.settings
         dead: list[tuple[ClaimedDelivery, str]] = []
         held: list[ClaimedDelivery] = []
-        ready: list[ClaimedDelivery] = []
+        ready: dict[str, list[ClaimedDelivery]] = defaultdict(list)
         for row in rows:
             reason = self._invalid_reason(row)
             if reason is not None:
@@ -60,33 +70,54 @@ class Dispatcher:
             elif app.transport_for(row.queue) is None:
                 held.append(row)
             else:
-                ready.append(row)
-        sent, failed = await self._publish(ready)
+                ready[row.queue].append(row)
+        sent: list[tuple[ClaimedDelivery, str]] = []
+        failed: list[tuple[ClaimedDelivery, str]] = []
+        for queue, batch in ready.items():
+            with app.telemetry.publish_span(queue, len(batch)):
+                ok, bad = await self._publish(batch)
+            sent += ok
+            failed += bad
         now = app.clock()
-        retry = [
-            (
-                row,
-                now
-                + backoff_delay(
-                    row.attempts + 1, initial=s.backoff_initial, cap=s.backoff_max, jitter=s.backoff_jitter
-                ),
-                err,
+        retry = [(row, now + self._backoff(row.attempts + 1), err) for row, err in failed]
+        await to_thread.run_sync(
+            partial(
+                outbox_store.settle_batch,
+                app.engine,
+                sent=sent,
+                dead=dead,
+                retry=retry,
+                held=held,
+                now=now,
+                release_at=now + s.poll_interval,
             )
-            for row, err in failed
-        ]
+        )
+        self._record(sent, dead, retry, held, now)
 
-        def settle() -> None:
-            outbox_store.mark_sent(app.engine, sent, now=now)
-            outbox_store.mark_dead(app.engine, dead, now=now)
-            outbox_store.schedule_retry(app.engine, retry)
-            outbox_store.release(app.engine, held, next_attempt_at=now + s.poll_interval)
+    def _backoff(self, failures: int) -> timedelta:
+        s = self.app.settings
+        return backoff_delay(failures, initial=s.backoff_initial, cap=s.backoff_max, jitter=s.backoff_jitter)
 
-        await to_thread.run_sync(settle)
+    def _record(
+        self,
+        sent: list[tuple[ClaimedDelivery, str]],
+        dead: list[tuple[ClaimedDelivery, str]],
+        retry: list[tuple[ClaimedDelivery, datetime, str]],
+        held: list[ClaimedDelivery],
+        now: datetime,
+    ) -> None:
+        tel = self.app.telemetry
+        for row, _ in sent:
+            tel.dispatched.add(1, {"queue": row.queue, "outcome": "sent"})
+            tel.dispatch_lag.record((now - row.created_at).total_seconds(), {"queue": row.queue})
         for row, reason in dead:
+            tel.dispatched.add(1, {"queue": row.queue, "outcome": "dead"})
             logger.warning("outbox row %s (task %s) is dead: %s", row.outbox_id, row.task_id, reason)
         for row, _, err in retry:
+            tel.dispatched.add(1, {"queue": row.queue, "outcome": "retry"})
             logger.warning("publishing task %s failed (attempt %s): %s", row.task_id, row.attempts + 1, err)
-        return len(rows)
+        for row in held:
+            tel.dispatched.add(1, {"queue": row.queue, "outcome": "held"})
 
     def _invalid_reason(self, row: ClaimedDelivery) -> str | None:
         task = self.app.registry.get(row.name)

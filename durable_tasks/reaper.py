@@ -61,6 +61,7 @@ class Reaper:
                 await self._scan_pending(queue, stream, report)
                 report.trimmed += await transport.trim(stream)
         await self._reconcile(report)
+        await self.app.stats()  # refreshes the observable gauges (PEL, delays, DLQ length)
         return report
 
     async def _scan_pending(self, queue: str, stream: str, report: ReapReport) -> None:
@@ -130,7 +131,12 @@ class Reaper:
                 )
             )
             report.redelivered += int(done)
-            logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
+            if done:
+                logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
+                app.telemetry.reclaimed.add(1, {"queue": queue, "reason": "worker_lost"})
+                app.telemetry.task_event(
+                    "reclaim", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": "lease expired"}
+                )
         elif action is ReapAction.DEAD_LETTER:
             reason = (
                 f"lost {s.max_deliveries} deliveries (max_deliveries)"
@@ -151,6 +157,10 @@ class Reaper:
             if done:
                 await self._publish_dead_letter(queue, entry_id, d, reason)
                 report.dead_lettered += 1
+                app.telemetry.dead_lettered.add(1, {"queue": queue})
+                app.telemetry.task_event(
+                    "dead_letter", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": reason}
+                )
         else:
             if (
                 view is not None
@@ -209,6 +219,8 @@ class Reaper:
                     )
                 )
                 report.reconciled += int(done)
+                if done:
+                    app.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
                 if done:
                     logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
 

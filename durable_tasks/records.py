@@ -129,6 +129,7 @@ class AttemptRecord(SQLModel, table=True):
     error_type: str | None = Field(default=None, max_length=200)
     error_message: str | None = Field(default=None, sa_type=sa.Text)
     retry_reason: str | None = Field(default=None, sa_type=sa.Text)
+    traceparent: str | None = Field(default=None, max_length=128)
 
 
 tasks_table: sa.Table = TaskRecord.__table__  # type: ignore[attr-defined]

@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     reaper_batch: int = Field(default=100, ge=1)
     reconcile_grace: Duration = timedelta(seconds=30)
 
+    # observability
+    trace_payloads: bool = Field(
+        default=False, description="Put payloads and results on spans (through App(redact=...))."
+    )
+
     # input limits
     max_payload_bytes: int = Field(default=1024 * 1024, ge=64)
     max_json_depth: int = Field(default=64, ge=2)

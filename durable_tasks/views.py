@@ -104,6 +104,7 @@ class QueueStats:
     queue_delay_s: float
     oldest_pending_age_s: float
     dlq_length: int
+    stream_lag: int = 0
 
     def as_dict(self) -> dict[str, float]:
         """The numbers by name."""

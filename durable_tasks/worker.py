@@ -11,14 +11,17 @@ import logging
 import math
 import os
 import socket
+import time
 import uuid
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import sqlalchemy as sa
 from anyio import to_thread
 from anyio.abc import TaskGroup
+from opentelemetry.trace import Span
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
@@ -29,6 +32,8 @@ from .policy import FailureDecision, backoff_delay, decide_after_failure
 from .store import execution
 from .store.execution import ClaimRefused, CommitOutcome, ExecutionClaim, FinalWrite
 from .tasks import Task, TaskContext
+from .telemetry import link_to, traceparent_of
+from .transport.keys import CONSUMER_GROUP
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry, parse_delivery
 
 if TYPE_CHECKING:
@@ -134,64 +139,87 @@ class Worker:
 
     async def handle(self, entry: StreamEntry) -> bool:
         """Process one entry; True when the database recorded its outcome and it was acked."""
-        app = self.app
-        stream = app.transport().keys(entry.queue).stream_for(shadow=entry.shadow)
+        transport = self.app.transport()
+        stream = transport.keys(entry.queue).stream_for(shadow=entry.shadow)
         try:
             delivery = parse_delivery(entry.fields)
         except MalformedEntryError as exc:
-            await app.transport().dead_letter_malformed(entry.queue, stream, entry.entry_id, entry.fields, str(exc))
+            await transport.dead_letter_malformed(entry.queue, stream, entry.entry_id, entry.fields, str(exc))
             self.counters.malformed += 1
             return True
-        try:
-            claim = await self._claim(delivery)
-        except SQLAlchemyError as exc:
-            logger.warning("cannot reach the database to claim %s (%s); entry stays pending", delivery.task_id, exc)
+        attributes = {
+            "messaging.message.id": entry.entry_id,
+            "messaging.consumer.group.name": CONSUMER_GROUP,
+            "durable_tasks.task.id": delivery.task_id,
+            "durable_tasks.generation": delivery.generation,
+            "durable_tasks.delivery": delivery.delivery,
+            "durable_tasks.delivery_count": delivery.delivery + 1,
+            "durable_tasks.shadow": entry.shadow,
+        }
+        with self.app.telemetry.process_span(delivery.name, entry.queue, delivery.traceparent, attributes) as span:
+            outcome = await self._process(delivery, span)
+            span.set_attribute("durable_tasks.outcome", outcome)
+        if outcome in ("unreachable", "no_task"):
             return False
+        await transport.ack(stream, [entry.entry_id])
+        return True
+
+    async def _process(self, d: Delivery, span: Span) -> str:
+        """Claim, run and record one delivery; returns the outcome named on the span."""
+        try:
+            claim = await self._claim(d, traceparent_of(span))
+        except SQLAlchemyError as exc:
+            logger.warning("cannot reach the database to claim %s (%s); entry stays pending", d.task_id, exc)
+            return "unreachable"
         if claim is ClaimRefused.NO_TASK:
             # The database may be restoring or lagging: the reaper dead-letters the entry only
             # after visibility_timeout.
-            logger.warning(
-                "entry %s names task %s, which does not exist; left pending", entry.entry_id, delivery.task_id
-            )
-            return False
+            logger.warning("a delivery names task %s, which does not exist; left pending", d.task_id)
+            return "no_task"
         if claim is ClaimRefused.STALE:
             self.counters.skipped_stale += 1
-            await app.transport().ack(stream, [entry.entry_id])
-            return True
+            return "stale"
+        span.set_attribute("durable_tasks.attempt", claim.attempt)
+        for link in link_to(claim.previous_traceparent, **{"durable_tasks.link": "previous_attempt"}):
+            span.add_link(link.context, link.attributes)
+        self.app.telemetry.queue_delay.record(
+            (self.app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
+        )
         try:
-            recorded = await self._execute(claim)
+            outcome = await self._execute(claim, span)
         except SQLAlchemyError as exc:
             logger.warning("cannot record the outcome of %s (%s); entry stays pending", claim.task_id, exc)
-            return False
-        if recorded:
-            await app.transport().ack(stream, [entry.entry_id])
-        return recorded
+            return "unreachable"
+        self.app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
+        return outcome
 
-    async def _claim(self, d: Delivery) -> ExecutionClaim | ClaimRefused:
+    async def _claim(self, d: Delivery, traceparent: str | None) -> ExecutionClaim | ClaimRefused:
         app = self.app
-        now = app.clock()
         return await to_thread.run_sync(
-            lambda: execution.claim_execution(
+            partial(
+                execution.claim_execution,
                 app.engine,
                 app.settings.namespace,
                 task_id=d.task_id,
                 generation=d.generation,
                 delivery=d.delivery,
                 worker_id=self.worker_id,
-                now=now,
+                now=app.clock(),
                 lease=app.settings.lease_timeout,
+                traceparent=traceparent,
             )
         )
 
-    async def _execute(self, claim: ExecutionClaim) -> bool:
-        """Run the claimed attempt and record its outcome; False if the DB write failed silently."""
+    async def _execute(self, claim: ExecutionClaim, span: Span) -> str:
+        """Run the claimed attempt and record its outcome (raises SQLAlchemyError if it cannot)."""
+        tel = self.app.telemetry
         task = self.app.registry.get(claim.name)
         if task is None:
-            return await self._fail(claim, None, LookupError(f"no task {claim.name!r} is registered in this worker"))
+            return await self._fail(claim, None, LookupError(f"no task {claim.name!r} is registered here"), span)
         try:
             payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
         except PayloadValidationError as exc:
-            return await self._fail(claim, task, exc)
+            return await self._fail(claim, task, exc, span)
         ctx: TaskContext[Any] = TaskContext(
             task_id=claim.task_id,
             name=claim.name,
@@ -202,8 +230,9 @@ class Worker:
             idempotency_key=claim.idempotency_key,
             payload=payload,
             shadow=claim.shadow,
-            _beat=lambda: self._beat(claim),
+            _beat=partial(self._beat, claim),
         )
+        started = time.perf_counter()
         try:
             result = await self._run_with_heartbeat(task, ctx)
             result_json = encode_result(
@@ -214,18 +243,25 @@ class Worker:
                 max_depth=self.app.settings.max_json_depth,
             )
         except Exception as exc:
-            return await self._fail(claim, task, exc)
+            return await self._fail(claim, task, exc, span)
+        finally:
+            tel.execution_time.record(time.perf_counter() - started, {"queue": claim.queue, "task": claim.name})
+        span.set_attributes(tel.payload_attributes(claim.name, "result", result_json))
         write = FinalWrite(claim, result_json, hook=self._hook(task, ctx, result))
-        await self._committer.commit(write)
+        with tel.commit_span() as commit_span:
+            await self._committer.commit(write)
+            commit_span.set_attribute("durable_tasks.fenced_out", write.outcome is CommitOutcome.FENCED_OUT)
         if write.outcome is CommitOutcome.FENCED_OUT:
             self.counters.fenced_out += 1
+            tel.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
             logger.info("result of %s gen %s attempt %s fenced out", claim.task_id, claim.generation, claim.attempt)
-            return True
+            return "fenced_out"
         if write.outcome is CommitOutcome.HOOK_FAILED:
             assert write.hook_error is not None
-            return await self._fail(claim, task, write.hook_error)
+            return await self._fail(claim, task, write.hook_error, span)
         self.counters.succeeded += 1
-        return True
+        tel.end_to_end.record((self.app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue})
+        return "succeeded"
 
     async def _run_with_heartbeat(self, task: Task[Any, Any], ctx: TaskContext[Any]) -> Any:
         interval = self.app.settings.heartbeat_interval.total_seconds()
@@ -273,8 +309,9 @@ class Worker:
 
         return run_hooks
 
-    async def _fail(self, claim: ExecutionClaim, task: Task[Any, Any] | None, exc: BaseException) -> bool:
+    async def _fail(self, claim: ExecutionClaim, task: Task[Any, Any] | None, exc: BaseException, span: Span) -> str:
         app, s = self.app, self.app.settings
+        app.telemetry.record_failure(span, exc)
         retryable = not isinstance(exc, _NOT_RETRYABLE) and (
             task is None or not task.retry_on or isinstance(exc, task.retry_on)
         )
@@ -287,24 +324,30 @@ class Worker:
             retry_at = now + backoff_delay(
                 failures, initial=s.retry_backoff_initial, cap=s.retry_backoff_max, jitter=s.backoff_jitter
             )
-        message = f"{exc}"[:4000]
-        error_type = type(exc).__qualname__
         recorded = await to_thread.run_sync(
-            lambda: execution.record_failure(
-                app.engine, claim, now=now, error_type=error_type, error_message=message, retry_at=retry_at
+            partial(
+                execution.record_failure,
+                app.engine,
+                claim,
+                now=now,
+                error_type=type(exc).__qualname__,
+                error_message=f"{exc}"[:4000],
+                retry_at=retry_at,
             )
+        )
+        logger.info(
+            "task %s attempt %s failed with %s (%s)",
+            claim.task_id,
+            claim.attempt,
+            type(exc).__qualname__,
+            "retrying" if retry_at else "final",
         )
         if not recorded:
             self.counters.fenced_out += 1
-        elif retry_at is None:
+            app.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
+            return "fenced_out"
+        if retry_at is None:
             self.counters.failed += 1
-        else:
-            self.counters.retried += 1
-        logger.info(
-            "task %s attempt %s failed with %s: %s",
-            claim.task_id,
-            claim.attempt,
-            error_type,
-            "retrying" if retry_at else "final",
-        )
-        return True
+            return "failed"
+        self.counters.retried += 1
+        return "retrying"

@@ -54,6 +54,7 @@ class ExecutionClaim:
     created_at: datetime
     enqueued_at: datetime | None
     worker_id: str
+    previous_traceparent: str | None = None
 
     def fence(self) -> sa.ColumnElement[bool]:
         """The WHERE clause every write of this execution carries."""
@@ -83,6 +84,7 @@ def claim_execution(
     worker_id: str,
     now: datetime,
     lease: timedelta,
+    traceparent: str | None = None,
 ) -> ExecutionClaim | ClaimRefused:
     """Take the execution fence for one delivery, or say why it may not run.
 
@@ -127,6 +129,11 @@ def claim_execution(
             found = conn.execute(sa.select(t.id).where(t.id == task_id, t.namespace == namespace)).first()
             return ClaimRefused.STALE if found else ClaimRefused.NO_TASK
         close_open_attempts(conn, task_id, generation, now, reason="lease expired: worker lost")
+        previous = None
+        if row.attempt > 1 or generation > 0:  # a first attempt has nothing to link to
+            previous = conn.execute(
+                sa.select(a.traceparent).where(a.task_id == task_id).order_by(a.id.desc()).limit(1)
+            ).scalar_one_or_none()
         conn.execute(
             sa.insert(attempts_table).values(
                 namespace=namespace,
@@ -135,6 +142,7 @@ def claim_execution(
                 attempt=row.attempt,
                 delivery=delivery,
                 worker_id=worker_id,
+                traceparent=traceparent,
                 started_at=now,
             )
         )
@@ -155,6 +163,7 @@ def claim_execution(
         created_at=row.created_at,
         enqueued_at=row.enqueued_at,
         worker_id=worker_id,
+        previous_traceparent=previous,
     )
 
 

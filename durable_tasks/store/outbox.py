@@ -24,6 +24,7 @@ __all__ = [
     "mark_sent",
     "release",
     "schedule_retry",
+    "settle_batch",
 ]
 
 o = outbox_table.c
@@ -45,6 +46,7 @@ class ClaimedDelivery:
     shadow: bool
     payload_json: str
     traceparent: str | None
+    created_at: datetime
 
 
 def claim_batch(
@@ -78,7 +80,7 @@ def claim_batch(
             sa.update(outbox_table)
             .where(o.id.in_(due.scalar_subquery()))
             .values(lease_expires_at=now + lease, claim_token=token)
-            .returning(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow)
+            .returning(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
         ).all()
         if not claimed:
             return []
@@ -104,6 +106,7 @@ def claim_batch(
                 shadow=c.shadow,
                 payload_json=task.payload if task else "",
                 traceparent=task.traceparent if task else None,
+                created_at=c.created_at,
             )
         )
     return out
@@ -120,7 +123,26 @@ _FENCE = sa.and_(
 )
 
 
-def mark_sent(engine: sa.Engine, sent: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> int:
+def settle_batch(
+    engine: sa.Engine,
+    *,
+    sent: Sequence[tuple[ClaimedDelivery, str]],
+    dead: Sequence[tuple[ClaimedDelivery, str]],
+    retry: Sequence[tuple[ClaimedDelivery, datetime, str]],
+    held: Sequence[ClaimedDelivery],
+    now: datetime,
+    release_at: datetime,
+) -> int:
+    """Record every outcome of one dispatch pass in ONE transaction; returns rows marked SENT."""
+    with engine.begin() as conn:
+        marked = mark_sent(conn, sent, now=now)
+        mark_dead(conn, dead, now=now)
+        schedule_retry(conn, retry)
+        release(conn, held, next_attempt_at=release_at)
+    return marked
+
+
+def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> int:
     """Record published rows as SENT with their entry ids; their tasks become ENQUEUED.
 
     The task moves only if it is still PENDING/RETRYING in the same generation and delivery:
@@ -128,80 +150,76 @@ def mark_sent(engine: sa.Engine, sent: Sequence[tuple[ClaimedDelivery, str]], *,
     """
     if not sent:
         return 0
-    with engine.begin() as conn:
-        marked = conn.execute(
-            sa.update(outbox_table)
-            .where(_FENCE)
-            .values(state=OutboxState.SENT, stream_id=sa.bindparam("b_stream"), sent_at=now, lease_expires_at=None),
-            [{**_fenced(row), "b_stream": stream_id} for row, stream_id in sent],
-        ).rowcount
-        conn.execute(
-            sa.update(tasks_table)
-            .where(
-                t.id == sa.bindparam("b_task"),
-                t.generation == sa.bindparam("b_gen"),
-                t.delivery == sa.bindparam("b_delivery"),
-                sa.or_(t.state == TaskState.PENDING, t.state == TaskState.RETRYING),  # no IN: executemany
-            )
-            .values(state=TaskState.ENQUEUED, enqueued_at=now),
-            [{"b_task": r.task_id, "b_gen": r.generation, "b_delivery": r.delivery} for r, _ in sent],
+    marked = conn.execute(
+        sa.update(outbox_table)
+        .where(_FENCE)
+        .values(state=OutboxState.SENT, stream_id=sa.bindparam("b_stream"), sent_at=now, lease_expires_at=None),
+        [{**_fenced(row), "b_stream": stream_id} for row, stream_id in sent],
+    ).rowcount
+    conn.execute(
+        sa.update(tasks_table)
+        .where(
+            t.id == sa.bindparam("b_task"),
+            t.generation == sa.bindparam("b_gen"),
+            t.delivery == sa.bindparam("b_delivery"),
+            sa.or_(t.state == TaskState.PENDING, t.state == TaskState.RETRYING),  # no IN: executemany
         )
+        .values(state=TaskState.ENQUEUED, enqueued_at=now),
+        [{"b_task": r.task_id, "b_gen": r.generation, "b_delivery": r.delivery} for r, _ in sent],
+    )
     return int(marked)
 
 
-def mark_dead(engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> None:
+def mark_dead(conn: sa.Connection, rows: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> None:
     """Outbox row DEAD and its task DEAD, keeping the reason (payload invalid, unknown task)."""
     if not rows:
         return
-    with engine.begin() as conn:
-        conn.execute(
-            sa.update(outbox_table)
-            .where(_FENCE)
-            .values(state=OutboxState.DEAD, last_error=sa.bindparam("b_reason"), lease_expires_at=None),
-            [{**_fenced(row), "b_reason": reason} for row, reason in rows],
+    conn.execute(
+        sa.update(outbox_table)
+        .where(_FENCE)
+        .values(state=OutboxState.DEAD, last_error=sa.bindparam("b_reason"), lease_expires_at=None),
+        [{**_fenced(row), "b_reason": reason} for row, reason in rows],
+    )
+    conn.execute(
+        sa.update(tasks_table)
+        .where(
+            t.id == sa.bindparam("b_task"),
+            t.generation == sa.bindparam("b_gen"),
+            sa.and_(*(t.state != state for state in TERMINAL_STATES)),  # no IN: executemany
         )
-        conn.execute(
-            sa.update(tasks_table)
-            .where(
-                t.id == sa.bindparam("b_task"),
-                t.generation == sa.bindparam("b_gen"),
-                sa.and_(*(t.state != state for state in TERMINAL_STATES)),  # no IN: executemany
-            )
-            .values(
-                state=TaskState.DEAD,
-                error_type="InvalidPayload",
-                error_message=sa.bindparam("b_reason"),
-                finished_at=now,
-                lease_expires_at=None,
-            ),
-            [{"b_task": r.task_id, "b_gen": r.generation, "b_reason": reason} for r, reason in rows],
-        )
+        .values(
+            state=TaskState.DEAD,
+            error_type="InvalidPayload",
+            error_message=sa.bindparam("b_reason"),
+            finished_at=now,
+            lease_expires_at=None,
+        ),
+        [{"b_task": r.task_id, "b_gen": r.generation, "b_reason": reason} for r, reason in rows],
+    )
 
 
-def schedule_retry(engine: sa.Engine, rows: Sequence[tuple[ClaimedDelivery, datetime, str]]) -> None:
+def schedule_retry(conn: sa.Connection, rows: Sequence[tuple[ClaimedDelivery, datetime, str]]) -> None:
     """A publish failed: count the attempt, keep the error, try again at the given time."""
     if not rows:
         return
-    with engine.begin() as conn:
-        conn.execute(
-            sa.update(outbox_table)
-            .where(_FENCE)
-            .values(
-                attempts=o.attempts + 1,
-                next_attempt_at=sa.bindparam("b_next"),
-                last_error=sa.bindparam("b_error"),
-                lease_expires_at=None,
-            ),
-            [{**_fenced(r), "b_next": at, "b_error": err} for r, at, err in rows],
-        )
+    conn.execute(
+        sa.update(outbox_table)
+        .where(_FENCE)
+        .values(
+            attempts=o.attempts + 1,
+            next_attempt_at=sa.bindparam("b_next"),
+            last_error=sa.bindparam("b_error"),
+            lease_expires_at=None,
+        ),
+        [{**_fenced(r), "b_next": at, "b_error": err} for r, at, err in rows],
+    )
 
 
-def release(engine: sa.Engine, rows: Sequence[ClaimedDelivery], *, next_attempt_at: datetime) -> None:
+def release(conn: sa.Connection, rows: Sequence[ClaimedDelivery], *, next_attempt_at: datetime) -> None:
     """Give rows back untouched (no transport for their queue): not a failure, no attempt."""
     if not rows:
         return
-    with engine.begin() as conn:
-        conn.execute(
-            sa.update(outbox_table).where(_FENCE).values(next_attempt_at=next_attempt_at, lease_expires_at=None),
-            [_fenced(r) for r in rows],
-        )
+    conn.execute(
+        sa.update(outbox_table).where(_FENCE).values(next_attempt_at=next_attempt_at, lease_expires_at=None),
+        [_fenced(r) for r in rows],
+    )

@@ -33,6 +33,7 @@ class QueueSnapshot:
     oldest_pending_age_s: float
     dlq_length: int
     stream_length: int
+    stream_lag: int
 
 
 def _entry_ms(entry_id: str) -> int:
@@ -207,9 +208,16 @@ class RedisStreamsTransport:
                 oldest_age = max(0.0, (now_ms - _entry_ms(str(summary["min"]))) / 1000)
         except ResponseError:
             pass  # no stream or group yet: nothing pending
+        lag = 0
+        try:
+            for group in await self.client.xinfo_groups(keys.stream):
+                if str(group["name"]) == CONSUMER_GROUP and group.get("lag") is not None:
+                    lag = int(group["lag"])  # entries not yet read by the group (Redis 7+)
+        except ResponseError:
+            pass
         dlq_length = int(await self.client.xlen(keys.dlq))
         stream_length = int(await self.client.xlen(keys.stream))
-        return QueueSnapshot(pel_size, oldest_age, dlq_length, stream_length)
+        return QueueSnapshot(pel_size, oldest_age, dlq_length, stream_length, lag)
 
 
 def _stream_id_key(entry_id: str) -> tuple[int, int]:
