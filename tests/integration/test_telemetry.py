@@ -135,7 +135,8 @@ async def test_metrics_count_outcomes_and_observe_queues(make_app: Any) -> None:
     ns = app.settings.namespace
 
     def total(name: str, **attrs: str) -> float:
-        return float(sum(p.value for p in points.get(name, []) if all(p.attributes.get(k) == v for k, v in attrs.items()))
+        matching = [p.value for p in points.get(name, []) if all(p.attributes.get(k) == v for k, v in attrs.items())]
+        return float(sum(matching))
 
     assert total("durable_tasks.executions", outcome="retrying", queue="traced") >= 2
     assert total("durable_tasks.executions", outcome="succeeded", queue="traced") >= 1
