@@ -15,13 +15,16 @@ from sqlmodel import Session
 if TYPE_CHECKING:
     from .app import App
 
-__all__ = ["OnCommitHook", "Task", "TaskContext", "TaskHandle"]
+__all__ = ["OnCommitHook", "OnFailureHook", "Task", "TaskContext", "TaskHandle"]
 
 PayloadT = TypeVar("PayloadT")
 ResultT = TypeVar("ResultT")
 
 #: ``hook(session, ctx, result)``: runs inside the fenced result transaction; never commits.
 OnCommitHook = Callable[[Session, "TaskContext[PayloadT]", ResultT], None]
+
+#: ``hook(session, ctx, error)``: runs inside the fenced transaction that records a FINAL failure.
+OnFailureHook = Callable[[Session, "TaskContext[PayloadT]", BaseException], None]
 
 
 @dataclass(slots=True)
@@ -93,6 +96,7 @@ class Task(Generic[PayloadT, ResultT]):
         self.payload_adapter: TypeAdapter[PayloadT] = TypeAdapter(hints.get(params[1], Any))
         self.result_adapter: TypeAdapter[ResultT] = TypeAdapter(hints.get("return", Any))
         self.hooks: list[OnCommitHook[PayloadT, ResultT]] = []
+        self.failure_hooks: list[OnFailureHook[PayloadT]] = []
 
     def submit(
         self,
@@ -111,6 +115,12 @@ class Task(Generic[PayloadT, ResultT]):
     def on_commit(self, hook: OnCommitHook[PayloadT, ResultT]) -> OnCommitHook[PayloadT, ResultT]:
         """Register ``hook(session, ctx, result)`` to run inside the fenced result transaction."""
         self.hooks.append(hook)
+        return hook
+
+    def on_failure(self, hook: OnFailureHook[PayloadT]) -> OnFailureHook[PayloadT]:
+        """Register ``hook(session, ctx, error)`` to run inside the fenced transaction that
+        records the task's final failure (no retries left, or a non-retryable error)."""
+        self.failure_hooks.append(hook)
         return hook
 
     async def run(self, ctx: TaskContext[PayloadT]) -> ResultT:

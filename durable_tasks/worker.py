@@ -13,6 +13,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -213,13 +214,6 @@ class Worker:
     async def _execute(self, claim: ExecutionClaim, span: Span) -> str:
         """Run the claimed attempt and record its outcome (raises SQLAlchemyError if it cannot)."""
         tel = self.app.telemetry
-        task = self.app.registry.get(claim.name)
-        if task is None:
-            return await self._fail(claim, None, LookupError(f"no task {claim.name!r} is registered here"), span)
-        try:
-            payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
-        except PayloadValidationError as exc:
-            return await self._fail(claim, task, exc, span)
         ctx: TaskContext[Any] = TaskContext(
             task_id=claim.task_id,
             name=claim.name,
@@ -228,10 +222,17 @@ class Worker:
             attempt=claim.attempt,
             delivery=claim.delivery,
             idempotency_key=claim.idempotency_key,
-            payload=payload,
+            payload=None,  # set once decoded; failure hooks may see None
             shadow=claim.shadow,
             _beat=partial(self._beat, claim),
         )
+        task = self.app.registry.get(claim.name)
+        if task is None:
+            return await self._fail(claim, None, ctx, LookupError(f"no task {claim.name!r} is registered here"), span)
+        try:
+            ctx.payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
+        except PayloadValidationError as exc:
+            return await self._fail(claim, task, ctx, exc, span)
         started = time.perf_counter()
         try:
             result = await self._run_with_heartbeat(task, ctx)
@@ -243,11 +244,11 @@ class Worker:
                 max_depth=self.app.settings.max_json_depth,
             )
         except Exception as exc:
-            return await self._fail(claim, task, exc, span)
+            return await self._fail(claim, task, ctx, exc, span)
         finally:
             tel.execution_time.record(time.perf_counter() - started, {"queue": claim.queue, "task": claim.name})
         span.set_attributes(tel.payload_attributes(claim.name, "result", result_json))
-        write = FinalWrite(claim, result_json, hook=self._hook(task, ctx, result))
+        write = FinalWrite(claim, result_json, hook=_session_hooks(task.hooks, ctx, result))
         with tel.commit_span() as commit_span:
             await self._committer.commit(write)
             commit_span.set_attribute("durable_tasks.fenced_out", write.outcome is CommitOutcome.FENCED_OUT)
@@ -258,7 +259,7 @@ class Worker:
             return "fenced_out"
         if write.outcome is CommitOutcome.HOOK_FAILED:
             assert write.hook_error is not None
-            return await self._fail(claim, task, write.hook_error, span)
+            return await self._fail(claim, task, ctx, write.hook_error, span)
         self.counters.succeeded += 1
         tel.end_to_end.record((self.app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue})
         return "succeeded"
@@ -297,19 +298,14 @@ class Worker:
             logger.warning("heartbeat of %s failed: %s", claim.task_id, exc)
             return True  # unknown: keep running; the fence decides at commit
 
-    def _hook(self, task: Task[Any, Any], ctx: TaskContext[Any], result: Any) -> Any:
-        if not task.hooks:
-            return None
-
-        def run_hooks(conn: sa.Connection) -> None:
-            with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
-                for hook in task.hooks:
-                    hook(session, ctx, result)
-                session.commit()  # releases the session's savepoint; the fenced transaction commits later
-
-        return run_hooks
-
-    async def _fail(self, claim: ExecutionClaim, task: Task[Any, Any] | None, exc: BaseException, span: Span) -> str:
+    async def _fail(
+        self,
+        claim: ExecutionClaim,
+        task: Task[Any, Any] | None,
+        ctx: TaskContext[Any],
+        exc: BaseException,
+        span: Span,
+    ) -> str:
         app, s = self.app, self.app.settings
         app.telemetry.record_failure(span, exc)
         retryable = not isinstance(exc, _NOT_RETRYABLE) and (
@@ -333,6 +329,7 @@ class Worker:
                 error_type=type(exc).__qualname__,
                 error_message=f"{exc}"[:4000],
                 retry_at=retry_at,
+                on_failed=_session_hooks(task.failure_hooks, ctx, exc) if task else None,
             )
         )
         logger.info(
@@ -351,3 +348,17 @@ class Worker:
             return "failed"
         self.counters.retried += 1
         return "retrying"
+
+
+def _session_hooks(hooks: Sequence[Callable[..., None]], ctx: TaskContext[Any], value: Any) -> Any:
+    """Run user hooks ``hook(session, ctx, value)`` on the fenced transaction's connection."""
+    if not hooks:
+        return None
+
+    def run(conn: sa.Connection) -> None:
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            for hook in hooks:
+                hook(session, ctx, value)
+            session.commit()  # releases the session's savepoint; the fenced transaction commits later
+
+    return run

@@ -8,6 +8,7 @@ too.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,6 +33,7 @@ __all__ = [
 
 t = tasks_table.c
 a = attempts_table.c
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,11 +252,13 @@ def record_failure(
     error_type: str,
     error_message: str,
     retry_at: datetime | None,
+    on_failed: Callable[[sa.Connection], None] | None = None,
 ) -> bool:
     """Record a failed attempt: RETRYING with a new delivery at ``retry_at``, or FAILED.
 
     Fenced like a result: False (and outcome ``fenced_out``) when a newer execution owns
-    the task.
+    the task. ``on_failed`` runs inside the same transaction when the failure is final; if
+    it raises, its writes are rolled back and the task is FAILED all the same.
     """
     with engine.begin() as conn:
         final = retry_at is None
@@ -275,6 +279,14 @@ def record_failure(
             return False
         reason = None if final else f"retry at {retry_at:%Y-%m-%dT%H:%M:%S} after {error_type}"
         _finish_attempt(conn, claim, now, AttemptOutcome.FAILED, error_type, error_message, reason)
+        if final and on_failed is not None and not claim.shadow:
+            savepoint = conn.begin_nested()
+            try:
+                on_failed(conn)
+                savepoint.commit()
+            except Exception:
+                savepoint.rollback()
+                logger.exception("on_failure hook of task %s raised; the task is FAILED regardless", claim.task_id)
         if retry_at is not None:
             insert_outbox(
                 conn,

@@ -311,3 +311,24 @@ async def test_cancel_fences_out_a_running_attempt(verdict_app: App) -> None:
     assert [a.outcome for a in info.attempts] == ["fenced_out"]
     with Session(app.engine) as s:
         assert app.cancel(s, task_id) is False
+
+
+async def test_on_failure_runs_in_the_final_failure_transaction_only(verdict_app: App) -> None:
+    app = verdict_app
+
+    @app.task(name="doomed", queue="jobs", max_attempts=2)
+    def doomed(ctx: TaskContext[Job], p: Job) -> int:
+        raise RuntimeError("always")
+
+    @doomed.on_failure
+    def mark(session: Session, ctx: TaskContext[Job], error: BaseException) -> None:
+        session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=-1))
+
+    task_id = submit(app, "doomed")
+    await app.dispatch_once()
+    await app.work(max_tasks=1, timeout=10)
+    assert verdicts(app, task_id) == []  # a retry is coming: no final-failure hook yet
+    await app.dispatch_once()
+    await app.work(max_tasks=1, timeout=10)
+    assert app.get_task(task_id).state == TaskState.FAILED
+    assert verdicts(app, task_id) == [(0, -1)]
