@@ -30,7 +30,6 @@ from .errors import (
 )
 from .notify import OutboxWaiter, waiter_for
 from .reaper import Reaper, ReapReport
-from .records import attempts_table, outbox_table, tasks_table
 from .settings import NAME_PATTERN, Settings
 from .store import queries
 from .store import submit as submit_store
@@ -133,9 +132,11 @@ class App:
         return self._engine
 
     def create_all(self) -> None:
-        """Create the dt_tasks, dt_outbox and dt_attempts tables if they do not exist."""
+        """Create the runtime's tables (dt_tasks, dt_outbox, dt_attempts, and the dt_agent_*
+        tables once durable_tasks.agents is imported) if they do not exist."""
+        ours = [table for name, table in SQLModel.metadata.tables.items() if name.startswith("dt_")]
         try:
-            SQLModel.metadata.create_all(self.engine, tables=[tasks_table, outbox_table, attempts_table])
+            SQLModel.metadata.create_all(self.engine, tables=ours)
         except OperationalError as exc:
             raise DatabaseUnavailableError(self._db_hint(exc)) from exc
 

@@ -1,0 +1,457 @@
+"""Durable tool calls for agent frameworks, with any model client.
+
+An agent run and its turns are durable records. Recording a model turn writes the turn and
+one durable task per tool call in ONE transaction (the fenced result transaction of the turn
+task); the tool call id the model returned is its idempotency key within the run. When every
+tool call of a turn has settled, the next model turn is scheduled in the same transaction as
+the last tool result. So, after a crash at any point:
+
+- a turn whose output is recorded is never sent to the model again (the turn task committed);
+- a tool call whose result is committed never runs again (its task is final);
+- everything in between is at-least-once and fenced, like any task.
+
+``retry_from(run, turn)`` starts a new run generation from a turn: the superseded branch's
+pending tasks are cancelled (a running one is fenced out) and its late results are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from .app import App
+from .errors import ConfigurationError, TaskNotFoundError
+from .records import TERMINAL_STATES, TaskState, tasks_table
+from .tasks import Task, TaskContext
+
+__all__ = [
+    "Agent",
+    "AgentRun",
+    "AgentTurn",
+    "ChatModel",
+    "ModelTurn",
+    "RunInfo",
+    "ScriptedModel",
+    "ToolCall",
+    "ToolSpec",
+]
+
+Message = dict[str, Any]
+
+
+class ToolCall(BaseModel):
+    """One tool call as the model asked for it."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ModelTurn(BaseModel):
+    """What the model said in one turn: text, tool calls, or both."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = []
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as a model sees it: name, description, JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+class ChatModel(Protocol):
+    """Any model client: messages (OpenAI chat shape) and tool specs in, one turn out."""
+
+    def complete(self, messages: list[Message], tools: Sequence[ToolSpec]) -> ModelTurn: ...
+
+
+class ScriptedModel:
+    """A deterministic model for tests and demos: ``script(messages) -> ModelTurn``."""
+
+    def __init__(self, script: Callable[[list[Message]], ModelTurn]) -> None:
+        self.script = script
+        self.calls = 0
+
+    def complete(self, messages: list[Message], tools: Sequence[ToolSpec]) -> ModelTurn:
+        """Answer from the script."""
+        self.calls += 1
+        return self.script(messages)
+
+
+class AgentRun(SQLModel, table=True):
+    """``dt_agent_runs``: one agent run, its current generation and final answer."""
+
+    __tablename__ = "dt_agent_runs"
+    id: str = Field(primary_key=True, max_length=36)
+    namespace: str = Field(max_length=64)
+    agent: str = Field(max_length=200)
+    generation: int = 0
+    state: str = Field(default="RUNNING", max_length=16)
+    input: str = Field(sa_type=sa.Text)
+    output: str | None = Field(default=None, sa_type=sa.Text)
+    created_at: datetime
+    finished_at: datetime | None = None
+
+
+class AgentTurn(SQLModel, table=True):
+    """``dt_agent_turns``: one recorded model turn and, once settled, its tool results."""
+
+    __tablename__ = "dt_agent_turns"
+    __table_args__ = (sa.UniqueConstraint("run_id", "generation", "index", name="uq_dt_agent_turn"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(max_length=36, index=True)
+    generation: int
+    index: int
+    output: str = Field(sa_type=sa.Text)
+    tool_results: str | None = Field(default=None, sa_type=sa.Text)
+    created_at: datetime
+
+
+class TurnRequest(BaseModel):
+    """Payload of a turn task."""
+
+    run_id: str
+    generation: int
+    index: int
+
+
+class ToolRequest(BaseModel):
+    """Payload of a tool task."""
+
+    run_id: str
+    generation: int
+    turn: int
+    call_id: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A run as recorded: state, answer, and each turn with its tool results."""
+
+    id: str
+    state: str
+    generation: int
+    output: str | None
+    turns: list[dict[str, Any]]
+
+
+class Agent:
+    """Durable runs of one agent: a model, tools, and the tasks that drive them."""
+
+    def __init__(self, app: App, name: str, model: ChatModel, *, queue: str = "agent") -> None:
+        self.app = app
+        self.name = name
+        self.model = model
+        self.queue = queue
+        self.tools: dict[str, tuple[ToolSpec, TypeAdapter[Any], Task[ToolRequest, Any]]] = {}
+        self._turn = self._register_turn_task()
+
+    # -- declaring tools -----------------------------------------------------------------
+
+    def tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str = "",
+        max_attempts: int = 3,
+        timeout: timedelta | None = None,
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[Callable[[TaskContext[Any], Any], Any]], Callable[[TaskContext[Any], Any], Any]]:
+        """Declare ``fn(ctx, args)``; ``args`` is validated against its annotated pydantic model."""
+
+        def register(fn: Callable[[TaskContext[Any], Any], Any]) -> Callable[[TaskContext[Any], Any], Any]:
+            tool_name = name or fn.__name__
+            if tool_name in self.tools:
+                raise ConfigurationError(f"agent {self.name!r} already has a tool {tool_name!r}")
+            hints = list(fn.__annotations__.items())
+            args_type = _resolve(fn, hints[1][0]) if len(hints) > 1 else dict[str, Any]
+            adapter: TypeAdapter[Any] = TypeAdapter(args_type)
+            spec = ToolSpec(tool_name, description or (fn.__doc__ or "").strip(), adapter.json_schema())
+
+            def run_tool(ctx: TaskContext[ToolRequest], req: ToolRequest) -> dict[str, Any]:
+                try:
+                    args = adapter.validate_python(req.arguments)
+                except ValidationError as exc:
+                    # The model's mistake: tell the model, do not retry.
+                    return {"error": f"invalid arguments for {tool_name}: {exc.errors(include_url=False)}"}
+                return {"ok": fn(ctx, args)}
+
+            task = self.app.task(
+                name=f"agent.{self.name}.tool.{tool_name}",
+                queue=self.queue,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                retry_on=retry_on,
+            )(run_tool)
+            task.on_commit(lambda session, ctx, result: self._tool_settled(session, ctx.payload))
+            task.on_failure(lambda session, ctx, error: self._tool_settled(session, ctx.payload))
+            self.tools[tool_name] = (spec, adapter, task)
+            return fn
+
+        return register
+
+    # -- runs ----------------------------------------------------------------------------
+
+    def start(self, session: Session, messages: list[Message] | str) -> str:
+        """Start a run in ``session``'s transaction (the caller commits); returns its id."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        run = AgentRun(
+            id=str(uuid.uuid4()),
+            namespace=self.app.settings.namespace,
+            agent=self.name,
+            input=json.dumps(messages),
+            created_at=self.app.clock(),
+        )
+        session.add(run)
+        session.flush()
+        self._schedule_turn(session, run.id, 0, 0)
+        return run.id
+
+    def retry_from(self, session: Session, run_id: str, turn: int) -> int:
+        """Restart a run from ``turn`` as a new generation; returns it. Turns before ``turn``
+        are kept; the superseded branch's unfinished tasks are cancelled (fenced out)."""
+        run = self._lock_run(session, run_id)
+        old = run.generation
+        run.generation, run.state, run.output, run.finished_at = old + 1, "RUNNING", None, None
+        session.add(run)
+        kept = session.exec(
+            select(AgentTurn).where(AgentTurn.run_id == run_id, AgentTurn.generation == old, AgentTurn.index < turn)
+        ).all()
+        for t in kept:
+            session.add(
+                AgentTurn(
+                    run_id=run_id,
+                    generation=old + 1,
+                    index=t.index,
+                    output=t.output,
+                    tool_results=t.tool_results,
+                    created_at=t.created_at,
+                )
+            )
+        tc = tasks_table.c
+        stale = (
+            session.connection()
+            .execute(
+                sa.select(tc.id).where(
+                    tc.namespace == self.app.settings.namespace,
+                    tc.idempotency_key.like(f"{run_id}:{old}:%"),
+                    tc.state.not_in(list(TERMINAL_STATES)),
+                )
+            )
+            .scalars()
+        )
+        for task_id in list(stale):
+            self.app.cancel(session, task_id)
+        session.flush()
+        self._schedule_turn(session, run_id, old + 1, turn)
+        return old + 1
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """The run's state, answer, and its current generation's turns with tool results."""
+        with Session(self.app.engine) as session:
+            run = session.get(AgentRun, run_id)
+            if run is None or run.namespace != self.app.settings.namespace:
+                raise TaskNotFoundError(f"no agent run {run_id!r}")
+            turns = session.exec(
+                select(AgentTurn)
+                .where(AgentTurn.run_id == run_id, AgentTurn.generation == run.generation)
+                .order_by(col(AgentTurn.index))
+            ).all()
+            return RunInfo(
+                run.id,
+                run.state,
+                run.generation,
+                run.output,
+                [
+                    {
+                        "index": t.index,
+                        "output": json.loads(t.output),
+                        "tool_results": json.loads(t.tool_results) if t.tool_results else None,
+                    }
+                    for t in turns
+                ],
+            )
+
+    # -- the turn task -------------------------------------------------------------------
+
+    def _register_turn_task(self) -> Task[TurnRequest, Any]:
+        def turn(ctx: TaskContext[TurnRequest], req: TurnRequest) -> dict[str, Any]:
+            with Session(self.app.engine) as session:
+                run = session.get(AgentRun, req.run_id)
+                if run is None or run.generation != req.generation:
+                    return {"superseded": True}
+                recorded = session.exec(
+                    select(AgentTurn).where(
+                        AgentTurn.run_id == req.run_id,
+                        AgentTurn.generation == req.generation,
+                        AgentTurn.index == req.index,
+                    )
+                ).first()
+                if recorded is not None:  # never ask the model twice for a recorded turn
+                    return {"output": json.loads(recorded.output), "recorded": True}
+                messages = self._messages(session, run, req.index)
+            specs = [spec for spec, _, _ in self.tools.values()]
+            output = self.model.complete(messages, specs)
+            return {"output": output.model_dump()}
+
+        task = self.app.task(name=f"agent.{self.name}.turn", queue=self.queue, max_attempts=3)(turn)
+        task.on_commit(self._turn_recorded)
+        return task
+
+    def _turn_recorded(self, session: Session, ctx: TaskContext[TurnRequest], result: dict[str, Any]) -> None:
+        req = ctx.payload
+        run = self._lock_run(session, req.run_id)
+        if run.generation != req.generation or result.get("superseded") or result.get("recorded"):
+            return
+        output = ModelTurn.model_validate(result["output"])
+        session.add(
+            AgentTurn(
+                run_id=req.run_id,
+                generation=req.generation,
+                index=req.index,
+                output=output.model_dump_json(),
+                created_at=self.app.clock(),
+            )
+        )
+        if not output.tool_calls:
+            run.state, run.output, run.finished_at = "DONE", output.content, self.app.clock()
+            session.add(run)
+            return
+        for call in output.tool_calls:
+            tool = self.tools.get(call.name)
+            task_name = tool[2].name if tool else None
+            if task_name is None:
+                continue  # recorded as an error result when the turn settles
+            self.app.submit(
+                session,
+                task_name,
+                ToolRequest(
+                    run_id=req.run_id,
+                    generation=req.generation,
+                    turn=req.index,
+                    call_id=call.id,
+                    arguments=call.arguments,
+                ),
+                idempotency_key=f"{req.run_id}:{req.generation}:{req.index}:{call.id}",
+            )
+        session.flush()
+        self._maybe_next_turn(session, run, req.index, output)
+
+    # -- settling tool calls -------------------------------------------------------------
+
+    def _tool_settled(self, session: Session, req: ToolRequest | None) -> None:
+        if req is None:
+            return
+        run = self._lock_run(session, req.run_id)
+        if run.generation != req.generation:
+            return  # a superseded branch: its result changes nothing
+        turn = session.exec(
+            select(AgentTurn).where(
+                AgentTurn.run_id == req.run_id, AgentTurn.generation == req.generation, AgentTurn.index == req.turn
+            )
+        ).one()
+        self._maybe_next_turn(session, run, req.turn, ModelTurn.model_validate_json(turn.output))
+
+    def _maybe_next_turn(self, session: Session, run: AgentRun, index: int, output: ModelTurn) -> None:
+        """If every tool call of turn ``index`` is final, store their results on the turn and
+        schedule the next turn, in the current transaction (run row locked by the caller)."""
+        results: dict[str, Any] = {}
+        tc = tasks_table.c
+        for call in output.tool_calls:
+            if call.name not in self.tools:
+                results[call.id] = {"error": f"unknown tool {call.name!r}"}
+                continue
+            row = (
+                session.connection()
+                .execute(
+                    sa.select(tc.state, tc.result, tc.error_type, tc.error_message).where(
+                        tc.namespace == self.app.settings.namespace,
+                        tc.name == self.tools[call.name][2].name,
+                        tc.idempotency_key == f"{run.id}:{run.generation}:{index}:{call.id}",
+                    )
+                )
+                .one_or_none()
+            )
+            if row is None or row.state not in TERMINAL_STATES:
+                return  # still running: the last one to settle schedules the next turn
+            if row.state == TaskState.SUCCEEDED:
+                results[call.id] = json.loads(row.result)
+            else:
+                results[call.id] = {"error": f"{row.error_type}: {row.error_message}"}
+        turn = session.exec(
+            select(AgentTurn).where(
+                AgentTurn.run_id == run.id, AgentTurn.generation == run.generation, AgentTurn.index == index
+            )
+        ).one()
+        if turn.tool_results is not None:
+            return  # already settled (a duplicate hook run)
+        turn.tool_results = json.dumps(results)
+        session.add(turn)
+        session.flush()
+        self._schedule_turn(session, run.id, run.generation, index + 1)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _schedule_turn(self, session: Session, run_id: str, generation: int, index: int) -> None:
+        self.app.submit(
+            session,
+            self._turn.name,
+            TurnRequest(run_id=run_id, generation=generation, index=index),
+            idempotency_key=f"{run_id}:{generation}:turn:{index}",
+        )
+
+    def _lock_run(self, session: Session, run_id: str) -> AgentRun:
+        # FOR UPDATE serializes the hooks of concurrent tool results on Postgres, so exactly
+        # one of them sees all calls settled; SQLite transactions are serialized already.
+        run = session.exec(select(AgentRun).where(AgentRun.id == run_id).with_for_update()).first()
+        if run is None:
+            raise TaskNotFoundError(f"no agent run {run_id!r}")
+        return run
+
+    def _messages(self, session: Session, run: AgentRun, upto: int) -> list[Message]:
+        messages: list[Message] = list(json.loads(run.input))
+        turns = session.exec(
+            select(AgentTurn)
+            .where(AgentTurn.run_id == run.id, AgentTurn.generation == run.generation, AgentTurn.index < upto)
+            .order_by(col(AgentTurn.index))
+        ).all()
+        for t in turns:
+            out = ModelTurn.model_validate_json(t.output)
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": out.content,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                        }
+                        for c in out.tool_calls
+                    ],
+                }
+            )
+            results = json.loads(t.tool_results or "{}")
+            for c in out.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": json.dumps(results.get(c.id))})
+        return messages
+
+
+def _resolve(fn: Callable[..., Any], param: str) -> Any:
+    from typing import get_type_hints
+
+    return get_type_hints(fn).get(param, dict[str, Any])

@@ -1,0 +1,119 @@
+"""Durable agent runs: turns and tool calls as tasks, fenced by the run's generation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlmodel import Session
+
+from durable_tasks import App, TaskContext
+from durable_tasks.agents import Agent, ModelTurn, ScriptedModel, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+
+class Calc(BaseModel):
+    a: float
+    b: float
+    op: str
+
+
+class Key(BaseModel):
+    key: str
+
+
+def tool_messages(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {m["tool_call_id"]: json.loads(m["content"]) for m in messages if m["role"] == "tool"}
+
+
+def script(messages: list[dict[str, Any]]) -> ModelTurn:
+    turn = sum(1 for m in messages if m["role"] == "assistant")
+    if turn == 0:
+        return ModelTurn(
+            content="let me compute",
+            tool_calls=[
+                ToolCall(id="call_calc", name="calculator", arguments={"a": 2, "b": 3, "op": "+"}),
+                ToolCall(id="call_kv", name="lookup", arguments={"key": "capital:fr"}),
+                ToolCall(id="call_flaky", name="flaky", arguments={}),
+                ToolCall(id="call_bad", name="calculator", arguments={"a": "two"}),
+                ToolCall(id="call_ghost", name="no_such_tool", arguments={}),
+            ],
+        )
+    results = tool_messages(messages)
+    return ModelTurn(content=f"2+3={results['call_calc']['ok']}, capital={results['call_kv']['ok']}")
+
+
+def build(app: App, model: ScriptedModel, executed: list[str]) -> Agent:
+    agent = Agent(app, "helper", model)
+
+    @agent.tool(description="arithmetic")
+    def calculator(ctx: TaskContext[Any], args: Calc) -> float:
+        executed.append("calculator")
+        return args.a + args.b if args.op == "+" else args.a * args.b
+
+    @agent.tool()
+    def lookup(ctx: TaskContext[Any], args: Key) -> str:
+        executed.append("lookup")
+        return {"capital:fr": "Paris"}[args.key]
+
+    @agent.tool(max_attempts=3)
+    def flaky(ctx: TaskContext[Any], args: dict[str, Any]) -> str:
+        executed.append(f"flaky#{ctx.attempt}")
+        if ctx.attempt <= 2:
+            raise ConnectionError("transient")
+        return "finally"
+
+    app.create_all()
+    return agent
+
+
+async def drain(app: App, rounds: int = 30) -> None:
+    for _ in range(rounds):
+        if await app.dispatch_once() == 0 and await app.work(max_tasks=1, timeout=0.3) == 0:
+            return
+        await app.work(max_tasks=50, timeout=0.5)
+
+
+async def test_a_run_executes_tools_and_answers(make_app: Callable[..., App]) -> None:
+    app = make_app()
+    model = ScriptedModel(script)
+    executed: list[str] = []
+    agent = build(app, model, executed)
+    with Session(app.engine) as s:
+        run_id = agent.start(s, "what is 2+3 and the capital of France?")
+        s.commit()
+    await drain(app)
+    run = agent.get_run(run_id)
+    assert run.state == "DONE"
+    assert run.output == "2+3=5.0, capital=Paris"
+    assert model.calls == 2  # one call per turn
+    results = run.turns[0]["tool_results"]
+    assert results["call_calc"] == {"ok": 5.0}
+    assert results["call_flaky"] == {"ok": "finally"}
+    assert "invalid arguments" in results["call_bad"]["error"]  # recorded, not retried
+    assert results["call_ghost"] == {"error": "unknown tool 'no_such_tool'"}
+    assert sorted(executed) == ["calculator", "flaky#1", "flaky#2", "flaky#3", "lookup"]
+
+
+async def test_retry_from_a_turn_fences_out_the_old_branch(make_app: Callable[..., App]) -> None:
+    app = make_app()
+    model = ScriptedModel(script)
+    executed: list[str] = []
+    agent = build(app, model, executed)
+    with Session(app.engine) as s:
+        run_id = agent.start(s, "go")
+        s.commit()
+    await app.dispatch_once()
+    await app.work(max_tasks=1, timeout=5)  # turn 0 recorded; its tool calls are queued
+    with Session(app.engine) as s:
+        assert agent.retry_from(s, run_id, 0) == 1
+        s.commit()
+    await drain(app)
+    run = agent.get_run(run_id)
+    assert (run.state, run.generation) == ("DONE", 1)
+    assert model.calls == 3  # turn 0 twice (once per generation), then the answer
+    assert executed.count("calculator") == 1  # generation 0's calls were cancelled before running
