@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import unicodedata
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -43,6 +44,8 @@ from .worker import Worker
 __all__ = ["App"]
 
 logger = logging.getLogger(__name__)
+
+_MAX_TASK_NAME = 200  # dt_tasks.name
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -106,8 +109,12 @@ class App:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             if not NAME_PATTERN.fullmatch(queue):
                 raise ConfigurationError(f"queue name {queue!r} must match {NAME_PATTERN.pattern}")
+            if not 0 < len(task_name) <= _MAX_TASK_NAME:
+                raise ConfigurationError(f"task name {task_name[:40]!r}… must be 1-{_MAX_TASK_NAME} characters")
             if task_name in self.registry:
-                raise ConfigurationError(f"a task named {task_name!r} is already registered")
+                raise ConfigurationError(
+                    f"a task named {task_name!r} is already registered; pass name=... to register this one apart"
+                )
             if max_attempts < 1:
                 raise ConfigurationError("max_attempts must be at least 1")
             t: Task[P, Any] = Task(
@@ -199,7 +206,7 @@ class App:
             raise InvalidIdempotencyKeyError("idempotency_key is empty; pass None or a stable request id")
         if len(key) > limit:
             raise InvalidIdempotencyKeyError(f"idempotency_key is {len(key)} characters, over {limit}; hash it")
-        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        if any(unicodedata.category(c) == "Cc" for c in key):
             raise InvalidIdempotencyKeyError("idempotency_key contains control characters; strip or hash it")
 
     def rerun(self, session: Session, task_id: str) -> int:

@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     # input limits
     max_payload_bytes: int = Field(default=1024 * 1024, ge=64)
     max_json_depth: int = Field(default=64, ge=2)
-    max_idempotency_key_length: int = Field(default=512, ge=8)
+    max_idempotency_key_length: int = Field(default=512, ge=8, le=512)  # dt_tasks.idempotency_key
 
     @field_validator("namespace")
     @classmethod

@@ -81,8 +81,8 @@ class TaskInfo:
             delivery=t.delivery,
             reclaims=t.reclaims,
             idempotency_key=t.idempotency_key,
-            payload=json.loads(t.payload),
-            result=None if t.result is None else json.loads(t.result),
+            payload=_loads_or_raw(t.payload),
+            result=None if t.result is None else _loads_or_raw(t.result),
             error_type=t.error_type,
             error_message=t.error_message,
             shadow=t.shadow,
@@ -109,3 +109,12 @@ class QueueStats:
     def as_dict(self) -> dict[str, float]:
         """The numbers by name."""
         return asdict(self)
+
+
+def _loads_or_raw(text: str) -> Any:
+    """Stored JSON, or the raw text when a row was edited into something unreadable (an
+    operator must still be able to look at it)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
