@@ -6,17 +6,24 @@ import importlib
 import logging
 import signal
 import sys
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from dataclasses import fields
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import typer
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
+from . import dlq
 from .app import App
 from .errors import DurableTasksError
+from .views import QueueStats
 
 __all__ = ["load_app", "main"]
+
+T = TypeVar("T")
 
 cli = typer.Typer(help="Durable background tasks: outbox → Redis Streams → fenced workers.", no_args_is_help=True)
 
@@ -108,37 +115,160 @@ def reaper(app: AppArg) -> None:
     _run(load_app(app), dispatcher=False, worker=False, reaper=True)
 
 
-@cli.command()
-def status(app: AppArg) -> None:
-    """Print per-queue statistics: outbox backlog, PEL, delays, DLQ."""
-    the_app = load_app(app)
+def _call(spec: str, action: Callable[[App], Awaitable[T]]) -> T:
+    """Load the app, run ``action`` on an event loop, close the app; typed errors exit 2."""
+    the_app = load_app(spec)
 
-    async def collect() -> Table:
+    async def go() -> T:
         try:
-            stats = await the_app.stats()
+            return await action(the_app)
         finally:
             await the_app.aclose()
-        table = Table(title=f"durable_tasks · namespace {the_app.settings.namespace}")
-        table.add_column("queue")
-        for column in (
-            "outbox_backlog",
-            "outbox_oldest_age_s",
-            "pel_size",
-            "queue_delay_s",
-            "oldest_pending_age_s",
-            "dlq_length",
-        ):
-            table.add_column(column, justify="right")
-        for queue, s in stats.items():
-            d = s.as_dict()
-            table.add_row(queue, *(f"{v:.3f}" if isinstance(v, float) else str(v) for v in d.values()))
-        return table
 
     try:
-        _console().print(anyio.run(collect))
+        return anyio.run(go)
     except DurableTasksError as exc:
         _console().print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
+
+
+def _stats_table(app: App, stats: dict[str, QueueStats]) -> Table:
+    table = Table(title=f"durable_tasks · namespace {app.settings.namespace}")
+    table.add_column("queue")
+    for column in (f.name for f in fields(QueueStats)):
+        table.add_column(column, justify="right")
+    for queue, s in stats.items():
+        table.add_row(queue, *(f"{v:.3f}" if isinstance(v, float) else str(v) for v in s.as_dict().values()))
+    return table
+
+
+@cli.command()
+def status(
+    app: AppArg,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch")] = 2.0,
+    count: Annotated[int, typer.Option(help="Stop after this many refreshes (0: never)", hidden=True)] = 0,
+) -> None:
+    """Per-queue statistics: outbox backlog and age, PEL, delays, stream lag, DLQ."""
+
+    async def show(the_app: App) -> None:
+        if not watch:
+            _console().print(_stats_table(the_app, await the_app.stats()))
+            return
+        with Live(_stats_table(the_app, await the_app.stats()), console=_console()) as live:
+            shown = 1
+            while not count or shown < count:
+                await anyio.sleep(interval)
+                live.update(_stats_table(the_app, await the_app.stats()))
+                shown += 1
+
+    _call(app, show)
+
+
+tasks_cli = typer.Typer(help="Inspect tasks.", no_args_is_help=True)
+cli.add_typer(tasks_cli, name="tasks")
+
+
+@tasks_cli.command("show")
+def tasks_show(app: AppArg, task_id: Annotated[str, typer.Argument(help="The task id")]) -> None:
+    """The task, its generations and every attempt with its outcome and reason."""
+
+    async def show(the_app: App) -> None:
+        info = the_app.get_task(task_id)
+        console = _console()
+        console.print(
+            f"[bold]{info.name}[/] {info.id} · queue {info.queue} · state [bold]{info.state}[/] · "
+            f"generation {info.generation} · attempt {info.attempt} · delivery {info.delivery} · "
+            f"reclaims {info.reclaims}"
+        )
+        if info.error_type:
+            console.print(f"error: {info.error_type}: {info.error_message}")
+        table = Table("generation", "attempt", "delivery", "worker", "started", "finished", "outcome", "reason")
+        for a in info.attempts:
+            reason = a.retry_reason or (f"{a.error_type}: {a.error_message}" if a.error_type else "")
+            table.add_row(
+                str(a.generation),
+                str(a.attempt),
+                str(a.delivery),
+                a.worker_id,
+                f"{a.started_at:%H:%M:%S.%f}",
+                f"{a.finished_at:%H:%M:%S.%f}" if a.finished_at else "",
+                a.outcome or "running",
+                reason,
+            )
+        console.print(table)
+
+    _call(app, show)
+
+
+dlq_cli = typer.Typer(help="The dead-letter queue of a queue.", no_args_is_help=True)
+cli.add_typer(dlq_cli, name="dlq")
+QueueArg = Annotated[str, typer.Argument(help="The queue name")]
+EntryOpt = Annotated[list[str] | None, typer.Option("--entry", help="DLQ entry id (repeatable); default all")]
+
+
+@dlq_cli.command("list")
+def dlq_list(app: AppArg, queue: QueueArg) -> None:
+    """The queue's dead letters: entry, task, reason (never the payload)."""
+
+    async def show(the_app: App) -> None:
+        table = Table("entry", "task", "name", "generation", "reason")
+        for d in await dlq.list_dead_letters(the_app, queue):
+            table.add_row(d.entry_id, d.task_id or "-", d.name or "-", str(d.generation), d.reason)
+        _console().print(table)
+
+    _call(app, show)
+
+
+@dlq_cli.command("show")
+def dlq_show(app: AppArg, queue: QueueArg, entry: Annotated[str, typer.Argument(help="DLQ entry id")]) -> None:
+    """One dead letter and the task it names."""
+
+    async def show(the_app: App) -> None:
+        found = [d for d in await dlq.list_dead_letters(the_app, queue, count=10_000) if d.entry_id == entry]
+        if not found:
+            raise typer.BadParameter(f"no entry {entry} in the DLQ of {queue}")
+        d = found[0]
+        _console().print(f"entry {d.entry_id}: task {d.task_id} ({d.name}) generation {d.generation}: {d.reason}")
+        if d.task_id:
+            info = the_app.get_task(d.task_id)
+            _console().print(f"task state {info.state}, attempts {len(info.attempts)}, error {info.error_message}")
+
+    _call(app, show)
+
+
+@dlq_cli.command("replay")
+def dlq_replay(app: AppArg, queue: QueueArg, entry: EntryOpt = None) -> None:
+    """Run dead-lettered tasks again as a new generation, through the outbox."""
+    rerun = _call(app, lambda the_app: dlq.replay(the_app, queue, entry))
+    _console().print(f"replayed {len(rerun)} task(s): {', '.join(rerun)}")
+
+
+@dlq_cli.command("purge")
+def dlq_purge(app: AppArg, queue: QueueArg, entry: EntryOpt = None) -> None:
+    """Delete dead letters (the tasks stay DEAD in the database)."""
+    removed = _call(app, lambda the_app: dlq.purge(the_app, queue, entry))
+    _console().print(f"purged {removed} entr{'y' if removed == 1 else 'ies'}")
+
+
+@cli.command()
+def doctor(app: AppArg) -> None:
+    """Check what would lose or duplicate work: eviction, persistence, version, groups, clocks,
+    timeouts, dedup TTL, trimming. Exits 1 on an error-level finding."""
+    from .doctor import Level, diagnose, gather_facts
+
+    findings = _call(app, lambda the_app: _facts_then(the_app, gather_facts, diagnose))
+    table = Table("check", "level", "finding")
+    colors = {Level.OK: "green", Level.WARNING: "yellow", Level.ERROR: "red"}
+    for f in findings:
+        table.add_row(f.check, f"[{colors[f.level]}]{f.level.value}[/]", f.message)
+    _console().print(table)
+    if any(f.level is Level.ERROR for f in findings):
+        raise typer.Exit(1)
+
+
+async def _facts_then(app: App, gather: Callable[[App], Awaitable[Any]], judge: Callable[[Any], T]) -> T:
+    return judge(await gather(app))
 
 
 @cli.command()

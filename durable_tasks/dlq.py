@@ -1,0 +1,81 @@
+"""Operator actions on a queue's dead-letter stream.
+
+Replay never XADDs by hand: it starts a new generation of the task through the outbox
+(``App.rerun``), the same path as any delivery, then removes the DLQ entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import Session
+
+from .errors import TaskNotFoundError
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["DeadLetter", "list_dead_letters", "purge", "replay"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One DLQ entry: which task delivery it was and why it landed here (never the payload)."""
+
+    entry_id: str
+    task_id: str | None
+    name: str | None
+    generation: int | None
+    reason: str
+
+
+def _parse(entry_id: str, fields: dict[str, str]) -> DeadLetter:
+    generation = fields.get("g")
+    return DeadLetter(
+        entry_id=entry_id,
+        task_id=fields.get("t"),
+        name=fields.get("n"),
+        generation=int(generation) if generation and generation.isdigit() else None,
+        reason=fields.get("dt_reason", ""),
+    )
+
+
+async def list_dead_letters(app: App, queue: str, *, count: int = 100) -> list[DeadLetter]:
+    """The oldest ``count`` entries of the queue's DLQ."""
+    raw: Any = await app.transport().client.xrange(app.transport().keys(queue).dlq, count=count)
+    return [_parse(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
+
+
+async def replay(app: App, queue: str, entry_ids: list[str] | None = None) -> list[str]:
+    """Rerun the tasks of the given DLQ entries (all when None); returns the task ids rerun.
+
+    Entries that name no task (malformed) or a task that no longer exists stay in the DLQ.
+    """
+    letters = await list_dead_letters(app, queue, count=10_000)
+    chosen = [d for d in letters if entry_ids is None or d.entry_id in entry_ids]
+    rerun: list[str] = []
+    dlq = app.transport().keys(queue).dlq
+    for letter in chosen:
+        if letter.task_id is None:
+            continue
+        try:
+            with Session(app.engine) as session:
+                app.rerun(session, letter.task_id)
+                session.commit()
+        except TaskNotFoundError:
+            continue
+        await app.transport().client.xdel(dlq, letter.entry_id)
+        rerun.append(letter.task_id)
+    return rerun
+
+
+async def purge(app: App, queue: str, entry_ids: list[str] | None = None) -> int:
+    """Delete DLQ entries (all when None); the tasks stay DEAD in the database."""
+    dlq = app.transport().keys(queue).dlq
+    client = app.transport().client
+    if entry_ids is None:
+        count = int(await client.xlen(dlq))
+        await client.delete(dlq)
+        return count
+    return int(await client.xdel(dlq, *entry_ids)) if entry_ids else 0

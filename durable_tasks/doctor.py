@@ -1,0 +1,225 @@
+"""``durable-tasks doctor``: what in this deployment would lose or duplicate work.
+
+Facts are gathered from the real servers by :func:`gather_facts`; every check is a pure
+function of those facts, so each can be tested on its own and all of them against a server
+configured badly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from redis.exceptions import ResponseError
+
+from .settings import Settings
+from .transport.keys import CONSUMER_GROUP, QueueKeys
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["MIN_REDIS_VERSION", "Facts", "Finding", "Level", "diagnose", "gather_facts"]
+
+#: XAUTOCLAIM's deleted-id reply, XINFO lag and Lua semantics we rely on arrived in 7.0.
+MIN_REDIS_VERSION = (7, 0, 0)
+MAX_CLOCK_SKEW = timedelta(seconds=2)
+
+
+class Level(Enum):
+    """How bad a finding is; errors make doctor exit non-zero."""
+
+    OK = "ok"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One check's verdict and what to do about it."""
+
+    level: Level
+    check: str
+    message: str
+
+
+@dataclass(slots=True)
+class Facts:
+    """What the servers and settings say."""
+
+    settings: Settings
+    redis_info: dict[str, Any]
+    redis_config: dict[str, str]
+    host_now: datetime
+    redis_now: datetime
+    database_now: datetime | None
+    groups_missing: list[str] = field(default_factory=list)
+    task_timeouts: dict[str, timedelta] = field(default_factory=dict)
+    streams_untrimmed: dict[str, int] = field(default_factory=dict)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+
+
+def check_eviction(f: Facts) -> Finding:
+    """Eviction would silently drop stream entries and dedup keys."""
+    policy = f.redis_config.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        return Finding(
+            Level.ERROR,
+            "maxmemory-policy",
+            f"maxmemory-policy is {policy}: Redis may evict stream entries and dedup keys under memory "
+            "pressure. Set it to noeviction (CONFIG SET maxmemory-policy noeviction).",
+        )
+    return Finding(Level.OK, "maxmemory-policy", "noeviction")
+
+
+def check_persistence(f: Facts) -> Finding:
+    """Without persistence a restart empties Redis; the reconciler then redispatches."""
+    aof = f.redis_config.get("appendonly", "no") == "yes"
+    rdb = bool(f.redis_config.get("save", "").strip())
+    if not aof and not rdb:
+        return Finding(
+            Level.WARNING,
+            "persistence",
+            "Redis persists nothing: a restart loses every stream entry. No task is lost (the database "
+            "re-drives them) but each in-flight task runs again. Enable AOF (appendonly yes).",
+        )
+    return Finding(Level.OK, "persistence", "AOF" if aof else "RDB snapshots only")
+
+
+def check_version(f: Facts) -> Finding:
+    """Below the floor, XAUTOCLAIM and stream semantics differ from what the runtime expects."""
+    version = str(f.redis_info.get("valkey_version") or f.redis_info.get("redis_version", "0"))
+    if _version(version) < MIN_REDIS_VERSION:
+        floor = ".".join(map(str, MIN_REDIS_VERSION))
+        return Finding(
+            Level.ERROR, "version", f"server version {version} is below the supported floor {floor}; upgrade."
+        )
+    return Finding(Level.OK, "version", version)
+
+
+def check_groups(f: Facts) -> Finding:
+    """A stream without its group is read by nobody until a worker starts."""
+    if f.groups_missing:
+        return Finding(
+            Level.WARNING,
+            "consumer-group",
+            f"no consumer group on {', '.join(f.groups_missing)}: no worker has started for it yet "
+            "(it is created from 0-0 on start, so nothing already queued is lost).",
+        )
+    return Finding(Level.OK, "consumer-group", "present on every stream")
+
+
+def check_clock_skew(f: Facts) -> Finding:
+    """Leases compare clocks: skew makes a lease expire early (duplicates) or late (slow recovery)."""
+    skews = {"redis": abs(f.redis_now - f.host_now)}
+    if f.database_now is not None:
+        skews["database"] = abs(f.database_now - f.host_now)
+    worst, skew = max(skews.items(), key=lambda kv: kv[1])
+    if skew > MAX_CLOCK_SKEW:
+        return Finding(
+            Level.ERROR,
+            "clock-skew",
+            f"this host's clock is {skew.total_seconds():.1f} s off the {worst} server's (bound "
+            f"{MAX_CLOCK_SKEW.total_seconds():.0f} s): leases would expire early or late. Run NTP.",
+        )
+    return Finding(Level.OK, "clock-skew", f"within {skew.total_seconds():.3f} s")
+
+
+def check_timeouts(f: Facts) -> Finding:
+    """A task allowed to run longer than the visibility timeout could be dead-lettered alive."""
+    s = f.settings
+    too_long = {name: t for name, t in f.task_timeouts.items() if t >= s.visibility_timeout}
+    if too_long:
+        names = ", ".join(sorted(too_long))
+        return Finding(
+            Level.ERROR,
+            "timeouts",
+            f"task timeout of {names} is not shorter than visibility_timeout ({s.visibility_timeout}); "
+            "raise DT_VISIBILITY_TIMEOUT or shorten the task timeout.",
+        )
+    return Finding(Level.OK, "timeouts", "every task timeout is below the visibility timeout")
+
+
+def check_dedup_ttl(f: Facts) -> Finding:
+    """A dedup key must outlive any redispatch of the same delivery."""
+    s = f.settings
+    window = max(s.backoff_max, s.retry_backoff_max) + s.claim_lease + s.visibility_timeout
+    if s.dedup_ttl <= window:
+        return Finding(
+            Level.ERROR,
+            "dedup-ttl",
+            f"dedup_ttl ({s.dedup_ttl}) is not longer than the redispatch window ({window}): a republished "
+            "delivery could be added twice. Raise DT_DEDUP_TTL.",
+        )
+    return Finding(Level.OK, "dedup-ttl", f"{s.dedup_ttl} > redispatch window {window}")
+
+
+def check_trimming(f: Facts) -> Finding:
+    """Streams grow until a reaper trims them (MINID below the oldest pending entry)."""
+    if f.streams_untrimmed:
+        sizes = ", ".join(f"{k}: {v}" for k, v in f.streams_untrimmed.items())
+        return Finding(
+            Level.WARNING,
+            "trimming",
+            f"streams hold many acknowledged entries ({sizes}); run a reaper, which trims below the oldest "
+            "pending entry. Never trim with MAXLEN: it can drop unacknowledged tasks.",
+        )
+    return Finding(Level.OK, "trimming", "streams are trimmed")
+
+
+CHECKS = (
+    check_eviction,
+    check_persistence,
+    check_version,
+    check_groups,
+    check_clock_skew,
+    check_timeouts,
+    check_dedup_ttl,
+    check_trimming,
+)
+
+
+def diagnose(facts: Facts) -> list[Finding]:
+    """Every check's finding."""
+    return [check(facts) for check in CHECKS]
+
+
+async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
+    """Ask the servers (Redis INFO, CONFIG, TIME, streams; the database's clock)."""
+    client = app.transport().client
+    info: dict[str, Any] = await client.info("server")
+    config: dict[str, str] = {}
+    for key in ("maxmemory-policy", "appendonly", "save"):
+        with contextlib.suppress(ResponseError):  # CONFIG disabled by ACL: checks assume the defaults
+            reply: dict[Any, Any] = await client.config_get(key)
+            config.update({str(k): str(v) for k, v in reply.items()})
+    seconds, micros = await client.time()
+    host_now = app.clock()
+    redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=host_now.tzinfo)
+    database_now = None
+    if app.engine.dialect.name == "postgresql":
+        with app.engine.connect() as conn:
+            database_now = conn.execute(sa.select(sa.func.now())).scalar_one()
+    missing: list[str] = []
+    untrimmed: dict[str, int] = {}
+    for queue in app.queues():
+        stream = QueueKeys(app.settings.namespace, queue).stream
+        if not await client.exists(stream):
+            continue
+        groups = await client.xinfo_groups(stream)
+        group = next((g for g in groups if str(g["name"]) == CONSUMER_GROUP), None)
+        if group is None:
+            missing.append(stream)
+            continue
+        length = int(await client.xlen(stream))
+        outstanding = int(group.get("pending") or 0) + int(group.get("lag") or 0)
+        if length - outstanding > untrimmed_threshold:
+            untrimmed[stream] = length
+    timeouts = {t.name: t.timeout for t in app.registry.values() if t.timeout is not None}
+    return Facts(app.settings, info, config, host_now, redis_now, database_now, missing, timeouts, untrimmed)

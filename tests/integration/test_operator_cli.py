@@ -1,0 +1,193 @@
+"""Operator tooling against real servers: status --watch, tasks show, dlq, doctor."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+from sqlmodel import Session
+from typer.testing import CliRunner
+
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.cli import cli
+from durable_tasks.clock import system_clock
+from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts
+from tests.helpers import entries
+from tests.servers import private_redis
+
+APP = "tests.apps.cli_app:app"
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def env(database_url: str, redis_url: str, namespace: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    values = {
+        "DT_DATABASE_URL": database_url,
+        "DT_REDIS_URL": redis_url,
+        "DT_NAMESPACE": namespace,
+        "DT_DATA_DIR": str(tmp_path / "data"),
+        "DT_LEASE_TIMEOUT": "0.5",
+        "DT_HEARTBEAT_INTERVAL": "0.1",
+        "DT_MAX_DELIVERIES": "1",
+        "DT_READ_BLOCK": "0.1",
+    }
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    sys.modules.pop("tests.apps.cli_app", None)
+    yield values
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    sys.modules.pop("tests.apps.cli_app", None)
+
+
+def the_app() -> App:
+    from tests.apps.cli_app import app
+
+    app.create_all()
+    return app
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args), env={"COLUMNS": "250"})
+    return result.exit_code, result.output
+
+
+async def dead_letter_one(app: App) -> str:
+    """Submit, deliver to a consumer that dies before claiming, reap with max_deliveries=1."""
+    with Session(app.engine) as s:
+        task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
+        s.commit()
+    await app.dispatch_once()
+    await app.transport().read([("cli", False)], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
+    await anyio.sleep(0.7)  # past lease_timeout (0.5 s): the entry is idle and nobody holds it
+    report = await app.reap_once()
+    assert report.dead_lettered == 1
+    await app.aclose()
+    return task_id
+
+
+def test_status_watch_refreshes(env: dict[str, str]) -> None:
+    the_app()
+    code, out = invoke("status", APP, "--watch", "--interval", "0.1", "--count", "2")
+    assert code == 0, out
+    assert out.count("durable_tasks · namespace") >= 1
+    assert "stream_lag" in out
+
+
+def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> None:
+    app = the_app()
+    with Session(app.engine) as s:
+        task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
+        s.commit()
+
+    async def run() -> None:
+        await app.dispatch_once()
+        await app.work(max_tasks=1, timeout=10)
+        await app.aclose()
+
+    anyio.run(run)
+    code, out = invoke("tasks", "show", APP, task_id)
+    assert code == 0, out
+    assert "SUCCEEDED" in out
+    assert "succeeded" in out
+    code, out = invoke("tasks", "show", APP, "no-such-task")
+    assert code == 2
+    assert "no task" in out
+
+
+def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
+    app = the_app()
+    task_id = anyio.run(dead_letter_one, app)
+    code, out = invoke("dlq", "list", APP, "cli")
+    assert code == 0, out
+    assert task_id in out
+    assert "max_deliveries" in out
+    entry = next(line.split("│")[1].strip() for line in out.splitlines() if task_id in line)
+    code, out = invoke("dlq", "show", APP, "cli", entry)
+    assert code == 0, out
+    assert "DEAD" in out
+
+    code, out = invoke("dlq", "replay", APP, "cli")
+    assert code == 0, out
+    assert "replayed 1 task" in out
+    info = app.get_task(task_id)
+    assert (info.state, info.generation) == (TaskState.PENDING, 1)  # a new generation, via the outbox
+
+    async def finish() -> None:
+        assert await app.dispatch_once() == 1
+        assert await app.work(max_tasks=1, timeout=10) == 1
+        await app.aclose()
+
+    anyio.run(finish)
+    assert app.get_task(task_id).state == TaskState.SUCCEEDED
+    code, out = invoke("dlq", "list", APP, "cli")
+    assert task_id not in out
+
+    anyio.run(dead_letter_one, app)
+    code, out = invoke("dlq", "purge", APP, "cli")
+    assert code == 0, out
+    assert "purged 1 entry" in out
+
+
+def test_doctor_fails_on_a_badly_configured_server(env: dict[str, str], tmp_path: Path) -> None:
+    with private_redis(tmp_path / "bad", "--maxmemory-policy", "allkeys-lru", "--appendonly", "no") as server:
+        os.environ["DT_REDIS_URL"] = server.url
+        sys.modules.pop("tests.apps.cli_app", None)
+        code, out = invoke("doctor", APP)
+    assert code == 1, out
+    assert "allkeys-lru" in out
+    assert "persists nothing" in out
+
+
+def test_doctor_passes_on_a_well_configured_server(env: dict[str, str], tmp_path: Path) -> None:
+    with private_redis(tmp_path / "good", "--maxmemory-policy", "noeviction", "--appendonly", "yes") as server:
+        os.environ["DT_REDIS_URL"] = server.url
+        sys.modules.pop("tests.apps.cli_app", None)
+        code, out = invoke("doctor", APP)
+    assert code == 0, out
+
+
+async def test_doctor_checks_clock_skew_groups_trimming_and_timeouts(
+    make_app: Callable[..., App], tmp_path: Path
+) -> None:
+    skewed = make_app(visibility_timeout=timedelta(minutes=1))
+    skewed.clock = lambda: system_clock() + timedelta(seconds=30)
+
+    @skewed.task(name="slowpoke", queue="doc", timeout=timedelta(minutes=5))
+    def slowpoke(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    client = skewed.transport().client
+    stream = skewed.transport().keys("doc").stream
+    for i in range(30):
+        await client.xadd(stream, {"i": str(i)})  # a stream no group reads
+    facts = await gather_facts(skewed, untrimmed_threshold=10)
+    by_check = {f.check: f for f in diagnose(facts)}
+    assert by_check["clock-skew"].level is Level.ERROR
+    assert by_check["consumer-group"].level is Level.WARNING
+    assert stream in by_check["consumer-group"].message
+    assert by_check["timeouts"].level is Level.ERROR
+    await skewed.transport().ensure_group(stream)
+    await client.xreadgroup("dt-workers", "c", {stream: ">"}, count=30)
+    await client.xack(stream, "dt-workers", *[entry_id for entry_id, _ in await entries(skewed, stream)])
+    facts = await gather_facts(skewed, untrimmed_threshold=10)
+    assert {f.check: f for f in diagnose(facts)}["trimming"].level is Level.WARNING
+    await skewed.aclose()
+
+
+def test_version_floor_and_dedup_ttl_are_errors(make_app: Callable[..., App]) -> None:
+    app = make_app(visibility_timeout=timedelta(hours=24))
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    facts = Facts(app.settings, {"redis_version": "6.2.14"}, {}, now, now, None)
+    assert check_version(facts).level is Level.ERROR
+    assert {f.check: f for f in diagnose(facts)}["dedup-ttl"].level is Level.ERROR
