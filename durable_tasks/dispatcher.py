@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio import to_thread
 
+from . import failpoints
 from .codec import decode_payload
 from .errors import PayloadValidationError
 from .policy import backoff_delay
@@ -54,6 +55,8 @@ class Dispatcher:
         )
         if not rows:
             return 0
+        if failpoints.ENABLED:
+            failpoints.hit("dispatch.after_claim")
         with app.telemetry.dispatch_span([r.traceparent for r in rows]):
             await self._settle(rows)
         return len(rows)
@@ -78,6 +81,8 @@ class Dispatcher:
                 ok, bad = await self._publish(batch)
             sent += ok
             failed += bad
+        if failpoints.ENABLED:
+            failpoints.hit("dispatch.after_xadd")
         now = app.clock()
         retry = [(row, now + self._backoff(row.attempts + 1), err) for row, err in failed]
         await to_thread.run_sync(

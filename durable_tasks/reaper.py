@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio import to_thread
 
+from . import failpoints
 from .policy import ReapAction, TaskLeaseView, decide_reap
 from .records import TaskState
 from .store import recovery
@@ -131,6 +132,8 @@ class Reaper:
                 )
             )
             report.redelivered += int(done)
+            if failpoints.ENABLED:
+                failpoints.hit("reaper.after_reclaim")
             if done:
                 logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
                 app.telemetry.reclaimed.add(1, {"queue": queue, "reason": "worker_lost"})

@@ -26,6 +26,7 @@ from opentelemetry.trace import Span
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
+from . import failpoints
 from .codec import decode_payload, encode_result
 from .commit import GroupCommitter
 from .errors import PayloadValidationError, ResultNotSerializableError
@@ -162,6 +163,8 @@ class Worker:
             span.set_attribute("durable_tasks.outcome", outcome)
         if outcome in ("unreachable", "no_task"):
             return False
+        if failpoints.ENABLED:
+            failpoints.hit("worker.after_commit")
         await transport.ack(stream, [entry.entry_id])
         return True
 
@@ -180,6 +183,8 @@ class Worker:
         if claim is ClaimRefused.STALE:
             self.counters.skipped_stale += 1
             return "stale"
+        if failpoints.ENABLED:
+            failpoints.hit("worker.after_claim")
         span.set_attribute("durable_tasks.attempt", claim.attempt)
         for link in link_to(claim.previous_traceparent, **{"durable_tasks.link": "previous_attempt"}):
             span.add_link(link.context, link.attributes)
@@ -247,6 +252,8 @@ class Worker:
             return await self._fail(claim, task, ctx, exc, span)
         finally:
             tel.execution_time.record(time.perf_counter() - started, {"queue": claim.queue, "task": claim.name})
+        if failpoints.ENABLED:
+            failpoints.hit("worker.after_run")
         span.set_attributes(tel.payload_attributes(claim.name, "result", result_json))
         write = FinalWrite(claim, result_json, hook=_session_hooks(task.hooks, ctx, result))
         with tel.commit_span() as commit_span:
