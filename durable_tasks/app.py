@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -68,6 +68,7 @@ class App:
         settings: Settings | None = None,
         clock: Clock = system_clock,
         redact: Redactor | None = None,
+        tables: Sequence[type[SQLModel]] = (),
         **overrides: Any,
     ) -> None:
         given = {"database_url": database_url, "redis_url": redis_url, "namespace": namespace, **overrides}
@@ -79,6 +80,7 @@ class App:
         except ValueError as exc:
             raise ConfigurationError(f"invalid durable_tasks settings: {exc}") from exc
         self.clock = clock
+        self.tables = list(tables)
         self.telemetry = Telemetry(self.settings.namespace, trace_payloads=self.settings.trace_payloads, redact=redact)
         self.latest_stats: dict[str, QueueStats] = {}
         self.telemetry.observe_queues(self)
@@ -138,10 +140,17 @@ class App:
             self._engine = create_engine(self.settings.database_url, self.settings.data_dir)
         return self._engine
 
+    @property
+    def read_engine(self) -> sa.Engine:
+        """The engine for read-only work: on SQLite its transactions do not take the write lock."""
+        return read_only(self.engine)
+
     def create_all(self) -> None:
         """Create the runtime's tables (dt_tasks, dt_outbox, dt_attempts, and the dt_agent_*
-        tables once durable_tasks.agents is imported) if they do not exist."""
+        tables once durable_tasks.agents is imported) and the application's ``tables``, if
+        they do not exist. ``durable-tasks init-db`` calls this."""
         ours = [table for name, table in SQLModel.metadata.tables.items() if name.startswith("dt_")]
+        ours += [model.__table__ for model in self.tables]  # type: ignore[attr-defined]
         try:
             SQLModel.metadata.create_all(self.engine, tables=ours)
         except OperationalError as exc:
@@ -231,7 +240,7 @@ class App:
 
     def get_task(self, task_id: str) -> TaskInfo:
         """The task's state, generation, attempt, result, error and attempts history."""
-        loaded = queries.load_task(read_only(self.engine), self.settings.namespace, task_id)
+        loaded = queries.load_task(self.read_engine, self.settings.namespace, task_id)
         if loaded is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return TaskInfo.from_records(*loaded)
@@ -308,9 +317,7 @@ class App:
         """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,
         DLQ length."""
         now = self.clock()
-        backlogs = await to_thread.run_sync(
-            lambda: queries.queue_backlogs(read_only(self.engine), self.settings.namespace)
-        )
+        backlogs = await to_thread.run_sync(lambda: queries.queue_backlogs(self.read_engine, self.settings.namespace))
         out: dict[str, QueueStats] = {}
         for queue in sorted(set(self.queues()) | set(backlogs)):
             b = backlogs.get(queue)

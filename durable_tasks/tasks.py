@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,6 +43,9 @@ class TaskContext(Generic[PayloadT]):
     shadow: bool = False
     _beat: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False)
     fenced_out: bool = False
+    #: Set when this attempt's result can no longer land (fenced out) or its timeout passed:
+    #: a sync handler, which cannot be cancelled, should check it and stop early.
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def idempotency_token(self) -> str:
@@ -53,7 +57,9 @@ class TaskContext(Generic[PayloadT]):
         if self._beat is None:
             return True
         alive = await self._beat()
-        self.fenced_out = self.fenced_out or not alive
+        if not alive:
+            self.fenced_out = True
+            self.cancelled.set()
         return alive
 
 

@@ -288,6 +288,8 @@ class Worker:
                     result = await task.run(ctx)
             except Exception as exc:  # raised below, outside the group: no ExceptionGroup wrapping
                 error = exc
+                if isinstance(exc, TimeoutError):
+                    ctx.cancelled.set()  # an abandoned sync handler learns it should stop
             finally:
                 tg.cancel_scope.cancel()
         if error is not None:
