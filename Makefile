@@ -16,12 +16,12 @@ demo: $(STAMP)
 	$(BIN)/durable-tasks demo
 
 test: $(STAMP)
-	$(BIN)/ruff check durable_tasks tests
+	$(BIN)/ruff check durable_tasks tests examples
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check durable_tasks tests
-	$(BIN)/ruff format --check durable_tasks tests
+	$(BIN)/ruff check durable_tasks tests examples
+	$(BIN)/ruff format --check durable_tasks tests examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

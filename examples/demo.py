@@ -1,0 +1,277 @@
+"""``durable-tasks demo``: the two users end to end, on the embedded default.
+
+Judge part: a dispatcher, two worker processes and a reaper run as real processes on a SQLite
+file and an embedded Valkey. A batch of submissions (every verdict kind) goes in with a live
+progress bar; one worker is SIGKILLed while it judges and its submission is recovered by
+another; one submission is rejudged while its first judging still runs, and only the new
+verdict lands. Agent part: a scripted agent run with parallel, flaky and slow tool calls.
+The summary ends with invariant checks; any failure makes the exit code 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+from sqlmodel import Session, select
+
+from durable_tasks import App, TaskInfo, TaskState
+from durable_tasks.embedded import ensure_valkey, stop_valkey
+
+from .judge.app import build_app, init_db, rejudge, submit_solution
+from .judge.models import Submission, SubmissionStatus, Verdict
+from .judge.problems import SOLUTIONS
+
+__all__ = ["run"]
+
+APP_SPEC = "examples.judge.main:app"
+FAST = {
+    "DT_LEASE_TIMEOUT": "1.5",
+    "DT_HEARTBEAT_INTERVAL": "0.4",
+    "DT_REAPER_INTERVAL": "0.5",
+    "DT_POLL_INTERVAL": "0.1",
+    "DT_READ_BLOCK": "0.2",
+    "DT_CONCURRENCY": "3",
+    "DT_RETRY_BACKOFF_INITIAL": "0.2",
+    "DT_RETRY_BACKOFF_MAX": "1",
+}
+
+
+@dataclass
+class Checks:
+    """Invariant checks, in the order they ran."""
+
+    results: dict[str, bool] = field(default_factory=dict)
+
+    def check(self, name: str, ok: bool) -> None:
+        self.results[name] = bool(ok)
+
+    @property
+    def passed(self) -> bool:
+        return all(self.results.values())
+
+
+class Processes:
+    """The runtime's processes, started by us and stopped by pid."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, role: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "durable_tasks", role, APP_SPEC], env=self.env, stdout=log, stderr=log
+        )
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str) -> int:
+        proc = self.procs.pop(name)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return proc.pid
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def _env(data_dir: Path, redis_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        **FAST,
+        "DT_DATABASE_URL": f"sqlite:///{(data_dir / 'demo.sqlite3').resolve()}",
+        "DT_REDIS_URL": redis_url,
+        "DT_NAMESPACE": "demo",
+        "DT_DATA_DIR": str(data_dir),
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def _fresh(data_dir: Path) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for old in data_dir.glob("demo.sqlite3*"):
+        old.unlink()
+    for old in data_dir.glob("*.log"):
+        old.unlink()
+
+
+def run_judge(console: Console, data_dir: Path, redis_url: str, checks: Checks) -> Table:
+    """The judge part; returns its summary table."""
+    env = _env(data_dir, redis_url)
+    os.environ.update({k: v for k, v in env.items() if k.startswith("DT_")})
+    app = build_app()
+    init_db(app)
+    procs = Processes(env, data_dir)
+    for name, role in (
+        ("dispatcher", "dispatcher"),
+        ("worker-1", "worker"),
+        ("worker-2", "worker"),
+        ("reaper", "reaper"),
+    ):
+        procs.start(name, role)
+    try:
+        return _judge_batch(console, app, procs, checks)
+    finally:
+        procs.stop_all()
+
+
+def _judge_batch(console: Console, app: App, procs: Processes, checks: Checks) -> Table:
+    expected: dict[int, Verdict] = {}
+    slow_id = None
+    with Session(app.engine) as session:
+        for round_ in range(2):
+            for problem_id, by_verdict in SOLUTIONS.items():
+                for verdict, code in by_verdict.items():
+                    sub = submit_solution(
+                        app,
+                        session,
+                        problem_id,
+                        f"user{round_}",
+                        "python",
+                        code,
+                        request_id=f"demo-{round_}-{problem_id}-{verdict.name}",
+                    )
+                    assert sub.id is not None
+                    expected[sub.id] = verdict
+                    if verdict == Verdict.ACCEPTED and problem_id == "a-plus-b" and round_ == 1:
+                        slow_id = sub.id
+    console.print(f"submitted {len(expected)} submissions (every verdict kind) in one transaction each")
+    killed: tuple[int, int] | None = None
+    rejudged = False
+    deadline = time.monotonic() + 50
+    with Progress(
+        TextColumn("[bold]judging"), BarColumn(), TextColumn("{task.completed}/{task.total}"), console=console
+    ) as progress:
+        bar = progress.add_task("judging", total=len(expected))
+        while time.monotonic() < deadline:
+            subs = _load(app, list(expected))
+            done = sum(1 for s in subs if s.status == SubmissionStatus.DONE and s.judged_generation == s.generation)
+            progress.update(bar, completed=done)
+            if killed is None:
+                killed = _kill_a_busy_worker(app, procs, subs, console)
+            if not rejudged and slow_id is not None:
+                rejudged = _rejudge_in_flight(app, slow_id, subs, console)
+            if done == len(expected) and killed is not None and rejudged:
+                break
+            time.sleep(0.2)
+    subs = _load(app, list(expected))
+    infos = {s.id: app.get_task(s.task_id) for s in subs if s.task_id}
+    wrong = [s.id for s in subs if s.verdict != expected[s.id]]  # type: ignore[index]
+    checks.check("every submission judged", all(s.status == SubmissionStatus.DONE for s in subs))
+    checks.check("every verdict as expected", not wrong)
+    checks.check("verdict from the latest generation", all(s.judged_generation == s.generation for s in subs))
+    checks.check("a worker was killed mid-task", killed is not None)
+    if killed is not None:
+        info = infos[killed[1]]
+        checks.check(
+            "the killed worker's submission recovered",
+            info.state == TaskState.SUCCEEDED and any(a.outcome == "lost" for a in info.attempts),
+        )
+    checks.check("a submission was rejudged in flight", rejudged)
+    return _judge_summary(subs, infos)
+
+
+def _load(app: App, ids: list[int]) -> list[Submission]:
+    with Session(app.read_engine) as session:
+        return list(session.exec(select(Submission).where(Submission.id.in_(ids))))  # type: ignore[union-attr]
+
+
+def _kill_a_busy_worker(app: App, procs: Processes, subs: list[Submission], console: Console) -> tuple[int, int] | None:
+    victim = procs.procs.get("worker-1")
+    if victim is None:
+        return None
+    for sub in subs:
+        if sub.task_id is None or sub.status != SubmissionStatus.JUDGING:
+            continue
+        info = app.get_task(sub.task_id)
+        if info.state == TaskState.RUNNING and info.attempts and f":{victim.pid}:" in info.attempts[-1].worker_id:
+            pid = procs.kill("worker-1")
+            console.print(
+                f"[red]SIGKILL[/] worker pid {pid} while it judged submission {sub.id}; "
+                "its lease will expire and the reaper redelivers it"
+            )
+            procs.start("worker-3", "worker")
+            assert sub.id is not None
+            return pid, sub.id
+    return None
+
+
+def _rejudge_in_flight(app: App, sub_id: int, subs: list[Submission], console: Console) -> bool:
+    sub = next(s for s in subs if s.id == sub_id)
+    if sub.task_id is None or app.get_task(sub.task_id).state != TaskState.RUNNING:
+        return False
+    with Session(app.engine) as session:
+        rejudge(app, session, sub_id)
+    console.print(
+        f"[yellow]rejudge[/] submission {sub_id} while generation 0 still runs: its result will be fenced out"
+    )
+    return True
+
+
+def _judge_summary(subs: list[Submission], infos: Mapping[int | None, TaskInfo]) -> Table:
+    tasks = list(infos.values())
+    latencies = sorted(
+        (i.finished_at - i.created_at).total_seconds() * 1000 for i in tasks if i.finished_at is not None
+    )
+    table = Table(title="judge")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for verdict in Verdict:
+        table.add_row(f"verdict: {verdict.value}", str(sum(1 for s in subs if s.verdict == verdict)))
+    attempts = [a for i in tasks for a in i.attempts]
+    table.add_row("attempts", str(len(attempts)))
+    table.add_row("recovered after a lost worker", str(sum(1 for a in attempts if a.outcome == "lost")))
+    table.add_row("fenced-out results", str(sum(1 for a in attempts if a.outcome == "fenced_out")))
+    table.add_row("dead letters", str(sum(1 for i in tasks if i.state == TaskState.DEAD)))
+    if latencies:
+        table.add_row("latency p50 (ms)", f"{statistics.median(latencies):.0f}")
+        table.add_row("latency p99 (ms)", f"{latencies[min(len(latencies) - 1, round(0.99 * len(latencies)))]:.0f}")
+    return table
+
+
+def run(
+    console: Console, part: str, data_dir: Path, agent_part: Callable[[Console, Path, str, Checks], Table] | None = None
+) -> int:
+    """Run ``part`` ("judge", "agent" or "all"); returns the exit code."""
+    _fresh(data_dir)
+    redis_url = ensure_valkey(data_dir)
+    checks = Checks()
+    tables: list[Table] = []
+    started = time.monotonic()
+    try:
+        if part in ("judge", "all"):
+            tables.append(run_judge(console, data_dir, redis_url, checks))
+        if part in ("agent", "all") and agent_part is not None:
+            tables.append(agent_part(console, data_dir, redis_url, checks))
+    finally:
+        stop_valkey(data_dir)
+    for table in tables:
+        console.print(table)
+    verdicts = Table(title=f"invariants · {time.monotonic() - started:.1f} s")
+    verdicts.add_column("check")
+    verdicts.add_column("result")
+    for name, ok in checks.results.items():
+        verdicts.add_row(name, "[green]ok[/]" if ok else "[red]FAILED[/]")
+    console.print(verdicts)
+    return 0 if checks.passed else 1
