@@ -16,19 +16,20 @@ pending tasks are cancelled (a running one is fenced out) and its late results a
 
 from __future__ import annotations
 
+import inspect
 import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, get_type_hints
 
 import sqlalchemy as sa
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from .app import App
-from .errors import ConfigurationError, TaskNotFoundError
+from .errors import ConfigurationError, DurableTasksError, TaskNotFoundError
 from .records import TERMINAL_STATES, TaskState, tasks_table
 from .tasks import Task, TaskContext
 
@@ -115,6 +116,7 @@ class AgentTurn(SQLModel, table=True):
     generation: int
     index: int
     output: str = Field(sa_type=sa.Text)
+    calls: str = Field(default="[]", sa_type=sa.Text)  # [{id, task_id, error}] in call order
     tool_results: str | None = Field(default=None, sa_type=sa.Text)
     created_at: datetime
 
@@ -151,11 +153,24 @@ class RunInfo:
 class Agent:
     """Durable runs of one agent: a model, tools, and the tasks that drive them."""
 
-    def __init__(self, app: App, name: str, model: ChatModel, *, queue: str = "agent") -> None:
+    def __init__(
+        self,
+        app: App,
+        name: str,
+        model: ChatModel,
+        *,
+        queue: str = "agent",
+        turn_max_attempts: int = 3,
+        turn_timeout: timedelta | None = None,
+        turn_retry_on: tuple[type[BaseException], ...] = (),
+    ) -> None:
         self.app = app
         self.name = name
         self.model = model
         self.queue = queue
+        self.turn_max_attempts = turn_max_attempts
+        self.turn_timeout = turn_timeout
+        self.turn_retry_on = turn_retry_on
         self.tools: dict[str, tuple[ToolSpec, TypeAdapter[Any], Task[ToolRequest, Any]]] = {}
         self._turn = self._register_turn_task()
 
@@ -176,18 +191,31 @@ class Agent:
             tool_name = name or fn.__name__
             if tool_name in self.tools:
                 raise ConfigurationError(f"agent {self.name!r} already has a tool {tool_name!r}")
-            hints = list(fn.__annotations__.items())
-            args_type = _resolve(fn, hints[1][0]) if len(hints) > 1 else dict[str, Any]
-            adapter: TypeAdapter[Any] = TypeAdapter(args_type)
+            adapter: TypeAdapter[Any] = TypeAdapter(_args_type(fn, tool_name))
             spec = ToolSpec(tool_name, description or (fn.__doc__ or "").strip(), adapter.json_schema())
 
-            def run_tool(ctx: TaskContext[ToolRequest], req: ToolRequest) -> dict[str, Any]:
+            def validate(req: ToolRequest) -> tuple[Any, dict[str, Any] | None]:
                 try:
-                    args = adapter.validate_python(req.arguments)
+                    return adapter.validate_python(req.arguments), None
                 except ValidationError as exc:
                     # The model's mistake: tell the model, do not retry.
-                    return {"error": f"invalid arguments for {tool_name}: {exc.errors(include_url=False)}"}
-                return {"ok": fn(ctx, args)}
+                    return None, {"error": f"invalid arguments for {tool_name}: {exc.errors(include_url=False)}"}
+
+            run_tool: Callable[[TaskContext[ToolRequest], ToolRequest], Any]
+            if inspect.iscoroutinefunction(fn):
+
+                async def run_async(ctx: TaskContext[ToolRequest], req: ToolRequest) -> dict[str, Any]:
+                    args, error = validate(req)
+                    return error if error is not None else {"ok": await fn(ctx, args)}
+
+                run_tool = run_async
+            else:
+
+                def run_sync(ctx: TaskContext[ToolRequest], req: ToolRequest) -> dict[str, Any]:
+                    args, error = validate(req)
+                    return error if error is not None else {"ok": fn(ctx, args)}
+
+                run_tool = run_sync
 
             task = self.app.task(
                 name=f"agent.{self.name}.tool.{tool_name}",
@@ -238,6 +266,7 @@ class Agent:
                     generation=old + 1,
                     index=t.index,
                     output=t.output,
+                    calls=t.calls,
                     tool_results=t.tool_results,
                     created_at=t.created_at,
                 )
@@ -281,6 +310,7 @@ class Agent:
                         "index": t.index,
                         "output": json.loads(t.output),
                         "tool_results": json.loads(t.tool_results) if t.tool_results else None,
+                        "tasks": {c["id"]: c["task_id"] for c in json.loads(t.calls)},
                     }
                     for t in turns
                 ],
@@ -308,8 +338,15 @@ class Agent:
             output = self.model.complete(messages, specs)
             return {"output": output.model_dump()}
 
-        task = self.app.task(name=f"agent.{self.name}.turn", queue=self.queue, max_attempts=3)(turn)
+        task = self.app.task(
+            name=f"agent.{self.name}.turn",
+            queue=self.queue,
+            max_attempts=self.turn_max_attempts,
+            timeout=self.turn_timeout,
+            retry_on=self.turn_retry_on,
+        )(turn)
         task.on_commit(self._turn_recorded)
+        task.on_failure(self._turn_failed)
         return task
 
     def _turn_recorded(self, session: Session, ctx: TaskContext[TurnRequest], result: dict[str, Any]) -> None:
@@ -318,27 +355,33 @@ class Agent:
         if run.generation != req.generation or result.get("superseded") or result.get("recorded"):
             return
         output = ModelTurn.model_validate(result["output"])
-        session.add(
-            AgentTurn(
-                run_id=req.run_id,
-                generation=req.generation,
-                index=req.index,
-                output=output.model_dump_json(),
-                created_at=self.app.clock(),
-            )
+        calls = [self._submit_call(session, req, position, call) for position, call in enumerate(output.tool_calls)]
+        turn = AgentTurn(
+            run_id=req.run_id,
+            generation=req.generation,
+            index=req.index,
+            output=output.model_dump_json(),
+            calls=json.dumps(calls),
+            created_at=self.app.clock(),
         )
+        session.add(turn)
         if not output.tool_calls:
             run.state, run.output, run.finished_at = "DONE", output.content, self.app.clock()
             session.add(run)
             return
-        for call in output.tool_calls:
-            tool = self.tools.get(call.name)
-            task_name = tool[2].name if tool else None
-            if task_name is None:
-                continue  # recorded as an error result when the turn settles
-            self.app.submit(
+        session.flush()
+        self._maybe_next_turn(session, run, turn)
+
+    def _submit_call(self, session: Session, req: TurnRequest, position: int, call: ToolCall) -> dict[str, Any]:
+        """One durable task per tool call, keyed by its position in the turn (model-chosen ids
+        may repeat or be unusable as keys); a call that cannot become a task is an error result."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return {"id": call.id, "task_id": None, "error": f"unknown tool {call.name!r}"}
+        try:
+            handle = self.app.submit(
                 session,
-                task_name,
+                tool[2],
                 ToolRequest(
                     run_id=req.run_id,
                     generation=req.generation,
@@ -346,10 +389,20 @@ class Agent:
                     call_id=call.id,
                     arguments=call.arguments,
                 ),
-                idempotency_key=f"{req.run_id}:{req.generation}:{req.index}:{call.id}",
+                idempotency_key=f"{req.run_id}:{req.generation}:{req.index}:{position}",
             )
-        session.flush()
-        self._maybe_next_turn(session, run, req.index, output)
+        except DurableTasksError as exc:  # e.g. arguments too large: the model hears about it
+            return {"id": call.id, "task_id": None, "error": f"{type(exc).__name__}: {exc}"}
+        return {"id": call.id, "task_id": handle.id, "error": None}
+
+    def _turn_failed(self, session: Session, ctx: TaskContext[TurnRequest], error: BaseException) -> None:
+        """The model kept failing: the run ends FAILED with the reason."""
+        if ctx.payload is None:
+            return
+        run = self._lock_run(session, ctx.payload.run_id)
+        if run.generation == ctx.payload.generation:
+            run.state, run.output, run.finished_at = "FAILED", f"{type(error).__name__}: {error}", self.app.clock()
+            session.add(run)
 
     # -- settling tool calls -------------------------------------------------------------
 
@@ -364,45 +417,38 @@ class Agent:
                 AgentTurn.run_id == req.run_id, AgentTurn.generation == req.generation, AgentTurn.index == req.turn
             )
         ).one()
-        self._maybe_next_turn(session, run, req.turn, ModelTurn.model_validate_json(turn.output))
+        self._maybe_next_turn(session, run, turn)
 
-    def _maybe_next_turn(self, session: Session, run: AgentRun, index: int, output: ModelTurn) -> None:
-        """If every tool call of turn ``index`` is final, store their results on the turn and
-        schedule the next turn, in the current transaction (run row locked by the caller)."""
-        results: dict[str, Any] = {}
+    def _maybe_next_turn(self, session: Session, run: AgentRun, turn: AgentTurn) -> None:
+        """If every tool call of ``turn`` is final, store their results on it and schedule the
+        next turn, in the current transaction (the caller holds the run row's lock)."""
+        if turn.tool_results is not None:
+            return  # already settled (a duplicate hook run)
+        calls: list[dict[str, Any]] = json.loads(turn.calls)
+        task_ids = [c["task_id"] for c in calls if c["task_id"]]
         tc = tasks_table.c
-        for call in output.tool_calls:
-            if call.name not in self.tools:
-                results[call.id] = {"error": f"unknown tool {call.name!r}"}
-                continue
-            row = (
-                session.connection()
-                .execute(
-                    sa.select(tc.state, tc.result, tc.error_type, tc.error_message).where(
-                        tc.namespace == self.app.settings.namespace,
-                        tc.name == self.tools[call.name][2].name,
-                        tc.idempotency_key == f"{run.id}:{run.generation}:{index}:{call.id}",
-                    )
-                )
-                .one_or_none()
+        rows = {
+            r.id: r
+            for r in session.connection().execute(
+                sa.select(tc.id, tc.state, tc.result, tc.error_type, tc.error_message).where(tc.id.in_(task_ids))
             )
+        }
+        results: dict[str, Any] = {}
+        for call in calls:
+            if call["task_id"] is None:
+                results[call["id"]] = {"error": call["error"]}
+                continue
+            row = rows.get(call["task_id"])
             if row is None or row.state not in TERMINAL_STATES:
                 return  # still running: the last one to settle schedules the next turn
             if row.state == TaskState.SUCCEEDED:
-                results[call.id] = json.loads(row.result)
+                results[call["id"]] = json.loads(row.result)
             else:
-                results[call.id] = {"error": f"{row.error_type}: {row.error_message}"}
-        turn = session.exec(
-            select(AgentTurn).where(
-                AgentTurn.run_id == run.id, AgentTurn.generation == run.generation, AgentTurn.index == index
-            )
-        ).one()
-        if turn.tool_results is not None:
-            return  # already settled (a duplicate hook run)
+                results[call["id"]] = {"error": f"{row.error_type}: {row.error_message}"}
         turn.tool_results = json.dumps(results)
         session.add(turn)
         session.flush()
-        self._schedule_turn(session, run.id, run.generation, index + 1)
+        self._schedule_turn(session, run.id, run.generation, turn.index + 1)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -431,27 +477,25 @@ class Agent:
         ).all()
         for t in turns:
             out = ModelTurn.model_validate_json(t.output)
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": out.content,
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                        }
-                        for c in out.tool_calls
-                    ],
-                }
-            )
+            assistant: Message = {"role": "assistant", "content": out.content}
+            if out.tool_calls:
+                assistant["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                    for c in out.tool_calls
+                ]
+            messages.append(assistant)
             results = json.loads(t.tool_results or "{}")
             for c in out.tool_calls:
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": json.dumps(results.get(c.id))})
         return messages
 
 
-def _resolve(fn: Callable[..., Any], param: str) -> Any:
-    from typing import get_type_hints
-
-    return get_type_hints(fn).get(param, dict[str, Any])
+def _args_type(fn: Callable[..., Any], tool: str) -> Any:
+    """The annotation of a tool's second parameter (``dict[str, Any]`` when there is none)."""
+    params = list(inspect.signature(fn).parameters)
+    if len(params) != 2:
+        raise ConfigurationError(f"tool {tool!r} must take (ctx, args), not {params}")
+    try:
+        return get_type_hints(fn).get(params[1], dict[str, Any])
+    except NameError:  # an annotation imported only for type checkers
+        return dict[str, Any]

@@ -287,11 +287,21 @@ class App:
                 f"cannot reach Redis at {self.redis_url}: {exc}. Start it, or point DT_REDIS_URL at one."
             ) from exc
 
+    def stop_embedded(self) -> bool:
+        """Stop the embedded Valkey this process started (no-op with a configured Redis URL)."""
+        if self.settings.redis_url is not None:
+            return False
+        from .embedded import stop_valkey
+
+        return stop_valkey(self.settings.data_dir)
+
     async def aclose(self) -> None:
         """Close the Redis client of this event loop and dispose of the engine's connections."""
         transports, self._transports = self._transports, {}
-        for t in transports.values():
-            await t.client.aclose()
+        current = id(asyncio.get_running_loop())
+        for loop, t in transports.items():
+            if loop == current:  # a client of a finished loop cannot be closed from this one
+                await t.client.aclose()
         if self._engine is not None:
             self._engine.dispose()
 

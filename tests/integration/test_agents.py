@@ -117,3 +117,52 @@ async def test_retry_from_a_turn_fences_out_the_old_branch(make_app: Callable[..
     assert (run.state, run.generation) == ("DONE", 1)
     assert model.calls == 3  # turn 0 twice (once per generation), then the answer
     assert executed.count("calculator") == 1  # generation 0's calls were cancelled before running
+
+
+async def test_async_tools_and_repeated_call_ids(make_app: Callable[..., App]) -> None:
+    app = make_app()
+
+    def two_turns(messages: list[dict[str, Any]]) -> ModelTurn:
+        if not any(m["role"] == "assistant" for m in messages):
+            return ModelTurn(
+                tool_calls=[
+                    ToolCall(id="same", name="echo", arguments={"key": "a"}),
+                    ToolCall(id="same", name="echo", arguments={"key": "b"}),  # a repeated id: still two calls
+                ]
+            )
+        return ModelTurn(content="done")
+
+    agent = Agent(app, "async", ScriptedModel(two_turns))
+    seen: list[str] = []
+
+    @agent.tool()
+    async def echo(ctx: TaskContext[Any], args: Key) -> str:
+        seen.append(args.key)
+        return args.key.upper()
+
+    app.create_all()
+    with Session(app.engine) as s:
+        run_id = agent.start(s, "go")
+        s.commit()
+    await drain(app)
+    run = agent.get_run(run_id)
+    assert run.state == "DONE"
+    assert sorted(seen) == ["a", "b"]
+
+
+async def test_a_model_that_keeps_failing_ends_the_run_failed(make_app: Callable[..., App]) -> None:
+    app = make_app()
+
+    def broken(messages: list[dict[str, Any]]) -> ModelTurn:
+        raise TimeoutError("model endpoint timed out")
+
+    agent = Agent(app, "broken", ScriptedModel(broken), turn_max_attempts=2)
+    app.create_all()
+    with Session(app.engine) as s:
+        run_id = agent.start(s, "go")
+        s.commit()
+    await drain(app)
+    run = agent.get_run(run_id)
+    assert run.state == "FAILED"
+    assert run.output is not None
+    assert "model endpoint timed out" in run.output
