@@ -16,10 +16,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import anyio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
@@ -250,9 +252,64 @@ def _judge_summary(subs: list[Submission], infos: Mapping[int | None, TaskInfo])
     return table
 
 
-def run(
-    console: Console, part: str, data_dir: Path, agent_part: Callable[[Console, Path, str, Checks], Table] | None = None
-) -> int:
+def run_agent(console: Console, data_dir: Path, redis_url: str, checks: Checks) -> Table:
+    """The agent part: one scripted run with parallel, flaky and slow tool calls, in-process."""
+    from .agent.app import EXPECTED_ANSWER, QUESTION, build, scripted_model
+
+    model = scripted_model()
+    app, agent = build(
+        model,
+        database_url=f"sqlite:///{(data_dir / 'demo.sqlite3').resolve()}",
+        redis_url=redis_url,
+        namespace="demo-agent",
+        poll_interval=0.1,
+        read_block=0.1,
+        retry_backoff_initial=0.1,
+        retry_backoff_max=0.2,
+    )
+    app.create_all()
+    with Session(app.engine) as session:
+        run_id = agent.start(session, QUESTION)
+        session.commit()
+    console.print(f"[bold]agent[/] run {run_id}: {QUESTION}")
+    started = time.monotonic()
+    anyio.run(_drive_agent, app, agent, run_id)
+    info = agent.get_run(run_id)
+    for turn in info.turns:
+        calls = turn["output"]["tool_calls"]
+        said = turn["output"]["content"] or ""
+        names = ", ".join(f"{c['name']}({c['arguments']})" for c in calls)
+        console.print(f"  turn {turn['index']}: {said[:70]}{' -> ' + names if calls else ''}")
+        for call_id, result in (turn["tool_results"] or {}).items():
+            console.print(f"    {call_id}: {result}")
+    tasks = [app.get_task(task_id) for turn in info.turns for task_id in turn["tasks"].values() if task_id]
+    checks.check("agent run answered", info.state == "DONE" and info.output == EXPECTED_ANSWER)
+    checks.check("model called once per turn", model.calls == len(info.turns))
+    checks.check(
+        "each tool call committed once", all(sum(a.outcome == "succeeded" for a in t.attempts) == 1 for t in tasks)
+    )
+    table = Table(title="agent")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("turns (model calls)", f"{len(info.turns)} ({model.calls})")
+    table.add_row("tool calls", str(len(tasks)))
+    table.add_row("tool attempts (flaky_search retried)", str(sum(len(t.attempts) for t in tasks)))
+    table.add_row("run time (s)", f"{time.monotonic() - started:.1f}")
+    return table
+
+
+async def _drive_agent(app: App, agent: Any, run_id: str) -> None:
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: app.run(stop=stop))
+        with anyio.fail_after(40):
+            while agent.get_run(run_id).state == "RUNNING":  # noqa: ASYNC110 - polling the database
+                await anyio.sleep(0.1)
+        stop.set()
+    await app.aclose()
+
+
+def run(console: Console, part: str, data_dir: Path) -> int:
     """Run ``part`` ("judge", "agent" or "all"); returns the exit code."""
     _fresh(data_dir)
     redis_url = ensure_valkey(data_dir)
@@ -262,8 +319,8 @@ def run(
     try:
         if part in ("judge", "all"):
             tables.append(run_judge(console, data_dir, redis_url, checks))
-        if part in ("agent", "all") and agent_part is not None:
-            tables.append(agent_part(console, data_dir, redis_url, checks))
+        if part in ("agent", "all"):
+            tables.append(run_agent(console, data_dir, redis_url, checks))
     finally:
         stop_valkey(data_dir)
     for table in tables:
