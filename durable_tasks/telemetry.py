@@ -139,6 +139,11 @@ class Telemetry:
         the reaper refreshes) as gauges; registered once per process, reading every live App."""
         _QueueGauges.register(owner, self.namespace)
 
+    @property
+    def tracing(self) -> bool:
+        """Whether the application installed a tracer provider (without one, skip span work)."""
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
     def _base(self, queue: str) -> dict[str, Any]:
         return {
             "messaging.system": SYSTEM,
@@ -156,6 +161,9 @@ class Telemetry:
     @contextmanager
     def submit_span(self, task_name: str, queue: str) -> Iterator[Span]:
         """The ``submit`` span, inside the caller's transaction."""
+        if not self.tracing:
+            yield trace.INVALID_SPAN
+            return
         attrs = self._base(queue) | {"messaging.operation.type": "create", "durable_tasks.task.name": task_name}
         with self.tracer.start_as_current_span("submit", kind=SpanKind.PRODUCER, attributes=attrs) as span:
             yield span
@@ -163,6 +171,9 @@ class Telemetry:
     @contextmanager
     def dispatch_span(self, traceparents: Sequence[str | None]) -> Iterator[Span]:
         """One ``dispatch`` span per batch, linked to each task's submit span."""
+        if not self.tracing:
+            yield trace.INVALID_SPAN
+            return
         links = [link for tp in traceparents for link in link_to(tp)]
         attrs: dict[str, Any] = {
             "durable_tasks.namespace": self.namespace,
@@ -174,35 +185,34 @@ class Telemetry:
     @contextmanager
     def publish_span(self, queue: str, count: int) -> Iterator[Span]:
         """``publish <queue>``: the pipelined round trip to Redis."""
+        if not self.tracing:
+            yield trace.INVALID_SPAN
+            return
         attrs = self._base(queue) | {"messaging.operation.type": "send", "messaging.batch.message_count": count}
         with self.tracer.start_as_current_span(f"publish {queue}", kind=SpanKind.PRODUCER, attributes=attrs) as span:
             yield span
 
-    @contextmanager
-    def process_span(
+    def start_process_span(
         self, task_name: str, queue: str, traceparent: str | None, attributes: Mapping[str, Any]
-    ) -> Iterator[Span]:
-        """``process <task>``: one attempt, a child of the submit span."""
+    ) -> Span:
+        """Start ``process <task>`` (one attempt, a child of the submit span); the caller ends it."""
         parent = context_from_traceparent(traceparent)
         attrs = self._base(queue) | {"messaging.operation.type": "process"} | dict(attributes)
-        with self.tracer.start_as_current_span(
-            f"process {task_name}",
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            attributes=attrs,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            yield span
+        return self.tracer.start_span(f"process {task_name}", context=parent, kind=SpanKind.CONSUMER, attributes=attrs)
 
     @contextmanager
     def commit_span(self) -> Iterator[Span]:
         """``commit``: the fenced final write (attribute ``durable_tasks.fenced_out``)."""
+        if not self.tracing:
+            yield trace.INVALID_SPAN
+            return
         with self.tracer.start_as_current_span("commit") as span:
             yield span
 
     def task_event(self, name: str, traceparent: str | None, queue: str, attributes: Mapping[str, Any]) -> None:
         """A short span in the task's trace carrying one event (reaper reclaim, DLQ move)."""
+        if not self.tracing:
+            return
         parent = context_from_traceparent(traceparent)
         with self.tracer.start_as_current_span(name, context=parent, attributes=self._base(queue)) as span:
             span.add_event(name, dict(attributes))

@@ -1,39 +1,35 @@
-"""The worker's SQL: the execution fence, heartbeats, and fenced final writes.
+"""The worker's SQL for claiming: the execution fence (in batches) and heartbeats.
 
-The attempt number handed out by :func:`claim_execution` is the fencing token: every later
-write of that execution names it, and the database refuses the write once a newer attempt
-or generation exists. The on-commit hook runs inside the fenced transaction, so it is fenced
-too.
+The attempt number handed out by :func:`claim_batch` is the fencing token: every later write
+of that execution names it, and the database refuses the write once a newer attempt or
+generation exists. One batch is one transaction and a few statements, however many
+deliveries it holds; each delivery is still fenced on its own (generation, delivery, state).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
+from typing import Any
 
 import sqlalchemy as sa
 
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
-from .submit import insert_outbox
 
 __all__ = [
     "ClaimRefused",
-    "CommitOutcome",
+    "ClaimRequest",
     "ExecutionClaim",
-    "FinalWrite",
+    "claim_batch",
     "claim_execution",
     "close_open_attempts",
-    "commit_results",
     "heartbeat",
-    "record_failure",
 ]
 
 t = tasks_table.c
 a = attempts_table.c
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,31 +72,58 @@ class ClaimRefused(Enum):
     NO_TASK = "no_task"  # no such task row (yet): leave the entry pending for the reaper
 
 
-def claim_execution(
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One delivery to claim, and the trace context its attempt will record."""
+
+    task_id: str
+    generation: int
+    delivery: int
+    traceparent: str | None = None
+
+
+_RETURNED = (
+    t.id,
+    t.name,
+    t.queue,
+    t.attempt,
+    t.max_attempts,
+    t.failures,
+    t.payload,
+    t.idempotency_key,
+    t.traceparent,
+    t.shadow,
+    t.created_at,
+    t.enqueued_at,
+    t.generation,
+    t.delivery,
+)
+
+
+def claim_batch(
     engine: sa.Engine,
     namespace: str,
+    requests: Sequence[ClaimRequest],
     *,
-    task_id: str,
-    generation: int,
-    delivery: int,
     worker_id: str,
     now: datetime,
     lease: timedelta,
-    traceparent: str | None = None,
-) -> ExecutionClaim | ClaimRefused:
-    """Take the execution fence for one delivery, or say why it may not run.
+) -> list[ExecutionClaim | ClaimRefused]:
+    """Take the execution fence for many deliveries in ONE transaction (results in order).
 
-    Claimable: the same generation and delivery, in PENDING (the entry can arrive before
-    the dispatcher's mark-SENT commits), ENQUEUED or RETRYING, or RUNNING whose lease ran out.
+    Claimable: the same generation and delivery, in PENDING (the entry can arrive before the
+    dispatcher's mark-SENT commits), ENQUEUED or RETRYING, or RUNNING whose lease ran out.
+    A delivery listed twice is claimed once; the other copy is STALE.
     """
+    if not requests:
+        return []
+    keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
     with engine.begin() as conn:
-        row = conn.execute(
+        rows = conn.execute(
             sa.update(tasks_table)
             .where(
-                t.id == task_id,
                 t.namespace == namespace,
-                t.generation == generation,
-                t.delivery == delivery,
+                sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
                 sa.or_(
                     t.state.in_(CLAIMABLE_STATES),
                     sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
@@ -113,49 +136,80 @@ def claim_execution(
                 worker_id=worker_id,
                 started_at=now,
             )
-            .returning(
-                t.name,
-                t.queue,
-                t.attempt,
-                t.max_attempts,
-                t.failures,
-                t.payload,
-                t.idempotency_key,
-                t.traceparent,
-                t.shadow,
-                t.created_at,
-                t.enqueued_at,
+            .returning(*_RETURNED)
+        ).all()
+        claimed = {r.id: r for r in rows}
+        previous = _reopened(conn, [r for r in rows if r.attempt > 1 or r.generation > 0], now)
+        if rows:
+            by_id = {r.task_id: r for r in requests}
+            conn.execute(
+                sa.insert(attempts_table),
+                [
+                    {
+                        "namespace": namespace,
+                        "task_id": r.id,
+                        "generation": r.generation,
+                        "attempt": r.attempt,
+                        "delivery": r.delivery,
+                        "worker_id": worker_id,
+                        "started_at": now,
+                        "traceparent": by_id[r.id].traceparent,
+                    }
+                    for r in rows
+                ],
             )
-        ).one_or_none()
-        if row is None:
-            found = conn.execute(sa.select(t.id).where(t.id == task_id, t.namespace == namespace)).first()
-            return ClaimRefused.STALE if found else ClaimRefused.NO_TASK
-        close_open_attempts(conn, task_id, generation, now, reason="lease expired: worker lost")
-        previous = None
-        if row.attempt > 1 or generation > 0:  # a first attempt has nothing to link to
-            previous = conn.execute(
-                sa.select(a.traceparent).where(a.task_id == task_id).order_by(a.id.desc()).limit(1)
-            ).scalar_one_or_none()
-        conn.execute(
-            sa.insert(attempts_table).values(
-                namespace=namespace,
-                task_id=task_id,
-                generation=generation,
-                attempt=row.attempt,
-                delivery=delivery,
-                worker_id=worker_id,
-                traceparent=traceparent,
-                started_at=now,
-            )
+        missing = {r.task_id for r in requests} - set(claimed)
+        existing = (
+            set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
+            if missing
+            else set()
         )
+    out: list[ExecutionClaim | ClaimRefused] = []
+    handed_out: set[str] = set()
+    for r in requests:
+        row = claimed.get(r.task_id)
+        if (
+            row is not None
+            and r.task_id not in handed_out
+            and (row.generation, row.delivery) == (r.generation, r.delivery)
+        ):
+            handed_out.add(r.task_id)  # a second copy of the same delivery is stale
+            out.append(_claim_from(row, namespace, worker_id, previous.get(row.id)))
+        elif row is not None or r.task_id in existing:
+            out.append(ClaimRefused.STALE)
+        else:
+            out.append(ClaimRefused.NO_TASK)
+    return out
+
+
+def _reopened(conn: sa.Connection, rows: Sequence[Any], now: datetime) -> dict[str, str | None]:
+    """For re-run tasks: close attempts their lost workers left open, and return the last
+    attempt's trace context (the new attempt's span links to it)."""
+    if not rows:
+        return {}
+    ids = [r.id for r in rows]
+    latest: dict[str, str | None] = {}
+    for task_id, traceparent in conn.execute(
+        sa.select(a.task_id, a.traceparent).where(a.task_id.in_(ids)).order_by(a.id)
+    ):
+        latest[task_id] = traceparent
+    conn.execute(
+        sa.update(attempts_table)
+        .where(a.task_id.in_(ids), a.outcome.is_(None))
+        .values(outcome=AttemptOutcome.LOST, finished_at=now, retry_reason="lease expired: worker lost")
+    )
+    return latest
+
+
+def _claim_from(row: Any, namespace: str, worker_id: str, previous: str | None) -> ExecutionClaim:
     return ExecutionClaim(
         namespace=namespace,
-        task_id=task_id,
+        task_id=row.id,
         name=row.name,
         queue=row.queue,
-        generation=generation,
+        generation=row.generation,
         attempt=row.attempt,
-        delivery=delivery,
+        delivery=row.delivery,
         max_attempts=row.max_attempts,
         failures=row.failures,
         payload_json=row.payload,
@@ -167,6 +221,30 @@ def claim_execution(
         worker_id=worker_id,
         previous_traceparent=previous,
     )
+
+
+def claim_execution(
+    engine: sa.Engine,
+    namespace: str,
+    *,
+    task_id: str,
+    generation: int,
+    delivery: int,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    traceparent: str | None = None,
+) -> ExecutionClaim | ClaimRefused:
+    """Claim one delivery (see :func:`claim_batch`)."""
+    [result] = claim_batch(
+        engine,
+        namespace,
+        [ClaimRequest(task_id, generation, delivery, traceparent)],
+        worker_id=worker_id,
+        now=now,
+        lease=lease,
+    )
+    return result
 
 
 def close_open_attempts(conn: sa.Connection, task_id: str, generation: int, now: datetime, *, reason: str) -> None:
@@ -185,144 +263,3 @@ def heartbeat(engine: sa.Engine, claim: ExecutionClaim, *, now: datetime, lease:
             sa.update(tasks_table).where(claim.fence()).values(lease_expires_at=now + lease)
         ).rowcount
     return bool(updated)
-
-
-class CommitOutcome(Enum):
-    """What became of one final write."""
-
-    COMMITTED = "committed"
-    FENCED_OUT = "fenced_out"
-    HOOK_FAILED = "hook_failed"
-
-
-@dataclass(slots=True)
-class FinalWrite:
-    """A successful execution's result, waiting for its fenced commit."""
-
-    claim: ExecutionClaim
-    result_json: str
-    hook: Callable[[sa.Connection], None] | None = None
-    outcome: CommitOutcome | None = None
-    hook_error: BaseException | None = None
-
-
-def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: datetime) -> None:
-    """Commit several results in ONE transaction, each fenced on its own.
-
-    Every write runs in a savepoint: a stale row is dropped alone, and an on-commit hook that
-    raises rolls back only its own task (its ``outcome`` says HOOK_FAILED, ``hook_error`` why).
-    """
-    with engine.begin() as conn:
-        for w in writes:
-            savepoint = conn.begin_nested()
-            updated = conn.execute(
-                sa.update(tasks_table)
-                .where(w.claim.fence())
-                .values(
-                    state=TaskState.SUCCEEDED,
-                    result=w.result_json,
-                    finished_at=now,
-                    lease_expires_at=None,
-                    error_type=None,
-                    error_message=None,
-                )
-            ).rowcount
-            if not updated:
-                savepoint.rollback()
-                w.outcome = CommitOutcome.FENCED_OUT
-                _finish_attempt(conn, w.claim, now, AttemptOutcome.FENCED_OUT)
-                continue
-            if w.hook is not None and not w.claim.shadow:
-                try:
-                    w.hook(conn)
-                except Exception as exc:
-                    savepoint.rollback()
-                    w.outcome, w.hook_error = CommitOutcome.HOOK_FAILED, exc
-                    continue
-            _finish_attempt(conn, w.claim, now, AttemptOutcome.SUCCEEDED)
-            savepoint.commit()
-            w.outcome = CommitOutcome.COMMITTED
-
-
-def record_failure(
-    engine: sa.Engine,
-    claim: ExecutionClaim,
-    *,
-    now: datetime,
-    error_type: str,
-    error_message: str,
-    retry_at: datetime | None,
-    on_failed: Callable[[sa.Connection], None] | None = None,
-) -> bool:
-    """Record a failed attempt: RETRYING with a new delivery at ``retry_at``, or FAILED.
-
-    Fenced like a result: False (and outcome ``fenced_out``) when a newer execution owns
-    the task. ``on_failed`` runs inside the same transaction when the failure is final; if
-    it raises, its writes are rolled back and the task is FAILED all the same.
-    """
-    with engine.begin() as conn:
-        final = retry_at is None
-        values: dict[str, object] = {
-            "error_type": error_type[:200],
-            "error_message": error_message,
-            "lease_expires_at": None,
-        }
-        if final:
-            values |= {"state": TaskState.FAILED, "finished_at": now, "failures": t.failures + 1}
-        else:
-            values |= {"state": TaskState.RETRYING, "delivery": t.delivery + 1, "failures": t.failures + 1}
-        row = conn.execute(
-            sa.update(tasks_table).where(claim.fence()).values(values).returning(t.delivery)
-        ).one_or_none()
-        if row is None:
-            _finish_attempt(conn, claim, now, AttemptOutcome.FENCED_OUT, error_type, error_message)
-            return False
-        reason = None if final else f"retry at {retry_at:%Y-%m-%dT%H:%M:%S} after {error_type}"
-        _finish_attempt(conn, claim, now, AttemptOutcome.FAILED, error_type, error_message, reason)
-        if final and on_failed is not None and not claim.shadow:
-            savepoint = conn.begin_nested()
-            try:
-                on_failed(conn)
-                savepoint.commit()
-            except Exception:
-                savepoint.rollback()
-                logger.exception("on_failure hook of task %s raised; the task is FAILED regardless", claim.task_id)
-        if retry_at is not None:
-            insert_outbox(
-                conn,
-                claim.namespace,
-                claim.task_id,
-                claim.queue,
-                claim.generation,
-                row.delivery,
-                claim.shadow,
-                now,
-                due=retry_at,
-            )
-    return True
-
-
-def _finish_attempt(
-    conn: sa.Connection,
-    claim: ExecutionClaim,
-    now: datetime,
-    outcome: AttemptOutcome,
-    error_type: str | None = None,
-    error_message: str | None = None,
-    retry_reason: str | None = None,
-) -> None:
-    conn.execute(
-        sa.update(attempts_table)
-        .where(
-            a.task_id == claim.task_id,
-            a.generation == claim.generation,
-            a.attempt == claim.attempt,
-        )
-        .values(
-            outcome=outcome,
-            finished_at=now,
-            error_type=error_type,
-            error_message=error_message,
-            retry_reason=retry_reason,
-        )
-    )

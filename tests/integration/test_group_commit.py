@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 import anyio
@@ -10,8 +11,9 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
-from durable_tasks.commit import GroupCommitter
-from durable_tasks.store.execution import CommitOutcome, ExecutionClaim, FinalWrite, claim_execution
+from durable_tasks.batching import Coalescer
+from durable_tasks.store.execution import ExecutionClaim, claim_execution
+from durable_tasks.store.results import CommitOutcome, FinalWrite, commit_results
 
 pytestmark = pytest.mark.anyio
 
@@ -41,24 +43,46 @@ def claimed(app: App, n: int) -> list[ExecutionClaim]:
     return [c for c in claims if isinstance(c, ExecutionClaim)]
 
 
+def committer_for(app: App, *, max_batch: int, window: timedelta) -> Coalescer[FinalWrite]:
+    async def flush(writes: Sequence[FinalWrite]) -> None:
+        await anyio.to_thread.run_sync(lambda: commit_results(app.engine, writes, now=app.clock()))
+
+    return Coalescer(flush, max_batch=max_batch, window=window)
+
+
 def failing_hook(conn: sa.Connection) -> None:
     raise RuntimeError("hook broke")
 
 
 async def test_a_stale_row_and_a_failing_hook_affect_only_their_own_task(app: App) -> None:
-    ok, stale, broken = claimed(app, 3)
+    ok, stale, broken, stale_plain, ok_hooked = claimed(app, 5)
     with Session(app.engine) as s:
         app.rerun(s, stale.task_id)  # a new generation: this execution is now stale
+        app.rerun(s, stale_plain.task_id)
         s.commit()
-    writes = [FinalWrite(ok, "1"), FinalWrite(stale, "2"), FinalWrite(broken, "3", hook=failing_hook)]
-    committer = GroupCommitter(app.engine, app.clock, max_batch=10, window=timedelta(0))
+    writes = [
+        FinalWrite(ok, "1"),
+        FinalWrite(stale, "2", hook=lambda conn: None),
+        FinalWrite(broken, "3", hook=failing_hook),
+        FinalWrite(stale_plain, "4"),
+        FinalWrite(ok_hooked, "5", hook=lambda conn: None),
+    ]
+    committer = committer_for(app, max_batch=10, window=timedelta(0))
     async with anyio.create_task_group() as tg:
         tg.start_soon(committer.run)
         async with anyio.create_task_group() as inner:
             for w in writes:
-                inner.start_soon(committer.commit, w)
+                inner.start_soon(committer.submit, w)
         tg.cancel_scope.cancel()
-    assert [w.outcome for w in writes] == [CommitOutcome.COMMITTED, CommitOutcome.FENCED_OUT, CommitOutcome.HOOK_FAILED]
+    assert [w.outcome for w in writes] == [
+        CommitOutcome.COMMITTED,
+        CommitOutcome.FENCED_OUT,
+        CommitOutcome.HOOK_FAILED,
+        CommitOutcome.FENCED_OUT,
+        CommitOutcome.COMMITTED,
+    ]
+    assert app.get_task(ok.task_id).result == 1
+    assert app.get_task(ok_hooked.task_id).result == 5
     assert app.get_task(ok.task_id).state == TaskState.SUCCEEDED
     assert app.get_task(stale.task_id).state == TaskState.PENDING  # its new generation waits
     broken_info = app.get_task(broken.task_id)
@@ -69,13 +93,13 @@ async def test_concurrent_results_share_transactions(app: App) -> None:
     claims = claimed(app, 40)
     commits: list[int] = []
     sa.event.listen(app.engine, "commit", lambda conn: commits.append(1))
-    committer = GroupCommitter(app.engine, app.clock, max_batch=64, window=timedelta(milliseconds=20))
+    committer = committer_for(app, max_batch=64, window=timedelta(milliseconds=20))
     writes = [FinalWrite(c, "0") for c in claims]
     async with anyio.create_task_group() as tg:
         tg.start_soon(committer.run)
         async with anyio.create_task_group() as inner:
             for w in writes:
-                inner.start_soon(committer.commit, w)
+                inner.start_soon(committer.submit, w)
         tg.cancel_scope.cancel()
     assert all(w.outcome is CommitOutcome.COMMITTED for w in writes)
     assert len(commits) < len(writes) / 4  # 40 results, a handful of transactions

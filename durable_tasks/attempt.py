@@ -1,0 +1,197 @@
+"""One execution attempt, from a claimed delivery to its recorded outcome.
+
+The handler runs with a heartbeat extending its lease; a result goes to the group committer
+(a fenced write); a failure is recorded fenced, with a retry through a new outbox row or a
+final FAILED. Decisions come from :mod:`.policy`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import sqlalchemy as sa
+from anyio import to_thread
+from opentelemetry.trace import Span
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session
+
+from . import failpoints
+from .codec import decode_payload, encode_result
+from .errors import PayloadValidationError, ResultNotSerializableError
+from .policy import FailureDecision, backoff_delay, decide_after_failure
+from .store import execution, results
+from .store.execution import ExecutionClaim
+from .store.results import CommitOutcome, FinalWrite
+from .tasks import Task, TaskContext
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["run_attempt"]
+
+logger = logging.getLogger(__name__)
+
+_NOT_RETRYABLE = (PayloadValidationError, ResultNotSerializableError)
+
+#: ``commit(write)``: hands a final write to the group committer and waits for its outcome.
+Commit = Callable[[FinalWrite], Awaitable[None]]
+
+
+async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commit) -> str:
+    """Run a claimed attempt and record its outcome; returns it (succeeded, retrying, failed,
+    fenced_out). Raises SQLAlchemyError when the outcome cannot be recorded."""
+    tel = app.telemetry
+    ctx: TaskContext[Any] = TaskContext(
+        task_id=claim.task_id,
+        name=claim.name,
+        queue=claim.queue,
+        generation=claim.generation,
+        attempt=claim.attempt,
+        delivery=claim.delivery,
+        idempotency_key=claim.idempotency_key,
+        payload=None,  # set once decoded; failure hooks may see None
+        shadow=claim.shadow,
+        _beat=partial(_beat, app, claim),
+    )
+    task = app.registry.get(claim.name)
+    if task is None:
+        return await _fail(app, claim, None, ctx, LookupError(f"no task {claim.name!r} is registered here"), span)
+    try:
+        ctx.payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
+    except PayloadValidationError as exc:
+        return await _fail(app, claim, task, ctx, exc, span)
+    started = time.perf_counter()
+    try:
+        result = await _run_with_heartbeat(app, task, ctx)
+        result_json = encode_result(
+            task.result_adapter,
+            result,
+            task=claim.name,
+            max_bytes=app.settings.max_payload_bytes,
+            max_depth=app.settings.max_json_depth,
+        )
+    except Exception as exc:
+        return await _fail(app, claim, task, ctx, exc, span)
+    finally:
+        tel.execution_time.record(time.perf_counter() - started, {"queue": claim.queue, "task": claim.name})
+    if failpoints.ENABLED:
+        failpoints.hit("worker.after_run")
+    if tel.tracing:
+        span.set_attributes(tel.payload_attributes(claim.name, "result", result_json))
+    write = FinalWrite(claim, result_json, hook=_session_hooks(task.hooks, ctx, result))
+    with tel.commit_span() as commit_span:
+        await commit(write)
+        commit_span.set_attribute("durable_tasks.fenced_out", write.outcome is CommitOutcome.FENCED_OUT)
+    if write.outcome is CommitOutcome.FENCED_OUT:
+        tel.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
+        logger.info("result of %s gen %s attempt %s fenced out", claim.task_id, claim.generation, claim.attempt)
+        return "fenced_out"
+    if write.outcome is CommitOutcome.HOOK_FAILED:
+        assert write.hook_error is not None
+        return await _fail(app, claim, task, ctx, write.hook_error, span)
+    tel.end_to_end.record((app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue})
+    return "succeeded"
+
+
+async def _run_with_heartbeat(app: App, task: Task[Any, Any], ctx: TaskContext[Any]) -> Any:
+    interval = app.settings.heartbeat_interval.total_seconds()
+    result: Any = None
+    error: Exception | None = None
+
+    async def beat() -> None:
+        while True:
+            await anyio.sleep(interval)
+            await ctx.heartbeat()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(beat)
+        try:
+            with anyio.fail_after(task.timeout.total_seconds() if task.timeout else math.inf):
+                result = await task.run(ctx)
+        except Exception as exc:  # raised below, outside the group: no ExceptionGroup wrapping
+            error = exc
+            if isinstance(exc, TimeoutError):
+                ctx.cancelled.set()  # an abandoned sync handler learns it should stop
+        finally:
+            tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result
+
+
+async def _beat(app: App, claim: ExecutionClaim) -> bool:
+    now = app.clock()
+    try:
+        return await to_thread.run_sync(
+            lambda: execution.heartbeat(app.engine, claim, now=now, lease=app.settings.lease_timeout)
+        )
+    except SQLAlchemyError as exc:
+        logger.warning("heartbeat of %s failed: %s", claim.task_id, exc)
+        return True  # unknown: keep running; the fence decides at commit
+
+
+async def _fail(
+    app: App,
+    claim: ExecutionClaim,
+    task: Task[Any, Any] | None,
+    ctx: TaskContext[Any],
+    exc: BaseException,
+    span: Span,
+) -> str:
+    s = app.settings
+    app.telemetry.record_failure(span, exc)
+    retryable = not isinstance(exc, _NOT_RETRYABLE) and (
+        task is None or not task.retry_on or isinstance(exc, task.retry_on)
+    )
+    # Failures, not claims, spend the retry budget: an attempt lost with its worker does not.
+    failures = claim.failures + 1
+    decision = decide_after_failure(attempt=failures, max_attempts=claim.max_attempts, retryable=retryable)
+    now = app.clock()
+    retry_at = None
+    if decision is FailureDecision.RETRY:
+        retry_at = now + backoff_delay(
+            failures, initial=s.retry_backoff_initial, cap=s.retry_backoff_max, jitter=s.backoff_jitter
+        )
+    recorded = await to_thread.run_sync(
+        partial(
+            results.record_failure,
+            app.engine,
+            claim,
+            now=now,
+            error_type=type(exc).__qualname__,
+            error_message=f"{exc}"[:4000],
+            retry_at=retry_at,
+            on_failed=_session_hooks(task.failure_hooks, ctx, exc) if task else None,
+        )
+    )
+    logger.info(
+        "task %s attempt %s failed with %s (%s)",
+        claim.task_id,
+        claim.attempt,
+        type(exc).__qualname__,
+        "retrying" if retry_at else "final",
+    )
+    if not recorded:
+        app.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
+        return "fenced_out"
+    return "retrying" if retry_at is not None else "failed"
+
+
+def _session_hooks(hooks: Sequence[Callable[..., None]], ctx: TaskContext[Any], value: Any) -> Any:
+    """Run user hooks ``hook(session, ctx, value)`` on the fenced transaction's connection."""
+    if not hooks:
+        return None
+
+    def run(conn: sa.Connection) -> None:
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            for hook in hooks:
+                hook(session, ctx, value)
+            session.commit()  # releases the session's savepoint; the fenced transaction commits later
+
+    return run

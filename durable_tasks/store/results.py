@@ -1,0 +1,212 @@
+"""The worker's SQL for outcomes: fenced final writes (in groups) and fenced failures.
+
+A group of results commits in ONE transaction, each row fenced on its own: results without
+an on-commit hook go through one fenced UPDATE for the whole group; a result with a hook gets
+a savepoint, so a stale row or a raising hook affects only its own task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+import sqlalchemy as sa
+
+from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
+from .execution import ExecutionClaim
+from .submit import insert_outbox
+
+__all__ = ["CommitOutcome", "FinalWrite", "commit_results", "record_failure"]
+
+t = tasks_table.c
+a = attempts_table.c
+logger = logging.getLogger(__name__)
+
+
+class CommitOutcome(Enum):
+    """What became of one final write."""
+
+    COMMITTED = "committed"
+    FENCED_OUT = "fenced_out"
+    HOOK_FAILED = "hook_failed"
+
+
+@dataclass(slots=True)
+class FinalWrite:
+    """A successful execution's result, waiting for its fenced commit."""
+
+    claim: ExecutionClaim
+    result_json: str
+    hook: Callable[[sa.Connection], None] | None = None
+    outcome: CommitOutcome | None = None
+    hook_error: BaseException | None = None
+
+
+_SUCCEEDED = {
+    "state": TaskState.SUCCEEDED,
+    "lease_expires_at": None,
+    "error_type": None,
+    "error_message": None,
+}
+
+
+def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+    """Commit several results in ONE transaction, each fenced on its own; sets each ``outcome``
+    (HOOK_FAILED with ``hook_error`` when an on-commit hook raised: that task is rolled back)."""
+    plain = [w for w in writes if w.hook is None or w.claim.shadow]
+    hooked = [w for w in writes if not (w.hook is None or w.claim.shadow)]
+    with engine.begin() as conn:
+        if plain:
+            _commit_plain(conn, plain, now)
+        for w in hooked:
+            _commit_hooked(conn, w, now)
+        _finish_attempts(
+            conn, [w for w in writes if w.outcome is CommitOutcome.COMMITTED], now, AttemptOutcome.SUCCEEDED
+        )
+        _finish_attempts(
+            conn, [w for w in writes if w.outcome is CommitOutcome.FENCED_OUT], now, AttemptOutcome.FENCED_OUT
+        )
+
+
+def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
+    namespace = writes[0].claim.namespace
+    tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w in writes]
+    committed = set(
+        conn.execute(
+            sa.update(tasks_table)
+            .where(
+                t.namespace == namespace,
+                sa.tuple_(t.id, t.generation, t.attempt).in_(tokens),
+                t.state == TaskState.RUNNING,
+            )
+            .values(
+                **_SUCCEEDED,
+                finished_at=now,
+                result=sa.case({w.claim.task_id: w.result_json for w in writes}, value=t.id),
+            )
+            .returning(t.id)
+        ).scalars()
+    )
+    for w in writes:
+        w.outcome = CommitOutcome.COMMITTED if w.claim.task_id in committed else CommitOutcome.FENCED_OUT
+
+
+def _commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
+    savepoint = conn.begin_nested()
+    updated = conn.execute(
+        sa.update(tasks_table).where(w.claim.fence()).values(**_SUCCEEDED, finished_at=now, result=w.result_json)
+    ).rowcount
+    if not updated:
+        savepoint.rollback()
+        w.outcome = CommitOutcome.FENCED_OUT
+        return
+    assert w.hook is not None
+    try:
+        w.hook(conn)
+    except Exception as exc:
+        savepoint.rollback()
+        w.outcome, w.hook_error = CommitOutcome.HOOK_FAILED, exc
+        return
+    savepoint.commit()
+    w.outcome = CommitOutcome.COMMITTED
+
+
+def _finish_attempts(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime, outcome: AttemptOutcome) -> None:
+    if not writes:
+        return
+    conn.execute(
+        sa.update(attempts_table)
+        .where(
+            sa.tuple_(a.task_id, a.generation, a.attempt).in_(
+                [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w in writes]
+            )
+        )
+        .values(outcome=outcome, finished_at=now)
+    )
+
+
+def record_failure(
+    engine: sa.Engine,
+    claim: ExecutionClaim,
+    *,
+    now: datetime,
+    error_type: str,
+    error_message: str,
+    retry_at: datetime | None,
+    on_failed: Callable[[sa.Connection], None] | None = None,
+) -> bool:
+    """Record a failed attempt: RETRYING with a new delivery at ``retry_at``, or FAILED.
+
+    Fenced like a result: False (and outcome ``fenced_out``) when a newer execution owns
+    the task. ``on_failed`` runs inside the same transaction when the failure is final; if
+    it raises, its writes are rolled back and the task is FAILED all the same.
+    """
+    with engine.begin() as conn:
+        final = retry_at is None
+        values: dict[str, object] = {
+            "error_type": error_type[:200],
+            "error_message": error_message,
+            "lease_expires_at": None,
+        }
+        if final:
+            values |= {"state": TaskState.FAILED, "finished_at": now, "failures": t.failures + 1}
+        else:
+            values |= {"state": TaskState.RETRYING, "delivery": t.delivery + 1, "failures": t.failures + 1}
+        row = conn.execute(
+            sa.update(tasks_table).where(claim.fence()).values(values).returning(t.delivery)
+        ).one_or_none()
+        if row is None:
+            _finish_attempt(conn, claim, now, AttemptOutcome.FENCED_OUT, error_type, error_message)
+            return False
+        reason = None if final else f"retry at {retry_at:%Y-%m-%dT%H:%M:%S} after {error_type}"
+        _finish_attempt(conn, claim, now, AttemptOutcome.FAILED, error_type, error_message, reason)
+        if final and on_failed is not None and not claim.shadow:
+            savepoint = conn.begin_nested()
+            try:
+                on_failed(conn)
+                savepoint.commit()
+            except Exception:
+                savepoint.rollback()
+                logger.exception("on_failure hook of task %s raised; the task is FAILED regardless", claim.task_id)
+        if retry_at is not None:
+            insert_outbox(
+                conn,
+                claim.namespace,
+                claim.task_id,
+                claim.queue,
+                claim.generation,
+                row.delivery,
+                claim.shadow,
+                now,
+                due=retry_at,
+            )
+    return True
+
+
+def _finish_attempt(
+    conn: sa.Connection,
+    claim: ExecutionClaim,
+    now: datetime,
+    outcome: AttemptOutcome,
+    error_type: str | None = None,
+    error_message: str | None = None,
+    retry_reason: str | None = None,
+) -> None:
+    conn.execute(
+        sa.update(attempts_table)
+        .where(
+            a.task_id == claim.task_id,
+            a.generation == claim.generation,
+            a.attempt == claim.attempt,
+        )
+        .values(
+            outcome=outcome,
+            finished_at=now,
+            error_type=error_type,
+            error_message=error_message,
+            retry_reason=retry_reason,
+        )
+    )
