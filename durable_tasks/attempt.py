@@ -8,7 +8,6 @@ final FAILED. Decisions come from :mod:`.policy`.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -33,7 +32,7 @@ from .tasks import Task, TaskContext
 if TYPE_CHECKING:
     from .app import App
 
-__all__ = ["run_attempt"]
+__all__ = ["LeaseKeeper", "run_attempt"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ _NOT_RETRYABLE = (PayloadValidationError, ResultNotSerializableError)
 Commit = Callable[[FinalWrite], Awaitable[None]]
 
 
-async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commit) -> str:
+async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commit, leases: LeaseKeeper) -> str:
     """Run a claimed attempt and record its outcome; returns it (succeeded, retrying, failed,
     fenced_out). Raises SQLAlchemyError when the outcome cannot be recorded."""
     tel = app.telemetry
@@ -67,8 +66,9 @@ async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commi
     except PayloadValidationError as exc:
         return await _fail(app, claim, task, ctx, exc, span)
     started = time.perf_counter()
+    leases.hold(claim, ctx)
     try:
-        result = await _run_with_heartbeat(app, task, ctx)
+        result = await _run(task, ctx)
         result_json = encode_result(
             task.result_adapter,
             result,
@@ -79,6 +79,7 @@ async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commi
     except Exception as exc:
         return await _fail(app, claim, task, ctx, exc, span)
     finally:
+        leases.release(claim)
         tel.execution_time.record(time.perf_counter() - started, {"queue": claim.queue, "task": claim.name})
     if failpoints.ENABLED:
         failpoints.hit("worker.after_run")
@@ -99,30 +100,60 @@ async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commi
     return "succeeded"
 
 
-async def _run_with_heartbeat(app: App, task: Task[Any, Any], ctx: TaskContext[Any]) -> Any:
-    interval = app.settings.heartbeat_interval.total_seconds()
-    result: Any = None
-    error: Exception | None = None
+async def _run(task: Task[Any, Any], ctx: TaskContext[Any]) -> Any:
+    if task.timeout is None:
+        return await task.run(ctx)
+    try:
+        with anyio.fail_after(task.timeout.total_seconds()):
+            return await task.run(ctx)
+    except TimeoutError:
+        ctx.cancelled.set()  # an abandoned sync handler learns it should stop
+        raise
 
-    async def beat() -> None:
+
+class LeaseKeeper:
+    """Extends the leases of every attempt this worker runs, in one statement per heartbeat;
+    an attempt found fenced out is told so (``ctx.fenced_out``, ``ctx.cancelled``)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._held: dict[str, tuple[ExecutionClaim, TaskContext[Any]]] = {}
+
+    def hold(self, claim: ExecutionClaim, ctx: TaskContext[Any]) -> None:
+        """Keep ``claim``'s lease alive until :meth:`release`."""
+        self._held[claim.task_id] = (claim, ctx)
+
+    def release(self, claim: ExecutionClaim) -> None:
+        """Stop extending ``claim``'s lease."""
+        held = self._held.get(claim.task_id)
+        if held is not None and held[0] is claim:
+            del self._held[claim.task_id]
+
+    async def run(self) -> None:
+        """Renew every ``heartbeat_interval`` until cancelled."""
+        app = self.app
         while True:
-            await anyio.sleep(interval)
-            await ctx.heartbeat()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(beat)
-        try:
-            with anyio.fail_after(task.timeout.total_seconds() if task.timeout else math.inf):
-                result = await task.run(ctx)
-        except Exception as exc:  # raised below, outside the group: no ExceptionGroup wrapping
-            error = exc
-            if isinstance(exc, TimeoutError):
-                ctx.cancelled.set()  # an abandoned sync handler learns it should stop
-        finally:
-            tg.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return result
+            await anyio.sleep(app.settings.heartbeat_interval.total_seconds())
+            held = list(self._held.values())
+            if not held:
+                continue
+            try:
+                alive = await to_thread.run_sync(
+                    partial(
+                        execution.renew_leases,
+                        app.engine,
+                        [claim for claim, _ in held],
+                        now=app.clock(),
+                        lease=app.settings.lease_timeout,
+                    )
+                )
+            except SQLAlchemyError as exc:
+                logger.warning("renewing %d leases failed: %s", len(held), exc)
+                continue  # unknown: keep running; the fence decides at commit
+            for claim, ctx in held:
+                if claim.task_id not in alive:
+                    ctx.fenced_out = True
+                    ctx.cancelled.set()
 
 
 async def _beat(app: App, claim: ExecutionClaim) -> bool:

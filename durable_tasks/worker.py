@@ -27,7 +27,7 @@ from opentelemetry.trace import Span
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import failpoints
-from .attempt import run_attempt
+from .attempt import LeaseKeeper, run_attempt
 from .batching import Coalescer
 from .store import execution, results
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
@@ -78,6 +78,7 @@ class Worker:
         s = app.settings
         self._committer = Coalescer(self._commit, max_batch=s.commit_batch_max, window=s.commit_window)
         self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack, max_batch=1000)
+        self._leases = LeaseKeeper(app)
 
     def stop(self) -> None:
         """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
@@ -93,6 +94,7 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._committer.run)
                 tg.start_soon(self._acker.run)
+                tg.start_soon(self._leases.run)
                 await self._read_loop(tg, start, max_tasks)
                 with anyio.move_on_after(self.app.settings.shutdown_grace.total_seconds()):
                     while self._in_flight:
@@ -221,7 +223,7 @@ class Worker:
                 app.telemetry.queue_delay.record(
                     (app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                outcome = await run_attempt(app, claim, span, self._committer.submit)
+                outcome = await run_attempt(app, claim, span, self._committer.submit, self._leases)
                 self.counters.count(outcome)
                 app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
                 if failpoints.ENABLED:

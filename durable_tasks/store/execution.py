@@ -26,6 +26,7 @@ __all__ = [
     "claim_execution",
     "close_open_attempts",
     "heartbeat",
+    "renew_leases",
 ]
 
 t = tasks_table.c
@@ -254,6 +255,28 @@ def close_open_attempts(conn: sa.Connection, task_id: str, generation: int, now:
         .where(a.task_id == task_id, a.generation == generation, a.outcome.is_(None))
         .values(outcome=AttemptOutcome.LOST, finished_at=now, retry_reason=reason)
     )
+
+
+def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> set[str]:
+    """Extend the leases of many running attempts in one statement; returns the task ids
+    still held (the others have been fenced out)."""
+    if not claims:
+        return set()
+    with engine.begin() as conn:
+        return set(
+            conn.execute(
+                sa.update(tasks_table)
+                .where(
+                    t.namespace == claims[0].namespace,
+                    sa.tuple_(t.id, t.generation, t.attempt).in_(
+                        [(c.task_id, c.generation, c.attempt) for c in claims]
+                    ),
+                    t.state == TaskState.RUNNING,
+                )
+                .values(lease_expires_at=now + lease)
+                .returning(t.id)
+            ).scalars()
+        )
 
 
 def heartbeat(engine: sa.Engine, claim: ExecutionClaim, *, now: datetime, lease: timedelta) -> bool:
