@@ -73,43 +73,44 @@ def claim_batch(
     if watermark is not None:
         due = due.where(o.id >= watermark)
     due = due.order_by(o.id).limit(limit)
+    lease_it = sa.update(outbox_table).values(lease_expires_at=now + lease, claim_token=token)
+    outbox_cols = (o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
+    task_cols = (t.name, t.payload, t.traceparent)
     with engine.begin() as conn:
         if is_postgres(conn):
-            due = due.with_for_update(skip_locked=True)
-        claimed = conn.execute(
-            sa.update(outbox_table)
-            .where(o.id.in_(due.scalar_subquery()))
-            .values(lease_expires_at=now + lease, claim_token=token)
-            .returning(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
-        ).all()
-        if not claimed:
-            return []
-        tasks = {
-            row.id: row
-            for row in conn.execute(
-                sa.select(t.id, t.name, t.payload, t.traceparent).where(t.id.in_({c.task_id for c in claimed}))
+            # One statement: lease the rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING).
+            due = due.with_for_update(of=outbox_table, skip_locked=True)
+            claimed = conn.execute(
+                lease_it.where(o.id.in_(due.scalar_subquery()), t.id == o.task_id).returning(*outbox_cols, *task_cols)
+            ).all()
+        else:  # SQLite's RETURNING cannot name the joined table: lease, then read
+            leased = conn.execute(lease_it.where(o.id.in_(due.scalar_subquery())).returning(o.id)).scalars().all()
+            claimed = (
+                conn.execute(
+                    sa.select(*outbox_cols, *task_cols)
+                    .join_from(outbox_table, tasks_table, t.id == o.task_id)
+                    .where(o.id.in_(leased))
+                ).all()
+                if leased
+                else []
             )
-        }
-    out = []
-    for c in sorted(claimed, key=lambda r: r.id):
-        task = tasks.get(c.task_id)
-        out.append(
-            ClaimedDelivery(
-                outbox_id=c.id,
-                claim_token=token,
-                task_id=c.task_id,
-                name=task.name if task else "",
-                queue=c.queue,
-                generation=c.generation,
-                delivery=c.delivery,
-                attempts=c.attempts,
-                shadow=c.shadow,
-                payload_json=task.payload if task else "",
-                traceparent=task.traceparent if task else None,
-                created_at=c.created_at,
-            )
+    return [
+        ClaimedDelivery(
+            outbox_id=c.id,
+            claim_token=token,
+            task_id=c.task_id,
+            name=c.name,
+            queue=c.queue,
+            generation=c.generation,
+            delivery=c.delivery,
+            attempts=c.attempts,
+            shadow=c.shadow,
+            payload_json=c.payload,
+            traceparent=c.traceparent,
+            created_at=c.created_at,
         )
-    return out
+        for c in sorted(claimed, key=lambda r: r.id)
+    ]
 
 
 def _fenced(row: ClaimedDelivery) -> dict[str, object]:
@@ -145,8 +146,10 @@ def settle_batch(
 def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> int:
     """Record published rows as SENT with their entry ids; their tasks become ENQUEUED.
 
-    The task moves only if it is still PENDING/RETRYING in the same generation and delivery:
-    a worker may already have claimed it (RUNNING), and a mark never moves a task backwards.
+    Two statements for the whole batch (the first an executemany), each row fenced by its
+    claim token. The task moves
+    only if it is still PENDING/RETRYING in the same generation and delivery: a worker may
+    already have claimed it (RUNNING), and a mark never moves a task backwards.
     """
     if not sent:
         return 0
@@ -159,13 +162,11 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str]], 
     conn.execute(
         sa.update(tasks_table)
         .where(
-            t.id == sa.bindparam("b_task"),
-            t.generation == sa.bindparam("b_gen"),
-            t.delivery == sa.bindparam("b_delivery"),
-            sa.or_(t.state == TaskState.PENDING, t.state == TaskState.RETRYING),  # no IN: executemany
+            t.id.in_([r.task_id for r, _ in sent]),  # the index lookup; the row match below filters
+            sa.tuple_(t.id, t.generation, t.delivery).in_([(r.task_id, r.generation, r.delivery) for r, _ in sent]),
+            t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
         )
-        .values(state=TaskState.ENQUEUED, enqueued_at=now),
-        [{"b_task": r.task_id, "b_gen": r.generation, "b_delivery": r.delivery} for r, _ in sent],
+        .values(state=TaskState.ENQUEUED, enqueued_at=now)
     )
     return int(marked)
 
