@@ -170,8 +170,12 @@ class App:
         *,
         idempotency_key: str | None = None,
         shadow: bool = False,
+        partition_key: str | None = None,
     ) -> TaskHandle:
         """Record a task intent in ``session``'s transaction; the caller commits.
+
+        ``partition_key`` picks the stream partition of a partitioned queue (tasks with the same
+        key stay in one partition, in order); by default the task id spreads them.
 
         Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
         oversized payload, or a bad idempotency key.
@@ -197,6 +201,7 @@ class App:
                 max_attempts=task.max_attempts,
                 traceparent=traceparent_of(span),
                 shadow=shadow,
+                partition_key=partition_key,
             )
             try:
                 outcome = submit_store.submit_task(session, new, self.clock())
@@ -261,8 +266,20 @@ class App:
         loop = id(asyncio.get_running_loop())
         found = self._transports.get(loop)
         if found is None:
-            client = aioredis.Redis.from_url(self.redis_url, decode_responses=True)
-            found = RedisStreamsTransport(client, self.settings.namespace, dedup_ttl=self.settings.dedup_ttl)
+            url, cluster = self.redis_url, self.settings.redis_cluster
+            if url.startswith("redis+cluster://") or url.startswith("rediss+cluster://"):
+                url, cluster = url.replace("+cluster", "", 1), True
+            client: aioredis.Redis | aioredis.RedisCluster = (
+                aioredis.RedisCluster.from_url(url, decode_responses=True)
+                if cluster
+                else aioredis.Redis.from_url(url, decode_responses=True)
+            )
+            found = RedisStreamsTransport(
+                client,
+                self.settings.namespace,
+                dedup_ttl=self.settings.dedup_ttl,
+                partitions=self.settings.queue_partitions,
+            )
             self._transports = {loop: found}  # one loop at a time; drop clients of finished loops
         return found
 

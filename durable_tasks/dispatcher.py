@@ -22,6 +22,7 @@ from .errors import PayloadValidationError
 from .policy import backoff_delay
 from .store import outbox as outbox_store
 from .store.outbox import ClaimedDelivery
+from .transport.keys import partition_for
 from .transport.messages import OutgoingMessage
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class Dispatcher:
                 held.append(row)
             else:
                 ready[row.queue].append(row)
-        sent: list[tuple[ClaimedDelivery, str]] = []
+        sent: list[tuple[ClaimedDelivery, str, int | None]] = []
         failed: list[tuple[ClaimedDelivery, str]] = []
         for queue, batch in ready.items():
             with app.telemetry.publish_span(queue, len(batch)):
@@ -105,14 +106,14 @@ class Dispatcher:
 
     def _record(
         self,
-        sent: list[tuple[ClaimedDelivery, str]],
+        sent: list[tuple[ClaimedDelivery, str, int | None]],
         dead: list[tuple[ClaimedDelivery, str]],
         retry: list[tuple[ClaimedDelivery, datetime, str]],
         held: list[ClaimedDelivery],
         now: datetime,
     ) -> None:
         tel = self.app.telemetry
-        for row, _ in sent:
+        for row, _, _ in sent:
             tel.dispatched.add(1, {"queue": row.queue, "outcome": "sent"})
             tel.dispatch_lag.record((now - row.created_at).total_seconds(), {"queue": row.queue})
         for row, reason in dead:
@@ -136,23 +137,34 @@ class Dispatcher:
 
     async def _publish(
         self, rows: Sequence[ClaimedDelivery]
-    ) -> tuple[list[tuple[ClaimedDelivery, str]], list[tuple[ClaimedDelivery, str]]]:
-        sent: list[tuple[ClaimedDelivery, str]] = []
+    ) -> tuple[list[tuple[ClaimedDelivery, str, int | None]], list[tuple[ClaimedDelivery, str]]]:
+        sent: list[tuple[ClaimedDelivery, str, int | None]] = []
         failed: list[tuple[ClaimedDelivery, str]] = []
         if not rows:
             return sent, failed
+        partitions = self.app.settings.queue_partitions
         messages = [
-            OutgoingMessage(r.queue, r.task_id, r.generation, r.delivery, r.name, r.traceparent, r.shadow) for r in rows
+            OutgoingMessage(
+                r.queue,
+                r.task_id,
+                r.generation,
+                r.delivery,
+                r.name,
+                r.traceparent,
+                r.shadow,
+                partition=partition_for(r.partition_key or r.task_id, partitions.get(r.queue, 1)),
+            )
+            for r in rows
         ]
         try:
             replies: list[str | Exception] = await self.app.transport().publish(messages)
         except Exception as exc:  # the whole round trip failed: every row backs off
             replies = [exc] * len(rows)
-        for row, reply in zip(rows, replies, strict=True):
+        for row, msg, reply in zip(rows, messages, replies, strict=True):
             if isinstance(reply, Exception):
                 failed.append((row, f"{type(reply).__name__}: {reply}"))
             else:
-                sent.append((row, reply))
+                sent.append((row, reply, msg.partition))
         return sent, failed
 
     async def run(self) -> None:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from redis.exceptions import ResponseError
 
 from .settings import Settings
-from .transport.keys import CONSUMER_GROUP, QueueKeys
+from .transport.keys import CONSUMER_GROUP
 
 if TYPE_CHECKING:
     from .app import App
@@ -208,8 +208,8 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
             database_now = conn.execute(sa.select(sa.func.now())).scalar_one()
     missing: list[str] = []
     untrimmed: dict[str, int] = {}
-    for queue in app.queues():
-        stream = QueueKeys(app.settings.namespace, queue).stream
+    streams = [stream for q in app.queues() for stream, shadow, _ in app.transport().streams(q) if not shadow]
+    for stream in streams:
         if not await client.exists(stream):
             continue
         groups = await client.xinfo_groups(stream)

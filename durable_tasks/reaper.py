@@ -57,8 +57,7 @@ class Reaper:
         report = ReapReport()
         transport = self.app.transport()
         for queue in self.app.queues():
-            for shadow in (False, True):
-                stream = transport.keys(queue).stream_for(shadow=shadow)
+            for stream, _, _ in transport.streams(queue):
                 await self._scan_pending(queue, stream, report)
                 report.trimmed += await transport.trim(stream)
         await self._reconcile(report)
@@ -202,7 +201,7 @@ class Reaper:
         by_stream: dict[str, list[recovery.UnconfirmedDelivery]] = defaultdict(list)
         transport = app.transport()
         for u in pending:
-            by_stream[transport.keys(u.queue).stream_for(shadow=u.shadow)].append(u)
+            by_stream[transport.keys(u.queue, u.partition).stream_for(shadow=u.shadow)].append(u)
         for stream, items in by_stream.items():
             exists = await transport.entries_exist(stream, [u.stream_id for u in items])
             for u, present in zip(items, exists, strict=True):

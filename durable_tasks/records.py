@@ -79,6 +79,7 @@ class TaskRecord(SQLModel, table=True):
     error_type: str | None = Field(default=None, max_length=200)
     error_message: str | None = Field(default=None, sa_type=sa.Text)
     traceparent: str | None = Field(default=None, max_length=128)
+    partition_key: str | None = Field(default=None, max_length=200)
     shadow: bool = False
     created_at: datetime
     enqueued_at: datetime | None = None
@@ -106,6 +107,7 @@ class OutboxRecord(SQLModel, table=True):
     last_error: str | None = Field(default=None, sa_type=sa.Text)
     shadow: bool = False
     stream_id: str | None = Field(default=None, max_length=64)
+    partition: int | None = None
     created_at: datetime
     sent_at: datetime | None = None
 

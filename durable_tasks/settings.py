@@ -44,6 +44,10 @@ class Settings(BaseSettings):
         default=None, description="Redis/Valkey URL; None starts an embedded Valkey in data_dir."
     )
     namespace: str = Field(default="default", description="Prefix of every record and key.")
+    redis_cluster: bool = Field(default=False, description="Talk to a Redis Cluster (or redis+cluster:// URL).")
+    queue_partitions: dict[str, int] = Field(
+        default_factory=dict, description="Queues split into N stream partitions (spread over cluster nodes)."
+    )
     data_dir: Path = Field(default=Path(".durable_tasks"), description="Embedded servers' home.")
 
     # dispatcher
@@ -94,6 +98,14 @@ class Settings(BaseSettings):
                 "namespace must be 1-64 characters of letters, digits, '_', '.', '-' "
                 "(it becomes part of Redis keys and hash tags)"
             )
+        return value
+
+    @field_validator("queue_partitions")
+    @classmethod
+    def _partitions_in_range(cls, value: dict[str, int]) -> dict[str, int]:
+        for queue, count in value.items():
+            if not NAME_PATTERN.fullmatch(queue) or not 1 <= count <= 1024:
+                raise ValueError(f"queue_partitions[{queue!r}] must name a valid queue with 1-1024 partitions")
         return value
 
     @field_validator("dedup_ttl")

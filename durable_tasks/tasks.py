@@ -111,12 +111,15 @@ class Task(Generic[PayloadT, ResultT]):
         *,
         idempotency_key: str | None = None,
         shadow: bool = False,
+        partition_key: str | None = None,
     ) -> TaskHandle:
         """Record the intent in ``session``'s transaction (no commit: the caller commits).
 
         The same ``idempotency_key`` returns the existing task instead of a second one.
         """
-        return self.app.submit(session, self, payload, idempotency_key=idempotency_key, shadow=shadow)
+        return self.app.submit(
+            session, self, payload, idempotency_key=idempotency_key, shadow=shadow, partition_key=partition_key
+        )
 
     def on_commit(self, hook: OnCommitHook[PayloadT, ResultT]) -> OnCommitHook[PayloadT, ResultT]:
         """Register ``hook(session, ctx, result)`` to run inside the fenced result transaction."""

@@ -103,7 +103,6 @@ class Worker:
         return self.counters.settled - start
 
     async def _read_loop(self, tg: TaskGroup, start: int, max_tasks: int | None) -> None:
-        streams = [(q, shadow) for q in self.queues for shadow in (False, True)]
         transport = self.app.transport()
         while not self._stopping.is_set():
             settled = self.counters.settled - start
@@ -116,7 +115,9 @@ class Worker:
                 await self._wait_for_a_slot()
                 continue
             try:
-                entries = await transport.read(streams, self.worker_id, count=want, block=self.app.settings.read_block)
+                entries = await transport.read(
+                    self.queues, self.worker_id, count=want, block=self.app.settings.read_block
+                )
             except Exception:
                 logger.exception("reading streams failed; retrying in a second")
                 await anyio.sleep(1)
@@ -146,8 +147,7 @@ class Worker:
             try:
                 delivery = parse_delivery(entry.fields)
             except MalformedEntryError as exc:
-                stream = transport.keys(entry.queue).stream_for(shadow=entry.shadow)
-                await transport.dead_letter_malformed(entry.queue, stream, entry.entry_id, entry.fields, str(exc))
+                await transport.dead_letter_malformed(entry.queue, entry.stream, entry.entry_id, entry.fields, str(exc))
                 self.counters.malformed += 1
                 self._done(True)
                 continue
@@ -184,7 +184,7 @@ class Worker:
             else:
                 tg.start_soon(self._execute, entry, claim, span)
         if stale:
-            await self._ack_now([(transport.keys(e.queue).stream_for(shadow=e.shadow), e.entry_id) for e, _ in stale])
+            await self._ack_now([(e.stream, e.entry_id) for e, _ in stale])
             for _, span in stale:
                 self.counters.skipped_stale += 1
                 self._end(span, "stale", settled=True)
@@ -228,8 +228,7 @@ class Worker:
                 app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
                 if failpoints.ENABLED:
                     failpoints.hit("worker.after_commit")
-                stream = app.transport().keys(entry.queue).stream_for(shadow=entry.shadow)
-                await self._acker.submit((stream, entry.entry_id))
+                await self._acker.submit((entry.stream, entry.entry_id))
             settled = True
         except SQLAlchemyError as exc:
             logger.warning("cannot record the outcome of %s (%s); entry stays pending", claim.task_id, exc)

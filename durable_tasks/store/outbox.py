@@ -47,6 +47,7 @@ class ClaimedDelivery:
     payload_json: str
     traceparent: str | None
     created_at: datetime
+    partition_key: str | None = None
 
 
 def claim_batch(
@@ -75,7 +76,7 @@ def claim_batch(
     due = due.order_by(o.id).limit(limit)
     lease_it = sa.update(outbox_table).values(lease_expires_at=now + lease, claim_token=token)
     outbox_cols = (o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
-    task_cols = (t.name, t.payload, t.traceparent)
+    task_cols = (t.name, t.payload, t.traceparent, t.partition_key)
     with engine.begin() as conn:
         if is_postgres(conn):
             # One statement: lease the rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING).
@@ -108,6 +109,7 @@ def claim_batch(
             payload_json=c.payload,
             traceparent=c.traceparent,
             created_at=c.created_at,
+            partition_key=c.partition_key,
         )
         for c in sorted(claimed, key=lambda r: r.id)
     ]
@@ -127,7 +129,7 @@ _FENCE = sa.and_(
 def settle_batch(
     engine: sa.Engine,
     *,
-    sent: Sequence[tuple[ClaimedDelivery, str]],
+    sent: Sequence[tuple[ClaimedDelivery, str, int | None]],
     dead: Sequence[tuple[ClaimedDelivery, str]],
     retry: Sequence[tuple[ClaimedDelivery, datetime, str]],
     held: Sequence[ClaimedDelivery],
@@ -143,7 +145,7 @@ def settle_batch(
     return marked
 
 
-def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> int:
+def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, int | None]], *, now: datetime) -> int:
     """Record published rows as SENT with their entry ids; their tasks become ENQUEUED.
 
     Two statements for the whole batch (the first an executemany), each row fenced by its
@@ -156,14 +158,20 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str]], 
     marked = conn.execute(
         sa.update(outbox_table)
         .where(_FENCE)
-        .values(state=OutboxState.SENT, stream_id=sa.bindparam("b_stream"), sent_at=now, lease_expires_at=None),
-        [{**_fenced(row), "b_stream": stream_id} for row, stream_id in sent],
+        .values(
+            state=OutboxState.SENT,
+            stream_id=sa.bindparam("b_stream"),
+            partition=sa.bindparam("b_partition"),
+            sent_at=now,
+            lease_expires_at=None,
+        ),
+        [{**_fenced(row), "b_stream": stream_id, "b_partition": partition} for row, stream_id, partition in sent],
     ).rowcount
     conn.execute(
         sa.update(tasks_table)
         .where(
-            t.id.in_([r.task_id for r, _ in sent]),  # the index lookup; the row match below filters
-            sa.tuple_(t.id, t.generation, t.delivery).in_([(r.task_id, r.generation, r.delivery) for r, _ in sent]),
+            t.id.in_([r.task_id for r, _, _ in sent]),  # the index lookup; the row match below filters
+            sa.tuple_(t.id, t.generation, t.delivery).in_([(r.task_id, r.generation, r.delivery) for r, _, _ in sent]),
             t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
         )
         .values(state=TaskState.ENQUEUED, enqueued_at=now)

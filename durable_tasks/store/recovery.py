@@ -126,6 +126,7 @@ class UnconfirmedDelivery:
     generation: int
     delivery: int
     stream_id: str
+    partition: int | None = None
 
 
 def unconfirmed_deliveries(
@@ -134,7 +135,7 @@ def unconfirmed_deliveries(
     """Tasks ENQUEUED for longer than ``grace``, or RUNNING with an expired lease, with the
     entry id their current delivery was published as."""
     query = (
-        sa.select(t.id, t.queue, t.shadow, t.generation, t.delivery, o.stream_id)
+        sa.select(t.id, t.queue, t.shadow, t.generation, t.delivery, o.stream_id, o.partition)
         .join(
             outbox_table,
             sa.and_(
@@ -157,5 +158,7 @@ def unconfirmed_deliveries(
     with engine.connect() as conn:
         rows = conn.execute(query).all()
     return [
-        UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id) for r in rows if r.stream_id
+        UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id, r.partition)
+        for r in rows
+        if r.stream_id
     ]

@@ -42,6 +42,7 @@ class NewTask:
     max_attempts: int
     traceparent: str | None
     shadow: bool
+    partition_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ def submit_task(session: Session, task: NewTask, now: datetime) -> SubmitOutcome
         "failures": 0,
         "max_attempts": task.max_attempts,
         "traceparent": task.traceparent,
+        "partition_key": task.partition_key,
         "shadow": task.shadow,
         "created_at": now,
     }

@@ -1,14 +1,17 @@
 """Every Redis key name the runtime uses, built in one place.
 
 All keys of one queue share the hash tag ``{<namespace>:<queue>}`` so a Lua script touches a
-single cluster slot and the runtime works on Redis Cluster unchanged.
+single cluster slot and the runtime works on Redis Cluster unchanged. A queue split into N
+partitions has one tag per partition (``{<namespace>:<queue>:<p>}``), so its partitions spread
+over the cluster's nodes; its dead-letter stream keeps the queue's own tag.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
-__all__ = ["CONSUMER_GROUP", "QueueKeys"]
+__all__ = ["CONSUMER_GROUP", "QueueKeys", "partition_for"]
 
 #: One consumer group per stream; workers of one namespace share it.
 CONSUMER_GROUP = "dt-workers"
@@ -20,11 +23,14 @@ class QueueKeys:
 
     namespace: str
     queue: str
+    partition: int | None = None
 
     @property
     def tag(self) -> str:
-        """The hash tag shared by every key of this queue."""
-        return f"{{{self.namespace}:{self.queue}}}"
+        """The hash tag shared by every key of this queue (partition)."""
+        if self.partition is None:
+            return f"{{{self.namespace}:{self.queue}}}"
+        return f"{{{self.namespace}:{self.queue}:{self.partition}}}"
 
     @property
     def stream(self) -> str:
@@ -38,8 +44,8 @@ class QueueKeys:
 
     @property
     def dlq(self) -> str:
-        """The dead-letter stream."""
-        return f"dt:{self.tag}:dlq"
+        """The dead-letter stream (one per queue, whatever its partitions)."""
+        return f"dt:{{{self.namespace}:{self.queue}}}:dlq"
 
     def stream_for(self, *, shadow: bool) -> str:
         """The stream a delivery of that kind travels on."""
@@ -52,4 +58,12 @@ class QueueKeys:
     def dlq_dedup(self, what: str) -> str:
         """Marks that ``what`` (a delivery, or a malformed entry id) was dead-lettered, so a
         retry after a crash adds no second DLQ entry."""
-        return f"dt:{self.tag}:dlqdedup:{what}"
+        return f"dt:{{{self.namespace}:{self.queue}}}:dlqdedup:{what}"
+
+
+def partition_for(key: str, count: int) -> int | None:
+    """The partition a task goes to: a stable hash of its partition key (or id); None when the
+    queue is not partitioned. Stable across processes and restarts (CRC-32, not hash())."""
+    if count <= 1:
+        return None
+    return zlib.crc32(key.encode()) % count

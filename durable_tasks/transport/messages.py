@@ -34,6 +34,7 @@ class OutgoingMessage:
     name: str
     traceparent: str | None = None
     shadow: bool = False
+    partition: int | None = None
 
     def fields(self) -> dict[str, str]:
         """The stream entry's fields."""
@@ -56,6 +57,8 @@ class StreamEntry:
     shadow: bool
     entry_id: str
     fields: Mapping[str, str]
+    stream: str = ""
+    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,15 +6,18 @@ one pipelined round trip, acknowledgements go per batch.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .keys import CONSUMER_GROUP, QueueKeys
 from .messages import AutoclaimPage, OutgoingMessage, StreamEntry, parse_autoclaim_reply
@@ -43,16 +46,59 @@ def _entry_ms(entry_id: str) -> int:
 class RedisStreamsTransport:
     """Publishes deliveries to, and consumes them from, the streams of one namespace."""
 
-    def __init__(self, client: aioredis.Redis, namespace: str, *, dedup_ttl: timedelta) -> None:
-        self.client = client
+    def __init__(
+        self,
+        client: aioredis.Redis | aioredis.RedisCluster,
+        namespace: str,
+        *,
+        dedup_ttl: timedelta,
+        partitions: Mapping[str, int] | None = None,
+    ) -> None:
+        self.client: Any = client
         self.namespace = namespace
+        self.cluster = isinstance(client, aioredis.RedisCluster)
+        self.partitions = dict(partitions or {})
         self._dedup_ttl_ms = int(dedup_ttl.total_seconds() * 1000)
-        self._enqueue = client.register_script(lua_source("enqueue"))
+        self._enqueue_src = lua_source("enqueue")
+        self._enqueue_sha = hashlib.sha1(self._enqueue_src.encode(), usedforsecurity=False).hexdigest()
         self._groups_ready: set[str] = set()
 
-    def keys(self, queue: str) -> QueueKeys:
-        """Key names of ``queue`` in this namespace."""
-        return QueueKeys(self.namespace, queue)
+    def keys(self, queue: str, partition: int | None = None) -> QueueKeys:
+        """Key names of ``queue`` (one partition of it) in this namespace."""
+        return QueueKeys(self.namespace, queue, partition)
+
+    def partition_keys(self, queue: str) -> list[QueueKeys]:
+        """The keys of every partition of ``queue`` (one entry when it is not partitioned)."""
+        count = self.partitions.get(queue, 1)
+        if count <= 1:
+            return [self.keys(queue)]
+        return [self.keys(queue, p) for p in range(count)]
+
+    def streams(self, queue: str) -> list[tuple[str, bool, int | None]]:
+        """Every stream of ``queue``: (key, shadow, partition) for each partition, main and shadow."""
+        return [
+            (keys.stream_for(shadow=shadow), shadow, keys.partition)
+            for keys in self.partition_keys(queue)
+            for shadow in (False, True)
+        ]
+
+    async def _evalsha_all(self, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
+        """Run the enqueue script once per (keys, args) in one pipelined round trip; loads the
+        script (on every node) and retries the calls that found it missing."""
+        replies = await self._pipeline_evalsha(calls)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            await self.client.script_load(self._enqueue_src)
+            again = await self._pipeline_evalsha([calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _pipeline_evalsha(self, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.execute_command("EVALSHA", self._enqueue_sha, len(keys), *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
 
     # -- publish -------------------------------------------------------------------------
 
@@ -60,18 +106,16 @@ class RedisStreamsTransport:
         """Publish deliveries in one round trip; one entry id or one error per message."""
         if not messages:
             return []
-        pipe = self.client.pipeline(transaction=False)
+        calls = []
         for msg in messages:
-            keys = self.keys(msg.queue)
+            keys = self.keys(msg.queue, msg.partition)
             args: list[str | int] = [self._dedup_ttl_ms]
             for field, value in msg.fields().items():
                 args += [field, value]
-            await self._enqueue(
-                keys=[keys.stream_for(shadow=msg.shadow), keys.dedup(msg.task_id, msg.generation, msg.delivery)],
-                args=args,
-                client=pipe,
+            calls.append(
+                ([keys.stream_for(shadow=msg.shadow), keys.dedup(msg.task_id, msg.generation, msg.delivery)], args)
             )
-        replies = await pipe.execute(raise_on_error=False)
+        replies = await self._evalsha_all(calls)
         return [r if isinstance(r, Exception) else str(r) for r in replies]
 
     # -- consume -------------------------------------------------------------------------
@@ -85,38 +129,65 @@ class RedisStreamsTransport:
                 raise
         self._groups_ready.add(stream)
 
-    async def read(
-        self, queues: Iterable[tuple[str, bool]], consumer: str, *, count: int, block: timedelta
-    ) -> list[StreamEntry]:
-        """Read up to ``count`` new entries for ``consumer`` from (queue, shadow) streams."""
-        by_stream = {self.keys(q).stream_for(shadow=s): (q, s) for q, s in queues}
+    async def read(self, queues: Iterable[str], consumer: str, *, count: int, block: timedelta) -> list[StreamEntry]:
+        """Read up to ``count`` new entries for ``consumer`` from every stream of ``queues``
+        (all partitions, main and shadow)."""
+        by_stream = {
+            stream: (queue, shadow, partition) for queue in queues for stream, shadow, partition in self.streams(queue)
+        }
         for stream in by_stream:
             if stream not in self._groups_ready:
                 await self.ensure_group(stream)
+        if self.cluster:
+            reply = await self._read_cluster(by_stream, consumer, count, block)
+        else:
+            reply = await self._read_recreating(list(by_stream), consumer, count, block)
+        out: list[StreamEntry] = []
+        for stream, entries in reply:
+            queue, shadow, partition = by_stream[str(stream)]
+            for entry_id, fields in entries:
+                out.append(StreamEntry(queue, shadow, str(entry_id), dict(fields or {}), str(stream), partition))
+        return out
+
+    async def _read_recreating(
+        self, streams: list[str], consumer: str, count: int, block: timedelta | None
+    ) -> list[Any]:
         try:
-            reply = await self._xreadgroup(by_stream, consumer, count, block)
+            return await self._xreadgroup(streams, consumer, count, block)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             # The group vanished (Redis restarted empty, or an operator deleted it): recreate
             # it from 0-0; anything lost with it is the reconciler's to redispatch.
             logger.warning("consumer group missing, recreating it: %s", exc)
-            for stream in by_stream:
+            for stream in streams:
                 await self.ensure_group(stream)
-            reply = await self._xreadgroup(by_stream, consumer, count, block)
-        out: list[StreamEntry] = []
-        for stream, entries in reply or []:
-            queue, shadow = by_stream[str(stream)]
-            for entry_id, fields in entries:
-                out.append(StreamEntry(queue, shadow, str(entry_id), dict(fields or {})))
-        return out
+            return await self._xreadgroup(streams, consumer, count, block)
 
-    async def _xreadgroup(
-        self, by_stream: dict[str, tuple[str, bool]], consumer: str, count: int, block: timedelta
+    async def _read_cluster(
+        self, by_stream: Mapping[str, tuple[str, bool, int | None]], consumer: str, count: int, block: timedelta
     ) -> list[Any]:
-        streams: dict[Any, Any] = dict.fromkeys(by_stream, ">")
-        block_ms = max(1, int(block.total_seconds() * 1000))
-        result: Any = await self.client.xreadgroup(CONSUMER_GROUP, consumer, streams, count=count, block=block_ms)
+        """One XREADGROUP per slot (a command may not cross slots): sweep them without
+        blocking; when every one was empty, wait a little and sweep once more."""
+        by_tag: dict[str, list[str]] = defaultdict(list)
+        for stream in by_stream:
+            by_tag[stream.split("}", 1)[0]].append(stream)
+        for attempt in range(2):
+            replies: list[Any] = []
+            for streams in by_tag.values():
+                if count - sum(len(e) for _, e in replies) <= 0:
+                    break
+                replies += await self._read_recreating(streams, consumer, count, None)
+            if replies or attempt:
+                return replies
+            await anyio.sleep(min(block.total_seconds(), 0.05))
+        return []
+
+    async def _xreadgroup(self, streams: list[str], consumer: str, count: int, block: timedelta | None) -> list[Any]:
+        block_ms = None if block is None else max(1, int(block.total_seconds() * 1000))
+        result: Any = await self.client.xreadgroup(
+            CONSUMER_GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
+        )
         return list(result or [])
 
     async def ack(self, stream: str, entry_ids: Sequence[str]) -> int:
@@ -162,7 +233,9 @@ class RedisStreamsTransport:
         args: list[str | int] = [self._dedup_ttl_ms]
         for name, value in fields.items():
             args += [name, value]
-        reply = await self._enqueue(keys=[keys.dlq, keys.dlq_dedup(what)], args=args)
+        [reply] = await self._evalsha_all([([keys.dlq, keys.dlq_dedup(what)], args)])
+        if isinstance(reply, Exception):
+            raise reply
         return str(reply)
 
     async def dead_letter_malformed(
@@ -197,26 +270,22 @@ class RedisStreamsTransport:
         return int(await self.client.xtrim(stream, minid=floor, approximate=False))
 
     async def snapshot(self, queue: str, *, now_ms: int | None = None) -> QueueSnapshot:
-        """PEL size, oldest pending age, DLQ and stream length of a queue."""
-        keys = self.keys(queue)
+        """PEL size, oldest pending age, DLQ and stream length of a queue (all partitions)."""
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-        pel_size, oldest_age = 0, 0.0
-        try:
-            summary = await self.client.xpending(keys.stream, CONSUMER_GROUP)
-            pel_size = int(summary["pending"])
-            if pel_size:
-                oldest_age = max(0.0, (now_ms - _entry_ms(str(summary["min"]))) / 1000)
-        except ResponseError:
-            pass  # no stream or group yet: nothing pending
-        lag = 0
-        try:
-            for group in await self.client.xinfo_groups(keys.stream):
-                if str(group["name"]) == CONSUMER_GROUP and group.get("lag") is not None:
-                    lag = int(group["lag"])  # entries not yet read by the group (Redis 7+)
-        except ResponseError:
-            pass
-        dlq_length = int(await self.client.xlen(keys.dlq))
-        stream_length = int(await self.client.xlen(keys.stream))
+        pel_size, oldest_age, lag, stream_length = 0, 0.0, 0, 0
+        for keys in self.partition_keys(queue):
+            try:
+                summary = await self.client.xpending(keys.stream, CONSUMER_GROUP)
+                pel_size += int(summary["pending"])
+                if summary["pending"]:
+                    oldest_age = max(oldest_age, (now_ms - _entry_ms(str(summary["min"]))) / 1000)
+                for group in await self.client.xinfo_groups(keys.stream):
+                    if str(group["name"]) == CONSUMER_GROUP and group.get("lag") is not None:
+                        lag += int(group["lag"])  # entries not yet read by the group (Redis 7+)
+            except ResponseError:
+                pass  # no stream or group yet: nothing pending
+            stream_length += int(await self.client.xlen(keys.stream))
+        dlq_length = int(await self.client.xlen(self.keys(queue).dlq))
         return QueueSnapshot(pel_size, oldest_age, dlq_length, stream_length, lag)
 
 

@@ -96,7 +96,7 @@ async def test_a_dispatcher_fault_is_retried_without_a_second_entry(app: App, po
 async def test_the_reaper_fault_between_reclaim_and_ack_is_harmless(app: App) -> None:
     task_id = setup(app)
     await app.dispatch_once()
-    await app.transport().read([("fp", False)], "dies", count=1, block=timedelta(milliseconds=100))
+    await app.transport().read(["fp"], "dies", count=1, block=timedelta(milliseconds=100))
     await anyio.sleep(1.2)  # past lease_timeout
     failpoints.enable("reaper.after_reclaim", "raise*1")
     with pytest.raises(failpoints.FailpointError):

@@ -66,7 +66,7 @@ async def dead_letter_one(app: App) -> str:
         task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
         s.commit()
     await app.dispatch_once()
-    await app.transport().read([("cli", False)], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
+    await app.transport().read(["cli"], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
     await anyio.sleep(0.7)  # past lease_timeout (0.5 s): the entry is idle and nobody holds it
     report = await app.reap_once()
     assert report.dead_lettered == 1

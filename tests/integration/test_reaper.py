@@ -85,7 +85,7 @@ async def _xrange(app: App, key: str, *, start: str = "-") -> list[tuple[str, di
 
 async def _read(app: App, consumer: str, count: int = 1) -> list[StreamEntry]:
     """XREADGROUP as ``consumer``: the entries become pending under that consumer's name."""
-    entries = await app.transport().read([(QUEUE, False)], consumer, count=count, block=timedelta(milliseconds=100))
+    entries = await app.transport().read([QUEUE], consumer, count=count, block=timedelta(milliseconds=100))
     assert len(entries) == count, entries
     return entries
 
