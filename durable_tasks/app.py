@@ -33,9 +33,10 @@ from .errors import (
 from .notify import OutboxWaiter, waiter_for
 from .reaper import Reaper, ReapReport
 from .settings import NAME_PATTERN, Settings
-from .store import queries
+from .store import queries, retention
 from .store import submit as submit_store
 from .store.engine import create_engine, read_only
+from .store.retention import PruneReport
 from .tasks import Task, TaskContext, TaskHandle
 from .telemetry import Redactor, Telemetry, traceparent_of
 from .transport.streams import RedisStreamsTransport
@@ -250,6 +251,13 @@ class App:
         if loaded is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return TaskInfo.from_records(*loaded)
+
+    def prune(self, older_than: timedelta, *, batch: int = 1000, max_batches: int = 1000) -> PruneReport:
+        """Delete sent outbox rows and final tasks (with attempts) older than ``older_than``,
+        ``batch`` rows per transaction. Pending work is never touched."""
+        return retention.prune(
+            self.engine, self.settings.namespace, before=self.clock() - older_than, batch=batch, max_batches=max_batches
+        )
 
     # -- Redis ---------------------------------------------------------------------------
 

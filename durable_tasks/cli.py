@@ -253,6 +253,27 @@ def dlq_purge(app: AppArg, queue: QueueArg, entry: EntryOpt = None) -> None:
 
 
 @cli.command()
+def prune(
+    app: AppArg,
+    older_than: Annotated[float, typer.Option(help="Age in hours of what may go")] = 24 * 7,
+    batch: Annotated[int, typer.Option(help="Rows per transaction")] = 1000,
+) -> None:
+    """Delete sent outbox rows and finished tasks older than --older-than, in bounded batches."""
+    from datetime import timedelta
+
+    the_app = load_app(app)
+    try:
+        report = the_app.prune(timedelta(hours=older_than), batch=batch)
+    except DurableTasksError as exc:
+        _console().print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    _console().print(
+        f"pruned {report.tasks} task(s), {report.attempts} attempt(s), {report.outbox_rows} outbox row(s) "
+        f"in {report.batches} batch(es)"
+    )
+
+
+@cli.command()
 def doctor(app: AppArg) -> None:
     """Check what would lose or duplicate work: eviction, persistence, version, groups, clocks,
     timeouts, dedup TTL, trimming. Exits 1 on an error-level finding."""

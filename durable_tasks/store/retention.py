@@ -1,0 +1,71 @@
+"""Retention: delete what no recovery path needs any more, in bounded batches.
+
+Sent or dead outbox rows and finished tasks (with their attempts) older than a cutoff go, a
+batch per transaction so a large backlog never holds long locks. Tasks that are not final, and
+outbox rows still PENDING, are never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, tasks_table
+
+__all__ = ["PruneReport", "prune"]
+
+t = tasks_table.c
+o = outbox_table.c
+a = attempts_table.c
+
+
+@dataclass(slots=True)
+class PruneReport:
+    """What one prune removed."""
+
+    outbox_rows: int = 0
+    tasks: int = 0
+    attempts: int = 0
+    batches: int = 0
+
+
+def prune(engine: sa.Engine, namespace: str, *, before: datetime, batch: int, max_batches: int) -> PruneReport:
+    """Delete settled outbox rows and final tasks finished before ``before``."""
+    report = PruneReport()
+    while report.batches < max_batches:
+        with engine.begin() as conn:
+            outbox_ids = (
+                conn.execute(
+                    sa.select(o.id)
+                    .where(
+                        o.namespace == namespace,
+                        o.state.in_([OutboxState.SENT, OutboxState.DEAD]),
+                        sa.func.coalesce(o.sent_at, o.created_at) < before,
+                    )
+                    .limit(batch)
+                )
+                .scalars()
+                .all()
+            )
+            if outbox_ids:
+                report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.id.in_(outbox_ids))).rowcount
+            task_ids = (
+                conn.execute(
+                    sa.select(t.id)
+                    .where(t.namespace == namespace, t.state.in_(list(TERMINAL_STATES)), t.finished_at < before)
+                    .limit(batch)
+                )
+                .scalars()
+                .all()
+            )
+            if task_ids:
+                report.attempts += conn.execute(sa.delete(attempts_table).where(a.task_id.in_(task_ids))).rowcount
+                # A final task's remaining outbox rows (any state) go with it.
+                report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.task_id.in_(task_ids))).rowcount
+                report.tasks += conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
+        report.batches += 1
+        if len(outbox_ids) < batch and len(task_ids) < batch:
+            break
+    return report

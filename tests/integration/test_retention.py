@@ -1,0 +1,50 @@
+"""durable-tasks prune: old settled rows go in bounded batches; pending work never does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from durable_tasks import App, FrozenClock, TaskContext, TaskState
+from durable_tasks.records import attempts_table, outbox_table, tasks_table
+
+pytestmark = pytest.mark.anyio
+
+
+def count(app: App, table: sa.Table) -> int:
+    with app.read_engine.connect() as conn:
+        return int(
+            conn.execute(sa.select(sa.func.count()).where(table.c.namespace == app.settings.namespace)).scalar_one()
+        )
+
+
+async def test_prune_removes_old_finished_work_only(make_app: Callable[..., App]) -> None:
+    clock = FrozenClock()
+    app = make_app(clock=clock)
+
+    @app.task(name="job", queue="jobs")
+    def job(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    with Session(app.engine) as s:
+        for i in range(5):
+            app.submit(s, "job", i)
+        s.commit()
+    await app.dispatch_once()
+    await app.work(max_tasks=5, timeout=10)
+    clock.advance(timedelta(days=8))
+    with Session(app.engine) as s:
+        pending = app.submit(s, "job", 99).id  # new and not yet dispatched: must survive
+        s.commit()
+    report = app.prune(timedelta(days=7), batch=2)
+    assert (report.tasks, report.attempts, report.outbox_rows) == (5, 5, 5)
+    assert report.batches >= 3  # bounded: 2 rows per transaction
+    assert count(app, tasks_table) == 1
+    assert count(app, outbox_table) == 1
+    assert count(app, attempts_table) == 0
+    assert app.get_task(pending).state == TaskState.PENDING
+    assert app.prune(timedelta(days=7)).tasks == 0
