@@ -297,6 +297,9 @@ async def _facts_then(app: App, gather: Callable[[App], Awaitable[Any]], judge: 
 def demo(
     part: Annotated[str, typer.Argument(help="judge, agent, or all")] = "all",
     data_dir: Annotated[str, typer.Option(help="Where the demo's SQLite file and Valkey live")] = ".durable_tasks/demo",
+    trace: Annotated[
+        str | None, typer.Option(help="Export every process's spans to this file and draw one trace")
+    ] = None,
 ) -> None:
     """The two users end to end on the embedded default: an online judge (worker killed
     mid-task, a rejudge in flight) and a durable agent run; exits 1 if an invariant fails."""
@@ -307,7 +310,7 @@ def demo(
         from examples import demo as demo_module
     except ImportError as exc:
         raise typer.BadParameter("the demo lives in the repository's examples/: run it from the repo root") from exc
-    raise typer.Exit(demo_module.run(_console(), part, Path(data_dir)))
+    raise typer.Exit(demo_module.run(_console(), part, Path(data_dir), Path(trace) if trace else None))
 
 
 def main() -> None:

@@ -33,8 +33,11 @@ from durable_tasks.embedded import ensure_valkey, stop_valkey
 from .judge.app import build_app, init_db, rejudge, submit_solution
 from .judge.models import Submission, SubmissionStatus, Verdict
 from .judge.problems import SOLUTIONS
+from .tracing import ENV, install_file_exporter, load_spans, render_tree
 
 __all__ = ["run"]
+
+_NOTES: dict[str, str] = {}
 
 APP_SPEC = "examples.judge.main:app"
 FAST = {
@@ -54,6 +57,7 @@ class Checks:
     """Invariant checks, in the order they ran."""
 
     results: dict[str, bool] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def check(self, name: str, ok: bool) -> None:
         self.results[name] = bool(ok)
@@ -225,6 +229,7 @@ def _rejudge_in_flight(app: App, sub_id: int, subs: list[Submission], console: C
         return False
     with Session(app.engine) as session:
         rejudge(app, session, sub_id)
+    _NOTES["rejudged_task"] = sub.task_id
     console.print(
         f"[yellow]rejudge[/] submission {sub_id} while generation 0 still runs: its result will be fenced out"
     )
@@ -309,9 +314,14 @@ async def _drive_agent(app: App, agent: Any, run_id: str) -> None:
     await app.aclose()
 
 
-def run(console: Console, part: str, data_dir: Path) -> int:
-    """Run ``part`` ("judge", "agent" or "all"); returns the exit code."""
+def run(console: Console, part: str, data_dir: Path, trace_file: Path | None = None) -> int:
+    """Run ``part`` ("judge", "agent" or "all"); returns the exit code. With ``trace_file``,
+    every process exports its spans there and the rejudged submission's trace is drawn."""
     _fresh(data_dir)
+    if trace_file is not None:
+        trace_file.unlink(missing_ok=True)
+        os.environ[ENV] = str(trace_file.resolve())
+        install_file_exporter(trace_file, "demo")
     redis_url = ensure_valkey(data_dir)
     checks = Checks()
     tables: list[Table] = []
@@ -325,6 +335,8 @@ def run(console: Console, part: str, data_dir: Path) -> int:
         stop_valkey(data_dir)
     for table in tables:
         console.print(table)
+    if trace_file is not None and "rejudged_task" in _NOTES:
+        _print_trace(console, trace_file, _NOTES["rejudged_task"])
     verdicts = Table(title=f"invariants · {time.monotonic() - started:.1f} s")
     verdicts.add_column("check")
     verdicts.add_column("result")
@@ -332,3 +344,19 @@ def run(console: Console, part: str, data_dir: Path) -> int:
         verdicts.add_row(name, "[green]ok[/]" if ok else "[red]FAILED[/]")
     console.print(verdicts)
     return 0 if checks.passed else 1
+
+
+def _print_trace(console: Console, trace_file: Path, task_id: str) -> None:
+    import sqlalchemy as sa
+
+    from durable_tasks.records import tasks_table
+
+    app = build_app()
+    with app.read_engine.connect() as conn:
+        traceparent = conn.execute(sa.select(tasks_table.c.traceparent).where(tasks_table.c.id == task_id)).scalar()
+    if not traceparent:
+        return
+    time.sleep(0.5)  # the last spans of the stopped processes are flushed on exit
+    tree = render_tree(load_spans(trace_file), traceparent.split("-")[1])
+    console.print(f"[bold]trace of the rejudged submission (task {task_id})[/]")
+    console.print(tree, markup=False, highlight=False)

@@ -10,10 +10,16 @@ Configure with ``DT_*`` environment variables (``DT_DATABASE_URL``, ``DT_REDIS_U
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .api import create_api
 from .app import build_app, init_db
+
+if os.environ.get("DT_DEMO_TRACE"):  # the demo's --trace: every process exports its spans
+    from ..tracing import install_file_exporter
+
+    install_file_exporter(os.environ["DT_DEMO_TRACE"], f"judge-{os.getpid()}")
 
 __all__ = ["api", "app"]
 
