@@ -92,7 +92,8 @@ def render_tree(spans: list[dict[str, Any]], trace_id: str) -> str:
             if key in attrs:
                 detail.append(f"{key.split('.')[-1]}={attrs[key]}")
         if span["links"]:
-            detail.append("links→" + ",".join(names.get(link, "other trace") for link in span["links"]))
+            linked = (names.get(link, "a span its killed process never exported") for link in span["links"])
+            detail.append("links→" + ",".join(linked))
         if span["events"]:
             detail.append("events: " + ",".join(span["events"]))
         lines.append(f"{'  ' * depth}{span['name']}  [{'; '.join(detail)}]")
