@@ -18,6 +18,7 @@ from .errors import (
     PayloadTooLargeError,
     PayloadValidationError,
     ResultNotSerializableError,
+    TaskDeadLetteredError,
     TaskNotFoundError,
     UnknownTaskError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "Settings",
     "Task",
     "TaskContext",
+    "TaskDeadLetteredError",
     "TaskHandle",
     "TaskInfo",
     "TaskNotFoundError",

@@ -2,7 +2,8 @@
 
 An agent run and its turns are durable records. Recording a model turn writes the turn and
 one durable task per tool call in ONE transaction (the fenced result transaction of the turn
-task); the tool call id the model returned is its idempotency key within the run. When every
+task); the tool call's position in the turn is its idempotency key within the run (the id the
+model returned may repeat or be unusable as a key; it stays in the payload). When every
 tool call of a turn has settled, the next model turn is scheduled in the same transaction as
 the last tool result. So, after a crash at any point:
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import sqlalchemy as sa
 from anyio import to_thread
 from opentelemetry.trace import Span
 from sqlalchemy.exc import SQLAlchemyError
-from sqlmodel import Session
 
 from . import failpoints
 from .codec import decode_payload, encode_result
@@ -27,7 +25,7 @@ from .policy import FailureDecision, backoff_delay, decide_after_failure
 from .store import execution, results
 from .store.execution import ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
-from .tasks import Task, TaskContext
+from .tasks import Task, TaskContext, session_hooks
 
 if TYPE_CHECKING:
     from .app import App
@@ -42,7 +40,14 @@ _NOT_RETRYABLE = (PayloadValidationError, ResultNotSerializableError)
 Commit = Callable[[FinalWrite], Awaitable[None]]
 
 
-async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commit, leases: LeaseKeeper) -> str:
+async def run_attempt(
+    app: App,
+    claim: ExecutionClaim,
+    span: Span,
+    commit: Commit,
+    leases: LeaseKeeper,
+    handler_threads: anyio.CapacityLimiter | None = None,
+) -> str:
     """Run a claimed attempt and record its outcome; returns it (succeeded, retrying, failed,
     fenced_out). Raises SQLAlchemyError when the outcome cannot be recorded."""
     tel = app.telemetry
@@ -68,7 +73,7 @@ async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commi
     started = time.perf_counter()
     leases.hold(claim, ctx)
     try:
-        result = await _run(task, ctx)
+        result = await _run(task, ctx, handler_threads)
         result_json = encode_result(
             task.result_adapter,
             result,
@@ -85,7 +90,7 @@ async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commi
         failpoints.hit("worker.after_run")
     if tel.tracing:
         span.set_attributes(tel.payload_attributes(claim.name, "result", result_json))
-    write = FinalWrite(claim, result_json, hook=_session_hooks(task.hooks, ctx, result))
+    write = FinalWrite(claim, result_json, hook=session_hooks(task.hooks, ctx, result))
     with tel.commit_span() as commit_span:
         await commit(write)
         commit_span.set_attribute("durable_tasks.fenced_out", write.outcome is CommitOutcome.FENCED_OUT)
@@ -100,12 +105,12 @@ async def run_attempt(app: App, claim: ExecutionClaim, span: Span, commit: Commi
     return "succeeded"
 
 
-async def _run(task: Task[Any, Any], ctx: TaskContext[Any]) -> Any:
+async def _run(task: Task[Any, Any], ctx: TaskContext[Any], limiter: anyio.CapacityLimiter | None) -> Any:
     if task.timeout is None:
-        return await task.run(ctx)
+        return await task.run(ctx, limiter=limiter)
     try:
         with anyio.fail_after(task.timeout.total_seconds()):
-            return await task.run(ctx)
+            return await task.run(ctx, limiter=limiter)
     except TimeoutError:
         ctx.cancelled.set()  # an abandoned sync handler learns it should stop
         raise
@@ -198,7 +203,7 @@ async def _fail(
             error_type=type(exc).__qualname__,
             error_message=f"{exc}"[:4000],
             retry_at=retry_at,
-            on_failed=_session_hooks(task.failure_hooks, ctx, exc) if task else None,
+            on_failed=session_hooks(task.failure_hooks, ctx, exc) if task else None,
         )
     )
     logger.info(
@@ -212,17 +217,3 @@ async def _fail(
         app.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
         return "fenced_out"
     return "retrying" if retry_at is not None else "failed"
-
-
-def _session_hooks(hooks: Sequence[Callable[..., None]], ctx: TaskContext[Any], value: Any) -> Any:
-    """Run user hooks ``hook(session, ctx, value)`` on the fenced transaction's connection."""
-    if not hooks:
-        return None
-
-    def run(conn: sa.Connection) -> None:
-        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
-            for hook in hooks:
-                hook(session, ctx, value)
-            session.commit()  # releases the session's savepoint; the fenced transaction commits later
-
-    return run

@@ -13,6 +13,7 @@ Every error the library raises on purpose derives from one root, so callers can 
     ├── ResultNotSerializableError    a handler returned something that is not plain JSON
     ├── InvalidIdempotencyKeyError    empty, too long, or with control characters
     ├── TaskNotFoundError             no task with that id in this namespace
+    ├── TaskDeadLetteredError         given to on_failure hooks when the reaper gives up on a task
     ├── DatabaseUnavailableError      the database cannot be reached
     └── BrokerUnavailableError        Redis / Valkey cannot be reached
 
@@ -32,6 +33,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PayloadValidationError",
     "ResultNotSerializableError",
+    "TaskDeadLetteredError",
     "TaskNotFoundError",
     "UnknownTaskError",
 ]
@@ -75,6 +77,10 @@ class InvalidIdempotencyKeyError(DurableTasksError):
 
 class TaskNotFoundError(DurableTasksError):
     """No task with that id exists in this namespace."""
+
+
+class TaskDeadLetteredError(DurableTasksError):
+    """The reaper gave up on a task (its workers kept dying): what ``on_failure`` hooks receive."""
 
 
 class DatabaseUnavailableError(DurableTasksError):

@@ -12,15 +12,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import sqlalchemy as sa
 from anyio import to_thread
 
 from . import failpoints
+from .codec import decode_payload
+from .errors import PayloadValidationError, TaskDeadLetteredError
 from .policy import ReapAction, TaskLeaseView, decide_reap
 from .records import TaskState
 from .store import recovery
+from .tasks import TaskContext, session_hooks
 from .transport.messages import Delivery, MalformedEntryError, parse_delivery
 
 if TYPE_CHECKING:
@@ -154,6 +158,7 @@ class Reaper:
                     delivery=d.delivery,
                     now=now,
                     reason=reason,
+                    on_dead=partial(self._failure_hooks, reason),
                 )
             )
             if done:
@@ -174,6 +179,29 @@ class Reaper:
                 await self._publish_dead_letter(queue, entry_id, d, "dead-lettered")
             report.acked_stale += 1
         await transport.ack(stream, [entry_id])
+
+    def _failure_hooks(self, reason: str, conn: sa.Connection, row: Any) -> None:
+        """Run the task's ``on_failure`` hooks for a task the reaper dead-letters."""
+        task = self.app.registry.get(row.name)
+        if task is None or not task.failure_hooks:
+            return
+        try:
+            payload = decode_payload(task.payload_adapter, row.payload, task=row.name)
+        except PayloadValidationError:
+            payload = None
+        ctx: TaskContext[Any] = TaskContext(
+            task_id=row.id,
+            name=row.name,
+            queue=row.queue,
+            generation=row.generation,
+            attempt=row.attempt,
+            delivery=0,
+            idempotency_key=row.idempotency_key,
+            payload=payload,
+        )
+        run = session_hooks(task.failure_hooks, ctx, TaskDeadLetteredError(reason))
+        if run is not None:
+            run(conn)
 
     async def _publish_dead_letter(self, queue: str, entry_id: str, d: Delivery, reason: str) -> None:
         await self.app.transport().dead_letter(

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, get_type_hints
 
 import anyio
+import sqlalchemy as sa
 from pydantic import TypeAdapter
 from sqlmodel import Session
 
 if TYPE_CHECKING:
     from .app import App
 
-__all__ = ["OnCommitHook", "OnFailureHook", "Task", "TaskContext", "TaskHandle"]
+__all__ = ["OnCommitHook", "OnFailureHook", "Task", "TaskContext", "TaskHandle", "session_hooks"]
 
 PayloadT = TypeVar("PayloadT")
 ResultT = TypeVar("ResultT")
@@ -132,12 +133,28 @@ class Task(Generic[PayloadT, ResultT]):
         self.failure_hooks.append(hook)
         return hook
 
-    async def run(self, ctx: TaskContext[PayloadT]) -> ResultT:
-        """Run the handler once (sync handlers in a worker thread)."""
+    async def run(self, ctx: TaskContext[PayloadT], *, limiter: anyio.CapacityLimiter | None = None) -> ResultT:
+        """Run the handler once (sync handlers in a worker thread, counted by ``limiter``: the
+        worker gives handlers their own, so they never take the threads its database calls use)."""
         if self.is_async:
             return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
         sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
-        return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True, limiter=limiter)
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"
+
+
+def session_hooks(hooks: Sequence[Callable[..., None]], ctx: TaskContext[Any], value: Any) -> Any:
+    """Hooks ``hook(session, ctx, value)`` as one callable on the fenced transaction's
+    connection (None when there are none)."""
+    if not hooks:
+        return None
+
+    def run(conn: sa.Connection) -> None:
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            for hook in hooks:
+                hook(session, ctx, value)
+            session.commit()  # releases the session's savepoint; the fenced transaction commits later
+
+    return run

@@ -79,6 +79,9 @@ class Worker:
         self._committer = Coalescer(self._commit, max_batch=s.commit_batch_max, window=s.commit_window)
         self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack, max_batch=1000)
         self._leases = LeaseKeeper(app)
+        # Sync handlers get threads of their own: long handlers must never starve the claims,
+        # commits and lease renewals that run in anyio's default thread pool.
+        self._handler_threads = anyio.CapacityLimiter(self.concurrency)
 
     def stop(self) -> None:
         """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
@@ -223,7 +226,9 @@ class Worker:
                 app.telemetry.queue_delay.record(
                     (app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                outcome = await run_attempt(app, claim, span, self._committer.submit, self._leases)
+                outcome = await run_attempt(
+                    app, claim, span, self._committer.submit, self._leases, self._handler_threads
+                )
                 self.counters.count(outcome)
                 app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
                 if failpoints.ENABLED:

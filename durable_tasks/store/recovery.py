@@ -8,9 +8,11 @@ and a zombie's late XACK of it removes nothing that anybody else holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -23,6 +25,7 @@ __all__ = ["UnconfirmedDelivery", "dead_letter_task", "lease_views", "redeliver"
 
 t = tasks_table.c
 o = outbox_table.c
+logger = logging.getLogger(__name__)
 
 
 def lease_views(engine: sa.Engine, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
@@ -97,10 +100,15 @@ def dead_letter_task(
     delivery: int,
     now: datetime,
     reason: str,
+    on_dead: Callable[[sa.Connection, Any], None] | None = None,
 ) -> bool:
-    """Mark the task DEAD (kept for inspection and replay); False if it moved on meanwhile."""
+    """Mark the task DEAD (kept for inspection and replay); False if it moved on meanwhile.
+
+    ``on_dead(conn, row)`` (the task's failure hooks) runs in the same transaction with the
+    task row; if it raises, its writes roll back and the task is DEAD all the same.
+    """
     with engine.begin() as conn:
-        updated = conn.execute(
+        row = conn.execute(
             sa.update(tasks_table)
             .where(_unowned(task_id, namespace, generation, delivery, now))
             .values(
@@ -110,10 +118,20 @@ def dead_letter_task(
                 finished_at=now,
                 lease_expires_at=None,
             )
-        ).rowcount
-        if updated:
-            close_open_attempts(conn, task_id, generation, now, reason=reason)
-    return bool(updated)
+            .returning(t.id, t.name, t.queue, t.payload, t.idempotency_key, t.shadow, t.attempt, t.generation)
+        ).one_or_none()
+        if row is None:
+            return False
+        close_open_attempts(conn, task_id, generation, now, reason=reason)
+        if on_dead is not None and not row.shadow:
+            savepoint = conn.begin_nested()
+            try:
+                on_dead(conn, row)
+                savepoint.commit()
+            except Exception:
+                savepoint.rollback()
+                logger.exception("failure hooks of dead-lettered task %s raised; it is DEAD regardless", task_id)
+    return True
 
 
 @dataclass(frozen=True, slots=True)

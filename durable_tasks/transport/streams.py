@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from .keys import CONSUMER_GROUP, QueueKeys
 from .messages import AutoclaimPage, OutgoingMessage, StreamEntry, parse_autoclaim_reply
@@ -177,7 +177,10 @@ class RedisStreamsTransport:
             for streams in by_tag.values():
                 if count - sum(len(e) for _, e in replies) <= 0:
                     break
-                replies += await self._read_recreating(streams, consumer, count, None)
+                try:
+                    replies += await self._read_recreating(streams, consumer, count, None)
+                except RedisError as exc:  # one failing node (a failover) must not stop the others
+                    logger.warning("reading %s failed (%s); reading the other partitions", streams[0], exc)
             if replies or attempt:
                 return replies
             await anyio.sleep(min(block.total_seconds(), 0.05))

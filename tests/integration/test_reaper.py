@@ -505,3 +505,26 @@ async def test_trim_drops_acknowledged_entries_but_never_a_pending_or_undelivere
         assert await app.transport().ack(stream, [e2]) == 1
         assert (await app.reap_once()).trimmed == 1
         assert [i for i, _ in await _xrange(app, stream)] == [e3, e4]
+
+
+async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..., App]) -> None:
+    app = make_app(max_deliveries=1)
+    marks: list[tuple[str, str]] = []
+
+    @app.task(name="doomed-by-reaper", queue=QUEUE)
+    def doomed(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    @doomed.on_failure
+    def mark(session: Session, ctx: TaskContext[int], error: BaseException) -> None:
+        marks.append((ctx.task_id, type(error).__name__))
+
+    with Session(app.engine) as s:
+        task_id = app.submit(s, "doomed-by-reaper", 1).id
+        s.commit()
+    await app.dispatch_once()
+    await _read(app, "dies")
+    await anyio.sleep(1.2)
+    assert (await app.reap_once()).dead_lettered == 1
+    assert app.get_task(task_id).state == TaskState.DEAD
+    assert marks == [(task_id, "TaskDeadLetteredError")]
