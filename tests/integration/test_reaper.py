@@ -61,7 +61,8 @@ def _lease_wait(app: App) -> float:
 
 
 def _redis(app: App) -> aioredis.Redis:
-    return app.transport().client
+    client: aioredis.Redis = app.transport().client
+    return client
 
 
 def _stream(app: App) -> str:
