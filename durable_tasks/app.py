@@ -278,14 +278,19 @@ class App:
             url, cluster = self.redis_url, self.settings.redis_cluster
             if url.startswith("redis+cluster://") or url.startswith("rediss+cluster://"):
                 url, cluster = url.replace("+cluster", "", 1), True
+            # Undecodable bytes in an entry must not break every read: they become U+FFFD, the
+            # entry is then malformed, and it goes to the DLQ.
             client: aioredis.Redis | aioredis.RedisCluster = (
-                _cluster_client(url) if cluster else aioredis.Redis.from_url(url, decode_responses=True)
+                _cluster_client(url)
+                if cluster
+                else aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="replace")
             )
             found = RedisStreamsTransport(
                 client,
                 self.settings.namespace,
                 dedup_ttl=self.settings.dedup_ttl,
                 partitions=self.settings.queue_partitions,
+                signing_key=key.get_secret_value().encode() if (key := self.settings.signing_key) else None,
             )
             self._transports = {loop: found}  # one loop at a time; drop clients of finished loops
         return found
@@ -411,16 +416,17 @@ def _cluster_client(url: str) -> aioredis.RedisCluster:
     netloc, slash, path = rest.partition("/")
     userinfo, _, hosts = netloc.rpartition("@")
     if "," not in hosts:
-        return aioredis.RedisCluster.from_url(url, decode_responses=True)
+        return aioredis.RedisCluster.from_url(url, decode_responses=True, encoding_errors="replace")
     seeds = []
     for hostport in hosts.split(","):
         host, _, port = hostport.rpartition(":")
         seeds.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
     first = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts.split(',')[0]}{slash}{path}"
-    options = aioredis.RedisCluster.from_url(first, decode_responses=True)
+    options = aioredis.RedisCluster.from_url(first, decode_responses=True, encoding_errors="replace")
     return aioredis.RedisCluster(
         startup_nodes=seeds,
         decode_responses=True,
+        encoding_errors="replace",
         username=options.connection_kwargs.get("username"),
         password=options.connection_kwargs.get("password"),
         ssl=scheme == "rediss",

@@ -25,7 +25,7 @@ from .policy import ReapAction, TaskLeaseView, decide_reap
 from .records import TaskState
 from .store import recovery
 from .tasks import TaskContext, session_hooks
-from .transport.messages import Delivery, MalformedEntryError, parse_delivery
+from .transport.messages import Delivery, MalformedEntryError
 
 if TYPE_CHECKING:
     from .app import App
@@ -82,7 +82,7 @@ class Reaper:
             parsed: list[tuple[str, Delivery]] = []
             for entry_id, fields in page.entries:
                 try:
-                    parsed.append((entry_id, parse_delivery(fields)))
+                    parsed.append((entry_id, transport.parse(fields, stream)))
                 except MalformedEntryError as exc:
                     await transport.dead_letter_malformed(queue, stream, entry_id, fields, str(exc))
                     report.dead_lettered += 1

@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["NAME_PATTERN", "Duration", "Settings"]
@@ -61,6 +61,9 @@ class Settings(BaseSettings):
         default=None, description="Outbox ids below this belong to a legacy path: never sent."
     )
     dedup_ttl: Duration = timedelta(hours=24)
+    signing_key: SecretStr | None = Field(
+        default=None, description="HMAC key: workers run only stream entries signed with it."
+    )
 
     # worker
     concurrency: int = Field(default=16, ge=1, le=10_000)

@@ -34,7 +34,7 @@ from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .store.results import FinalWrite
 from .telemetry import link_to, traceparent_of
 from .transport.keys import CONSUMER_GROUP
-from .transport.messages import Delivery, MalformedEntryError, StreamEntry, parse_delivery
+from .transport.messages import Delivery, MalformedEntryError, StreamEntry
 
 if TYPE_CHECKING:
     from .app import App
@@ -148,7 +148,7 @@ class Worker:
         batch: list[tuple[StreamEntry, Delivery, Span]] = []
         for entry in entries:
             try:
-                delivery = parse_delivery(entry.fields)
+                delivery = transport.parse(entry.fields, entry.stream)
             except MalformedEntryError as exc:
                 await transport.dead_letter_malformed(entry.queue, entry.stream, entry.entry_id, entry.fields, str(exc))
                 self.counters.malformed += 1

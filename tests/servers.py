@@ -60,12 +60,14 @@ class PrivateRedis:
             *self.args,
         ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         while True:
             try:
                 if client.ping():
                     break
+            except (redis.ResponseError, redis.AuthenticationError):
+                break  # it answers (the default user may be off): it is up
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
                     raise

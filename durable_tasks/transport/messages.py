@@ -8,6 +8,8 @@ fence then refuses.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ __all__ = [
     "MalformedEntryError",
     "OutgoingMessage",
     "StreamEntry",
+    "entry_mac",
     "parse_autoclaim_reply",
     "parse_delivery",
 ]
@@ -36,8 +39,8 @@ class OutgoingMessage:
     shadow: bool = False
     partition: int | None = None
 
-    def fields(self) -> dict[str, str]:
-        """The stream entry's fields."""
+    def fields(self, stream: str = "", key: bytes | None = None) -> dict[str, str]:
+        """The stream entry's fields, signed for ``stream`` when a signing key is set."""
         out = {
             "t": self.task_id,
             "g": str(self.generation),
@@ -46,7 +49,16 @@ class OutgoingMessage:
         }
         if self.traceparent:
             out["tp"] = self.traceparent
+        if key is not None:
+            out["s"] = entry_mac(key, stream, out)
         return out
+
+
+def entry_mac(key: bytes, stream: str, fields: Mapping[str, str]) -> str:
+    """HMAC-SHA256 of what an entry asks for, bound to the stream it travels on (an entry
+    copied to another queue does not verify)."""
+    signed = "\x1f".join([stream, *(fields.get(f, "") for f in ("t", "g", "d", "n", "tp"))])
+    return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +88,12 @@ class MalformedEntryError(ValueError):
     """A stream entry lacks a field or holds garbage; it cannot name a task delivery."""
 
 
-def parse_delivery(fields: Mapping[str, str]) -> Delivery:
-    """Read a delivery out of entry fields, or raise :class:`MalformedEntryError`."""
+def parse_delivery(fields: Mapping[str, str], *, stream: str = "", key: bytes | None = None) -> Delivery:
+    """Read a delivery out of entry fields, or raise :class:`MalformedEntryError`.
+
+    With a signing ``key``, an entry that is unsigned or whose signature does not match is
+    malformed too: whoever can write to Redis but lacks the key cannot make a worker run a task.
+    """
     try:
         task_id, name = fields["t"], fields["n"]
         generation, delivery = int(fields["g"]), int(fields["d"])
@@ -85,6 +101,12 @@ def parse_delivery(fields: Mapping[str, str]) -> Delivery:
         raise MalformedEntryError(f"entry fields {sorted(fields)!r} are not a delivery: {exc!r}") from exc
     if not task_id or len(task_id) > 36 or not name or generation < 0 or delivery < 0:
         raise MalformedEntryError(f"entry names no valid task delivery: {dict(fields)!r}")
+    if key is not None:
+        signature = fields.get("s")
+        if not signature:
+            raise MalformedEntryError("entry is not signed and signing is on: refused unexecuted")
+        if not hmac.compare_digest(signature, entry_mac(key, stream, fields)):
+            raise MalformedEntryError("entry signature does not match: refused unexecuted")
     return Delivery(task_id, generation, delivery, name, fields.get("tp"))
 
 

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from .keys import CONSUMER_GROUP, QueueKeys
-from .messages import AutoclaimPage, OutgoingMessage, StreamEntry, parse_autoclaim_reply
+from .messages import AutoclaimPage, Delivery, OutgoingMessage, StreamEntry, parse_autoclaim_reply, parse_delivery
 from .scripts import lua_source
 
 __all__ = ["QueueSnapshot", "RedisStreamsTransport"]
@@ -53,8 +53,10 @@ class RedisStreamsTransport:
         *,
         dedup_ttl: timedelta,
         partitions: Mapping[str, int] | None = None,
+        signing_key: bytes | None = None,
     ) -> None:
         self.client: Any = client
+        self.signing_key = signing_key
         self.namespace = namespace
         self.cluster = isinstance(client, aioredis.RedisCluster)
         self.partitions = dict(partitions or {})
@@ -109,16 +111,19 @@ class RedisStreamsTransport:
         calls = []
         for msg in messages:
             keys = self.keys(msg.queue, msg.partition)
+            stream = keys.stream_for(shadow=msg.shadow)
             args: list[str | int] = [self._dedup_ttl_ms]
-            for field, value in msg.fields().items():
+            for field, value in msg.fields(stream, self.signing_key).items():
                 args += [field, value]
-            calls.append(
-                ([keys.stream_for(shadow=msg.shadow), keys.dedup(msg.task_id, msg.generation, msg.delivery)], args)
-            )
+            calls.append(([stream, keys.dedup(msg.task_id, msg.generation, msg.delivery)], args))
         replies = await self._evalsha_all(calls)
         return [r if isinstance(r, Exception) else str(r) for r in replies]
 
     # -- consume -------------------------------------------------------------------------
+
+    def parse(self, fields: Mapping[str, str], stream: str) -> Delivery:
+        """The delivery an entry carries, verified when signing is on (MalformedEntryError)."""
+        return parse_delivery(fields, stream=stream, key=self.signing_key)
 
     async def ensure_group(self, stream: str) -> None:
         """Create the consumer group from 0-0 (MKSTREAM): entries older than it still run."""
