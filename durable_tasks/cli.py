@@ -35,6 +35,7 @@ def _console() -> Console:
 
 
 AppArg = Annotated[str, typer.Argument(help="The App as module:attribute, e.g. myproject.tasks:app")]
+AppOpt = Annotated[str, typer.Option("--app", envvar="DT_APP", help="The App as module:attribute (or DT_APP)")]
 
 
 def load_app(spec: str) -> App:
@@ -171,7 +172,7 @@ cli.add_typer(tasks_cli, name="tasks")
 
 
 @tasks_cli.command("show")
-def tasks_show(app: AppArg, task_id: Annotated[str, typer.Argument(help="The task id")]) -> None:
+def tasks_show(task_id: Annotated[str, typer.Argument(help="The task id")], app: AppOpt) -> None:
     """The task, its generations and every attempt with its outcome and reason."""
 
     async def show(the_app: App) -> None:
@@ -209,7 +210,7 @@ EntryOpt = Annotated[list[str] | None, typer.Option("--entry", help="DLQ entry i
 
 
 @dlq_cli.command("list")
-def dlq_list(app: AppArg, queue: QueueArg) -> None:
+def dlq_list(queue: QueueArg, app: AppOpt) -> None:
     """The queue's dead letters: entry, task, reason (never the payload)."""
 
     async def show(the_app: App) -> None:
@@ -222,7 +223,7 @@ def dlq_list(app: AppArg, queue: QueueArg) -> None:
 
 
 @dlq_cli.command("show")
-def dlq_show(app: AppArg, queue: QueueArg, entry: Annotated[str, typer.Argument(help="DLQ entry id")]) -> None:
+def dlq_show(queue: QueueArg, entry: Annotated[str, typer.Argument(help="DLQ entry id")], app: AppOpt) -> None:
     """One dead letter and the task it names."""
 
     async def show(the_app: App) -> None:
@@ -239,14 +240,14 @@ def dlq_show(app: AppArg, queue: QueueArg, entry: Annotated[str, typer.Argument(
 
 
 @dlq_cli.command("replay")
-def dlq_replay(app: AppArg, queue: QueueArg, entry: EntryOpt = None) -> None:
+def dlq_replay(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
     """Run dead-lettered tasks again as a new generation, through the outbox."""
     rerun = _call(app, lambda the_app: dlq.replay(the_app, queue, entry))
     _console().print(f"replayed {len(rerun)} task(s): {', '.join(rerun)}")
 
 
 @dlq_cli.command("purge")
-def dlq_purge(app: AppArg, queue: QueueArg, entry: EntryOpt = None) -> None:
+def dlq_purge(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
     """Delete dead letters (the tasks stay DEAD in the database)."""
     removed = _call(app, lambda the_app: dlq.purge(the_app, queue, entry))
     _console().print(f"purged {removed} entr{'y' if removed == 1 else 'ies'}")

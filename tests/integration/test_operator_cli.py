@@ -94,11 +94,14 @@ def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> 
         await app.aclose()
 
     anyio.run(run)
-    code, out = invoke("tasks", "show", APP, task_id)
+    code, out = invoke("tasks", "show", task_id, "--app", APP)
     assert code == 0, out
     assert "SUCCEEDED" in out
     assert "succeeded" in out
-    code, out = invoke("tasks", "show", APP, "no-such-task")
+    named = CliRunner().invoke(cli, ["tasks", "show", task_id], env={"DT_APP": APP, "COLUMNS": "250"})
+    assert named.exit_code == 0, named.output  # `durable-tasks tasks show ID` with DT_APP set
+    assert "succeeded" in named.output
+    code, out = invoke("tasks", "show", "no-such-task", "--app", APP)
     assert code == 2
     assert "no task" in out
 
@@ -106,16 +109,16 @@ def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> 
 def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
     app = the_app()
     task_id = anyio.run(dead_letter_one, app)
-    code, out = invoke("dlq", "list", APP, "cli")
+    code, out = invoke("dlq", "list", "cli", "--app", APP)
     assert code == 0, out
     assert task_id in out
     assert "max_deliveries" in out
     entry = next(line.split("│")[1].strip() for line in out.splitlines() if task_id in line)
-    code, out = invoke("dlq", "show", APP, "cli", entry)
+    code, out = invoke("dlq", "show", "cli", entry, "--app", APP)
     assert code == 0, out
     assert "DEAD" in out
 
-    code, out = invoke("dlq", "replay", APP, "cli")
+    code, out = invoke("dlq", "replay", "cli", "--app", APP)
     assert code == 0, out
     assert "replayed 1 task" in out
     info = app.get_task(task_id)
@@ -128,11 +131,11 @@ def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
 
     anyio.run(finish)
     assert app.get_task(task_id).state == TaskState.SUCCEEDED
-    code, out = invoke("dlq", "list", APP, "cli")
+    code, out = invoke("dlq", "list", "cli", "--app", APP)
     assert task_id not in out
 
     anyio.run(dead_letter_one, app)
-    code, out = invoke("dlq", "purge", APP, "cli")
+    code, out = invoke("dlq", "purge", "cli", "--app", APP)
     assert code == 0, out
     assert "purged 1 entry" in out
 
