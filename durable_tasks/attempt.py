@@ -122,9 +122,9 @@ class LeaseKeeper:
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self._held: dict[str, tuple[ExecutionClaim, TaskContext[Any]]] = {}
+        self._held: dict[str, tuple[ExecutionClaim, TaskContext[Any] | None]] = {}
 
-    def hold(self, claim: ExecutionClaim, ctx: TaskContext[Any]) -> None:
+    def hold(self, claim: ExecutionClaim, ctx: TaskContext[Any] | None) -> None:
         """Keep ``claim``'s lease alive until :meth:`release`."""
         self._held[claim.task_id] = (claim, ctx)
 
@@ -156,7 +156,7 @@ class LeaseKeeper:
                 logger.warning("renewing %d leases failed: %s", len(held), exc)
                 continue  # unknown: keep running; the fence decides at commit
             for claim, ctx in held:
-                if claim.task_id not in alive:
+                if claim.task_id not in alive and ctx is not None:
                     ctx.fenced_out = True
                     ctx.cancelled.set()
 

@@ -14,7 +14,8 @@ import os
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING
@@ -63,6 +64,58 @@ class WorkerCounters:
         setattr(self, attr[outcome], getattr(self, attr[outcome]) + 1)
 
 
+class IsolationGate:
+    """Runs a *suspect* attempt alone.
+
+    A task whose worker was lost before (``reclaims > 0``) may be the one that kills workers.
+    Run beside others, it would take them down with it, again and again, until all of them
+    reached ``max_deliveries`` together. So a suspect waits for the running attempts to finish,
+    runs with nothing beside it, and only then lets others start: a poison task ends in the
+    DLQ alone, and the tasks it happened to share a worker with complete.
+    """
+
+    def __init__(self) -> None:
+        self._exclusive = anyio.Lock()
+        self._running = 0
+        self._idle = anyio.Event()
+        self._waiting = 0
+
+    @property
+    def isolating(self) -> bool:
+        """A suspect attempt is waiting or running."""
+        return self._waiting > 0 or self._exclusive.locked()
+
+    @asynccontextmanager
+    async def enter(self, *, suspect: bool, hold: Callable[[], None]) -> AsyncIterator[None]:
+        """Run the block shared (most attempts) or alone (``suspect``); ``hold`` keeps the
+        suspect's lease alive while it waits for its turn."""
+        if not suspect:
+            while self._exclusive.locked() or self._waiting:
+                async with self._exclusive:  # queue behind the suspect, then look again
+                    pass
+            self._running += 1
+            try:
+                yield
+            finally:
+                self._running -= 1
+                if not self._running:
+                    self._idle.set()
+            return
+        hold()
+        self._waiting += 1
+        waiting = True
+        try:
+            async with self._exclusive:
+                self._waiting, waiting = self._waiting - 1, False
+                while self._running:
+                    self._idle = anyio.Event()
+                    await self._idle.wait()
+                yield
+        finally:
+            if waiting:
+                self._waiting -= 1
+
+
 class Worker:
     """Runs the tasks of some queues of one App, ``concurrency`` at a time."""
 
@@ -82,6 +135,7 @@ class Worker:
         # Sync handlers get threads of their own: long handlers must never starve the claims,
         # commits and lease renewals that run in anyio's default thread pool.
         self._handler_threads = anyio.CapacityLimiter(self.concurrency)
+        self._gate = IsolationGate()
 
     def stop(self) -> None:
         """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
@@ -112,6 +166,8 @@ class Worker:
             if max_tasks is not None and settled >= max_tasks:
                 return
             want = self.concurrency - self._in_flight
+            if self._gate.isolating:
+                want = 0  # a suspect task is about to run alone: start nothing new
             if max_tasks is not None:
                 want = min(want, max_tasks - settled - self._in_flight)
             if want <= 0:
@@ -226,9 +282,10 @@ class Worker:
                 app.telemetry.queue_delay.record(
                     (app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                outcome = await run_attempt(
-                    app, claim, span, self._committer.submit, self._leases, self._handler_threads
-                )
+                async with self._gate.enter(suspect=claim.reclaims > 0, hold=lambda: self._leases.hold(claim, None)):
+                    outcome = await run_attempt(
+                        app, claim, span, self._committer.submit, self._leases, self._handler_threads
+                    )
                 self.counters.count(outcome)
                 app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
                 if failpoints.ENABLED:
@@ -240,6 +297,7 @@ class Worker:
         except Exception:
             logger.exception("unexpected error running %s; its entry stays pending", claim.task_id)
         finally:
+            self._leases.release(claim)
             self._end(span, outcome, settled=settled)
 
     async def _commit(self, writes: Sequence[FinalWrite]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
+from .locking import task_rows_in_order
 
 __all__ = [
     "ClaimRefused",
@@ -54,6 +55,7 @@ class ExecutionClaim:
     enqueued_at: datetime | None
     worker_id: str
     previous_traceparent: str | None = None
+    reclaims: int = 0
 
     def fence(self) -> sa.ColumnElement[bool]:
         """The WHERE clause every write of this execution carries."""
@@ -98,6 +100,7 @@ _RETURNED = (
     t.enqueued_at,
     t.generation,
     t.delivery,
+    t.reclaims,
 )
 
 
@@ -123,12 +126,15 @@ def claim_batch(
         rows = conn.execute(
             sa.update(tasks_table)
             .where(
-                t.namespace == namespace,
-                sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
-                sa.or_(
-                    t.state.in_(CLAIMABLE_STATES),
-                    sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
-                ),
+                task_rows_in_order(
+                    conn,
+                    t.namespace == namespace,
+                    sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
+                    sa.or_(
+                        t.state.in_(CLAIMABLE_STATES),
+                        sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
+                    ),
+                )
             )
             .values(
                 state=TaskState.RUNNING,
@@ -221,6 +227,7 @@ def _claim_from(row: Any, namespace: str, worker_id: str, previous: str | None) 
         enqueued_at=row.enqueued_at,
         worker_id=worker_id,
         previous_traceparent=previous,
+        reclaims=row.reclaims,
     )
 
 
@@ -267,11 +274,14 @@ def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: da
             conn.execute(
                 sa.update(tasks_table)
                 .where(
-                    t.namespace == claims[0].namespace,
-                    sa.tuple_(t.id, t.generation, t.attempt).in_(
-                        [(c.task_id, c.generation, c.attempt) for c in claims]
-                    ),
-                    t.state == TaskState.RUNNING,
+                    task_rows_in_order(
+                        conn,
+                        t.namespace == claims[0].namespace,
+                        sa.tuple_(t.id, t.generation, t.attempt).in_(
+                            [(c.task_id, c.generation, c.attempt) for c in claims]
+                        ),
+                        t.state == TaskState.RUNNING,
+                    )
                 )
                 .values(lease_expires_at=now + lease)
                 .returning(t.id)

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
 from .execution import ExecutionClaim
+from .locking import lock_tasks_in_order, task_rows_in_order
 from .submit import insert_outbox
 
 __all__ = ["CommitOutcome", "FinalWrite", "commit_results", "record_failure"]
@@ -59,6 +60,7 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
     plain = [w for w in writes if w.hook is None or w.claim.shadow]
     hooked = [w for w in writes if not (w.hook is None or w.claim.shadow)]
     with engine.begin() as conn:
+        lock_tasks_in_order(conn, [w.claim.task_id for w in writes])
         if plain:
             _commit_plain(conn, plain, now)
         for w in hooked:
@@ -78,9 +80,12 @@ def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: dateti
         conn.execute(
             sa.update(tasks_table)
             .where(
-                t.namespace == namespace,
-                sa.tuple_(t.id, t.generation, t.attempt).in_(tokens),
-                t.state == TaskState.RUNNING,
+                task_rows_in_order(
+                    conn,
+                    t.namespace == namespace,
+                    sa.tuple_(t.id, t.generation, t.attempt).in_(tokens),
+                    t.state == TaskState.RUNNING,
+                )
             )
             .values(
                 **_SUCCEEDED,
