@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check clean
+.PHONY: demo test lint typecheck check chaos bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 check: lint typecheck test
+
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .durable_tasks .pytest_cache .mypy_cache .ruff_cache

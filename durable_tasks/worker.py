@@ -75,24 +75,25 @@ class IsolationGate:
     """
 
     def __init__(self) -> None:
-        self._exclusive = anyio.Lock()
-        self._running = 0
+        self._exclusive = anyio.Lock()  # one suspect at a time
+        self._suspects = 0  # waiting or running
+        self._clear = anyio.Event()  # set while there is no suspect
+        self._clear.set()
+        self._running = 0  # shared attempts inside the gate
         self._idle = anyio.Event()
-        self._waiting = 0
 
     @property
     def isolating(self) -> bool:
         """A suspect attempt is waiting or running."""
-        return self._waiting > 0 or self._exclusive.locked()
+        return self._suspects > 0
 
     @asynccontextmanager
     async def enter(self, *, suspect: bool, hold: Callable[[], None]) -> AsyncIterator[None]:
         """Run the block shared (most attempts) or alone (``suspect``); ``hold`` keeps the
         suspect's lease alive while it waits for its turn."""
         if not suspect:
-            while self._exclusive.locked() or self._waiting:
-                async with self._exclusive:  # queue behind the suspect, then look again
-                    pass
+            while self._suspects:
+                await self._clear.wait()
             self._running += 1
             try:
                 yield
@@ -102,18 +103,19 @@ class IsolationGate:
                     self._idle.set()
             return
         hold()
-        self._waiting += 1
-        waiting = True
+        self._suspects += 1
+        if self._suspects == 1:
+            self._clear = anyio.Event()
         try:
             async with self._exclusive:
-                self._waiting, waiting = self._waiting - 1, False
                 while self._running:
                     self._idle = anyio.Event()
                     await self._idle.wait()
                 yield
         finally:
-            if waiting:
-                self._waiting -= 1
+            self._suspects -= 1
+            if not self._suspects:
+                self._clear.set()
 
 
 class Worker:

@@ -1,0 +1,766 @@
+"""durable_tasks throughput, latency, overhead and memory, measured the way the peers were.
+
+    python -m benchmarks.bench_dt drain --n 10000 [--workers 1] [--concurrency 200]
+        pre-submitted, pre-dispatched no-op tasks; W worker processes (released together);
+        rate = N / (last finished_at - first started_at); also the in-process dispatch rate
+    python -m benchmarks.bench_dt dispatch --n 10000 [--dispatchers 1] [--batch 50]
+        outbox rows/s into Redis by D dispatcher processes (no worker)
+    python -m benchmarks.bench_dt pipeline --n 10000 [--dispatchers 1] [--workers 1]
+        end to end from the outbox: D dispatcher + W worker processes start together;
+        rate = N / (last finished_at - first sent_at)
+    python -m benchmarks.bench_dt submit --n 3000
+        one transaction per request: business row + bare outbox row, vs business row + submit()
+    python -m benchmarks.bench_dt latency --n 1000 --rate 200
+        paced submits (one per transaction, NOTIFY on) with a warm worker and dispatcher:
+        submit->start (inside the handler) and submit->result (result committed) p50/p99
+    python -m benchmarks.bench_dt embedded --n 10000
+        App() with no URLs (SQLite + embedded Valkey) in a temp data dir; drain rate
+    python -m benchmarks.bench_dt rss --n 100000
+        VmRSS of one worker process (from /proc/<pid>/status) over N tasks submitted while it
+        runs (with one dispatcher): idle start, peak, idle end, and a (tasks done, MiB) series
+
+Prints one JSON object per line: name, metric (a stable id), value, unit, n and details.
+Postgres and Redis come from DT_BENCH_DATABASE_URL / DT_BENCH_REDIS_URL (default: the local
+servers); every run uses a fresh namespace and its own Postgres schema, both dropped at the
+end, and deletes the Redis keys of its namespace (and only those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from durable_tasks import App, TaskContext
+from durable_tasks.records import outbox_table, tasks_table
+
+DB = os.environ.get("DT_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS = os.environ.get("DT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+DRAIN_CONCURRENCY = 200  # worker concurrency of the drain runs (the runtime's default is 16)
+READY_TIMEOUT = 120.0
+
+t = tasks_table.c
+o = outbox_table.c
+
+
+def record(name: str, value: float | None, unit: str, **extra: Any) -> None:
+    if isinstance(value, float):
+        value = round(value, 3)
+    print(json.dumps({"name": name, "value": value, "unit": unit, **extra}), flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
+
+
+def seconds(d: datetime) -> float:
+    """Epoch seconds of a stored timestamp (SQLite may hand back naive UTC)."""
+    from datetime import UTC
+
+    return (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp()
+
+
+@contextmanager
+def schema() -> Iterator[str]:
+    """A fresh Postgres schema (or the SQLite URL as is); yields the URL to use."""
+    url = sa.engine.make_url(DB)
+    if url.get_backend_name() != "postgresql":
+        yield DB
+        return
+    name = f"dt_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{name}"'))
+    try:
+        yield url.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{name}" CASCADE'))
+        admin.dispose()
+
+
+def build(db: str | None, namespace: str, redis: str | None = REDIS, **settings: Any) -> App:
+    app = App(db, redis, namespace, **settings)
+
+    @app.task(name="bench.noop", queue="bench")
+    async def noop(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    @app.task(name="bench.stamp", queue="bench")
+    async def stamp(ctx: TaskContext[float], ts: float) -> float:
+        return time.time()  # when the handler ran: submit->start is this minus the payload
+
+    return app
+
+
+@contextmanager
+def bench_app(**settings: Any) -> Iterator[tuple[App, str, str]]:
+    """A fresh schema + namespace and an App on them; cleans up its Redis keys at the end."""
+    with schema() as db:
+        ns = f"bench{uuid.uuid4().hex[:6]}"
+        app = build(db, ns, **settings)
+        app.create_all()
+        try:
+            yield app, db, ns
+        finally:
+            delete_keys(REDIS, ns)
+            app.engine.dispose()
+
+
+def delete_keys(redis_url: str, namespace: str) -> None:
+    """Delete the keys of this run's namespace (dt:{<ns>:...}): nothing anyone else created."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        batch = []
+        for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.delete(*batch)
+                batch.clear()
+        if batch:
+            client.delete(*batch)
+    finally:
+        client.close()
+
+
+def submit_many(app: App, n: int, per_txn: int = 500, task: str = "bench.noop") -> float:
+    started = time.perf_counter()
+    for lo in range(0, n, per_txn):
+        with Session(app.engine) as s:
+            for i in range(lo, min(n, lo + per_txn)):
+                app.submit(s, task, i)
+            s.commit()
+    return time.perf_counter() - started
+
+
+async def dispatch_all(app: App) -> float:
+    started = time.perf_counter()
+    for _ in range(10_000_000):  # bounded: each pass moves up to batch_size rows
+        if not await app.dispatch_once():
+            break
+    return time.perf_counter() - started
+
+
+# -- child processes -------------------------------------------------------------------------
+
+
+class Children:
+    """Worker/dispatcher processes of one measurement, released together through a barrier."""
+
+    def __init__(self, db: str | None, ns: str, **env: str) -> None:
+        self.barrier = Path(tempfile.mkdtemp(prefix="dtbench-barrier-"))
+        self.env = {**os.environ, "DT_BENCH_DB": db or "", "DT_BENCH_NS": ns, "DT_BENCH_BARRIER": str(self.barrier)}
+        self.env.update(env)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, role: str, count: int = 1, **env: str) -> list[subprocess.Popen[bytes]]:
+        started = [
+            subprocess.Popen([sys.executable, "-m", "benchmarks.bench_dt", f"_{role}"], env={**self.env, **env})
+            for _ in range(count)
+        ]
+        self.procs += started
+        return started
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(list(self.barrier.glob("ready.*"))) >= len(self.procs):
+                return
+            dead = [p.returncode for p in self.procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"a benchmark process exited before it was ready (codes {dead})")
+            time.sleep(0.05)
+        raise TimeoutError(f"benchmark processes not ready after {timeout:.0f} s")
+
+    def go(self) -> None:
+        (self.barrier / "go").touch()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()  # by pid: a process this run started
+                p.wait(timeout=10)
+        shutil.rmtree(self.barrier, ignore_errors=True)
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def child_app(**settings: Any) -> App:
+    db = os.environ["DT_BENCH_DB"] or None
+    data_dir = os.environ.get("DT_BENCH_DATA_DIR")
+    if data_dir:  # the embedded default: no URLs at all
+        return build(None, os.environ["DT_BENCH_NS"], redis=None, data_dir=Path(data_dir), **settings)
+    return build(db, os.environ["DT_BENCH_NS"], **settings)
+
+
+def run_child(app: App, *, dispatcher: bool = True, worker: bool = True) -> None:
+    """Connect, say ready, wait for the go file (if there is a barrier), then run."""
+    # A shell without job control starts background jobs (nohup ... &) with SIGINT ignored, and
+    # children inherit that: restore Python's handler so the parent's SIGINT stops us.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    barrier = os.environ.get("DT_BENCH_BARRIER")
+
+    def ready_then_wait_for_go() -> None:
+        assert barrier is not None
+        Path(barrier, f"ready.{os.getpid()}").touch()
+        deadline = time.monotonic() + READY_TIMEOUT * 2
+        while not Path(barrier, "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    async def main() -> None:
+        await app.check_connections()
+        if barrier:
+            await anyio.to_thread.run_sync(ready_then_wait_for_go)
+        await app.run(dispatcher=dispatcher, worker=worker, reaper=False)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(main)
+
+
+def worker_main() -> None:
+    app = child_app(concurrency=int(os.environ.get("DT_BENCH_CONC", str(DRAIN_CONCURRENCY))))
+    run_child(app, dispatcher=False)
+
+
+def dispatcher_main() -> None:
+    batch = os.environ.get("DT_BENCH_BATCH")
+    app = child_app(**({"batch_size": int(batch)} if batch else {}))
+    run_child(app, worker=False)
+
+
+def wait_count(app: App, ns: str, n: int, timeout: float, *, outbox: bool = False) -> int:
+    """Poll until n tasks SUCCEEDED (or n outbox rows SENT); returns the count reached."""
+    if outbox:
+        query = sa.select(sa.func.count()).where(o.namespace == ns, o.state == "SENT")
+    else:
+        query = sa.select(sa.func.count()).where(t.namespace == ns, t.state == "SUCCEEDED")
+    deadline = time.monotonic() + timeout
+    done = 0
+    while time.monotonic() < deadline:
+        with app.read_engine.connect() as conn:
+            done = conn.execute(query).scalar_one()
+        if done >= n:
+            break
+        time.sleep(0.2)
+    return done
+
+
+def span(app: App, ns: str, first: Any, last: Any) -> float:
+    with app.read_engine.connect() as conn:
+        lo, hi = conn.execute(sa.select(sa.func.min(first), sa.func.max(last)).where(t.namespace == ns)).one()
+    return seconds(hi) - seconds(lo)
+
+
+# -- measurements ----------------------------------------------------------------------------
+
+
+def drain(n: int, workers: int, concurrency: int = DRAIN_CONCURRENCY, timeout: float = 600) -> None:
+    tag = f"_c{concurrency}" if concurrency != DRAIN_CONCURRENCY else ""
+    metric = f"drain_rate_w{workers}{tag}"
+    with bench_app(batch_size=500) as (app, db, ns):
+        submit_many(app, n)
+        record(
+            "dispatch rate (in-process loop, batch 500)",
+            n / anyio.run(dispatch_all, app),
+            "rows/s",
+            metric="dispatch_inprocess_rate",
+            n=n,
+        )
+        with Children(db, ns, DT_BENCH_CONC=str(concurrency)) as kids:
+            kids.spawn("worker", workers)
+            kids.wait_ready()
+            kids.go()
+            done = wait_count(app, ns, n, timeout)
+        name = f"drain rate ({workers} worker process{'es' if workers > 1 else ''}, concurrency {concurrency})"
+        if done < n:
+            record(name, None, "tasks/s", metric=metric, n=n, error=f"only {done}/{n} succeeded in {timeout:.0f} s")
+            return
+        rate = n / span(app, ns, t.started_at, t.finished_at)
+        record(name, rate, "tasks/s", metric=metric, n=n, workers=workers, concurrency=concurrency)
+
+
+def dispatch(n: int, dispatchers: int, batch: int | None, timeout: float = 600) -> None:
+    with bench_app() as (app, db, ns):
+        submit_many(app, n)
+        env = {"DT_BENCH_BATCH": str(batch)} if batch else {}
+        with Children(db, ns, **env) as kids:
+            kids.spawn("dispatcher", dispatchers)
+            kids.wait_ready()
+            kids.go()
+            done = wait_count(app, ns, n, timeout, outbox=True)
+        metric = f"dispatch_rate_d{dispatchers}"
+        label = (
+            f"dispatcher rows/s ({dispatchers} dispatcher process{'es' if dispatchers > 1 else ''}, "
+            f"batch {batch or app.settings.batch_size})"
+        )
+        if done < n:
+            record(label, None, "rows/s", metric=metric, n=n, error=f"only {done}/{n} sent in {timeout:.0f} s")
+            return
+        with app.read_engine.connect() as conn:
+            lo, hi = conn.execute(
+                sa.select(sa.func.min(o.sent_at), sa.func.max(o.sent_at)).where(o.namespace == ns)
+            ).one()
+        record(
+            label,
+            n / (seconds(hi) - seconds(lo)),
+            "rows/s",
+            metric=metric,
+            n=n,
+            dispatchers=dispatchers,
+            batch=batch or app.settings.batch_size,
+        )
+
+
+def pipeline(
+    n: int, dispatchers: int, workers: int, concurrency: int = DRAIN_CONCURRENCY, timeout: float = 600
+) -> None:
+    with bench_app() as (app, db, ns):
+        submit_many(app, n)
+        with Children(db, ns, DT_BENCH_CONC=str(concurrency)) as kids:
+            kids.spawn("worker", workers)
+            kids.spawn("dispatcher", dispatchers)
+            kids.wait_ready()
+            kids.go()
+            done = wait_count(app, ns, n, timeout)
+        metric = f"pipeline_rate_d{dispatchers}_w{workers}"
+        label = (
+            f"outbox->result rate ({dispatchers} dispatcher + {workers} worker process{'es' if workers > 1 else ''})"
+        )
+        if done < n:
+            record(label, None, "tasks/s", metric=metric, n=n, error=f"only {done}/{n} succeeded in {timeout:.0f} s")
+            return
+        with app.read_engine.connect() as conn:
+            first_sent, last_sent = conn.execute(
+                sa.select(sa.func.min(o.sent_at), sa.func.max(o.sent_at)).where(o.namespace == ns)
+            ).one()
+            last_done = conn.execute(sa.select(sa.func.max(t.finished_at)).where(t.namespace == ns)).scalar_one()
+        record(
+            label,
+            n / (seconds(last_done) - seconds(first_sent)),
+            "tasks/s",
+            metric=metric,
+            n=n,
+            dispatchers=dispatchers,
+            workers=workers,
+            concurrency=concurrency,
+        )
+        record(
+            f"dispatcher rows/s during that run ({dispatchers} dispatcher{'s' if dispatchers > 1 else ''})",
+            n / (seconds(last_sent) - seconds(first_sent)),
+            "rows/s",
+            metric=f"pipeline_dispatch_rate_d{dispatchers}",
+            n=n,
+        )
+
+
+def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> None:
+    with bench_app() as (app, db, ns):
+        with Children(db, ns, DT_BENCH_CONC="16") as kids:  # the runtime's default concurrency
+            kids.spawn("worker")
+            kids.spawn("dispatcher")
+            kids.wait_ready()
+            kids.go()
+            with Session(app.engine) as s:  # warm-up: the first task pays for connections and imports
+                app.submit(s, "bench.stamp", -1.0)
+                s.commit()
+            if wait_count(app, ns, 1, 60) < 1:
+                record(
+                    f"submit->result p50 @{rate:g}/s",
+                    None,
+                    "ms",
+                    metric="result_latency_p50",
+                    error="warm-up task did not finish",
+                )
+                return
+            t0 = time.perf_counter()
+
+            def produce(first: int) -> None:  # producer k takes slots k, k+K, k+2K, ... of the schedule
+                for i in range(first, n, producers):
+                    due = t0 + i / rate
+                    if (delay := due - time.perf_counter()) > 0:
+                        time.sleep(delay)
+                    with Session(app.engine) as s:
+                        app.submit(s, "bench.stamp", time.time())
+                        s.commit()
+
+            threads = [threading.Thread(target=produce, args=(k,)) for k in range(producers)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            achieved = n / (time.perf_counter() - t0)
+            done = wait_count(app, ns, n + 1, timeout)
+        if done < n + 1:
+            record(
+                f"submit->result p50 @{rate:g}/s",
+                None,
+                "ms",
+                metric="result_latency_p50",
+                error=f"only {done - 1}/{n} finished in {timeout:.0f} s",
+            )
+            return
+        with app.read_engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.payload, t.result, t.finished_at, t.started_at, o.sent_at)
+                .join(outbox_table, o.task_id == t.id)
+                .where(t.namespace == ns)
+            ).all()
+        start, result = [], []
+        stages: dict[str, list[float]] = {"submit->sent": [], "sent->claimed": [], "claimed->handler": [],
+                                          "handler->committed": []}  # fmt: skip
+        for payload, res, finished, claimed, sent in rows:
+            ts = json.loads(payload)
+            if ts < 0:
+                continue
+            ran = json.loads(res)
+            start.append((ran - ts) * 1000)
+            result.append((seconds(finished) - ts) * 1000)
+            stages["submit->sent"].append((seconds(sent) - ts) * 1000)
+            stages["sent->claimed"].append((seconds(claimed) - seconds(sent)) * 1000)
+            stages["claimed->handler"].append((ran - seconds(claimed)) * 1000)
+            stages["handler->committed"].append((seconds(finished) - ran) * 1000)
+        extra = {
+            "n": len(start),
+            "rate": rate,
+            "achieved_rate": round(achieved, 1),
+            "producers": producers,
+            "notify": True,
+        }
+        record(f"submit->start p50 @{rate:g}/s", statistics.median(start), "ms", metric="start_latency_p50", **extra)
+        record(f"submit->start p99 @{rate:g}/s", pct(start, 99), "ms", metric="start_latency_p99", **extra)
+        record(f"submit->result p50 @{rate:g}/s", statistics.median(result), "ms", metric="result_latency_p50", **extra)
+        record(f"submit->result p99 @{rate:g}/s", pct(result, 99), "ms", metric="result_latency_p99", **extra)
+        record(
+            "latency stages p50/p99 (sent = dispatcher's publish done; claimed = worker's claim; "
+            "committed = result write)",
+            None,
+            "ms",
+            metric="latency_stages",
+            stages={k: [round(statistics.median(v), 2), round(pct(v, 99), 2)] for k, v in stages.items()},
+            **extra,
+        )
+        record(
+            "submit->start samples",
+            None,
+            "ms",
+            metric="start_latency_samples",
+            samples=[round(x, 2) for x in start],
+            **extra,
+        )
+        record(
+            "submit->result samples",
+            None,
+            "ms",
+            metric="result_latency_samples",
+            samples=[round(x, 2) for x in result],
+            **extra,
+        )
+
+
+def submit_overhead(n: int, block: int = 100) -> None:
+    """One transaction per simulated request, interleaved in blocks so drift hits all modes alike.
+
+    bare:        INSERT business row + INSERT bare outbox row, COMMIT
+    bare_notify: the same + pg_notify (what a hand-rolled outbox needs to wake its relay)
+    dt:          INSERT business row + app.submit() (task row + outbox row + NOTIFY), COMMIT
+    dt_only:     app.submit() alone, COMMIT (the number to compare with peers' enqueue rate)
+    """
+    meta = sa.MetaData()
+    orders = sa.Table(
+        "bench_orders",
+        meta,
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+        sa.Column("customer", sa.String(64), nullable=False),
+        sa.Column("amount", sa.Integer, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    bare_outbox = sa.Table(
+        "bench_bare_outbox",
+        meta,
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=True),
+        sa.Column("topic", sa.String(64), nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("sent_at", sa.DateTime(timezone=True)),
+    )
+    with bench_app() as (app, _db, _ns):
+        meta.create_all(app.engine)
+        postgres = app.engine.dialect.name == "postgresql"
+
+        def business(s: Session, i: int) -> None:
+            s.execute(sa.insert(orders).values(customer=f"c{i % 97}", amount=i, created_at=app.clock()))
+
+        def bare(s: Session, i: int, notify: bool = False) -> None:
+            business(s, i)
+            s.execute(sa.insert(bare_outbox).values(topic="bench.noop", payload=json.dumps(i), created_at=app.clock()))
+            if notify and postgres:
+                s.execute(sa.select(sa.func.pg_notify("dt_bench_bare", "x")))
+
+        def bare_notify(s: Session, i: int) -> None:
+            bare(s, i, notify=True)
+
+        def dt(s: Session, i: int) -> None:
+            business(s, i)
+            app.submit(s, "bench.noop", i)
+
+        def dt_only(s: Session, i: int) -> None:
+            app.submit(s, "bench.noop", i)
+
+        modes: dict[str, Callable[[Session, int], None]] = {
+            "bare": bare,
+            "bare_notify": bare_notify,
+            "dt": dt,
+            "dt_only": dt_only,
+        }
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        order = list(modes)
+        for warm in range(20):  # connections, statement caches
+            for fn in modes.values():
+                with Session(app.engine) as s:
+                    fn(s, warm)
+                    s.commit()
+        for b in range((n + block - 1) // block):
+            order = order[1:] + order[:1]  # rotate which mode goes first
+            for m in order:
+                fn = modes[m]
+                for i in range(b * block, min(n, (b + 1) * block)):
+                    t0 = time.perf_counter()
+                    with Session(app.engine) as s:
+                        fn(s, i)
+                        s.commit()
+                    times[m].append(time.perf_counter() - t0)
+        for m, xs in times.items():
+            ms = [x * 1000 for x in xs]
+            record(
+                f"submit txn/s ({m})",
+                len(xs) / sum(xs),
+                "txn/s",
+                metric=f"submit_{m}_txn_per_s",
+                n=len(xs),
+                p50_ms=round(statistics.median(ms), 3),
+                p99_ms=round(pct(ms, 99), 3),
+            )
+        bare_mean, dt_mean = statistics.fmean(times["bare"]), statistics.fmean(times["dt"])
+        record(
+            "submit overhead: (business + submit) / (business + bare outbox row), mean txn time",
+            dt_mean / bare_mean,
+            "x",
+            metric="submit_overhead_ratio",
+            n=n,
+            added_ms=round((dt_mean - bare_mean) * 1000, 3),
+        )
+        record(
+            "submit overhead vs bare outbox + NOTIFY, mean txn time",
+            dt_mean / statistics.fmean(times["bare_notify"]),
+            "x",
+            metric="submit_overhead_ratio_vs_notify",
+            n=n,
+        )
+        record(
+            "submit overhead, p50 txn time",
+            statistics.median(times["dt"]) / statistics.median(times["bare"]),
+            "x",
+            metric="submit_overhead_ratio_p50",
+            n=n,
+        )
+
+
+def embedded(n: int, concurrency: int = DRAIN_CONCURRENCY, timeout: float = 600) -> None:
+    """The zero-configuration default: App() with no URLs, SQLite + embedded Valkey, temp dir."""
+    for var in ("DT_DATABASE_URL", "DT_REDIS_URL", "DT_DATA_DIR"):
+        os.environ.pop(var, None)  # "no URLs" must mean none, whatever this shell exports
+    data_dir = Path(tempfile.mkdtemp(prefix="dtbench-embedded-"))
+    ns = f"bench{uuid.uuid4().hex[:6]}"
+    app = build(None, ns, redis=None, data_dir=data_dir, batch_size=500)
+    try:
+        app.create_all()
+        submit_many(app, n)
+        record(
+            "embedded dispatch rate (in-process loop, batch 500)",
+            n / anyio.run(dispatch_all, app),
+            "rows/s",
+            metric="embedded_dispatch_inprocess_rate",
+            n=n,
+        )
+        with Children(None, ns, DT_BENCH_DATA_DIR=str(data_dir), DT_BENCH_CONC=str(concurrency)) as kids:
+            kids.spawn("worker")
+            kids.wait_ready()
+            kids.go()
+            done = wait_count(app, ns, n, timeout)
+        name = "embedded default drain rate (SQLite + embedded Valkey, 1 worker process)"
+        if done < n:
+            record(
+                name, None, "tasks/s", metric="embedded_drain_rate", n=n, error=f"only {done}/{n} in {timeout:.0f} s"
+            )
+            return
+        record(
+            name,
+            n / span(app, ns, t.started_at, t.finished_at),
+            "tasks/s",
+            metric="embedded_drain_rate",
+            n=n,
+            concurrency=concurrency,
+        )
+    finally:
+        app.engine.dispose()
+        app.stop_embedded()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def rss_of(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB, from /proc/<pid>/status."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) / 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def rss(n: int, concurrency: int = DRAIN_CONCURRENCY, timeout: float = 1800) -> None:
+    """Worker memory over n tasks: idle after start-up, peak, and idle at the end.
+
+    One worker and one dispatcher process run while this process submits the n tasks (500
+    per transaction), so submitting and working overlap; a thread samples the worker's
+    VmRSS at 10 Hz throughout.
+    """
+    with bench_app() as (app, db, ns):
+        with Children(db, ns, DT_BENCH_CONC=str(concurrency), DT_BENCH_BATCH="500") as kids:
+            (worker,) = kids.spawn("worker")
+            kids.spawn("dispatcher")
+            kids.wait_ready()
+            kids.go()
+            time.sleep(2.0)  # idle, connected, consumer group joined
+            start_rss, _ = rss_of(worker.pid)
+            samples: list[float] = [start_rss]
+            stop = threading.Event()
+
+            def sample() -> None:
+                while not stop.wait(0.1):
+                    with contextlib.suppress(OSError, KeyError):
+                        samples.append(rss_of(worker.pid)[0])
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            query = sa.select(sa.func.count()).where(t.namespace == ns, t.state == "SUCCEEDED")
+            series: list[tuple[int, float]] = []
+            done, next_count = 0, 0.0
+
+            def observe() -> None:
+                nonlocal done, next_count
+                if time.monotonic() >= next_count:
+                    with app.read_engine.connect() as conn:
+                        done = conn.execute(query).scalar_one()
+                    series.append((done, round(samples[-1], 1)))
+                    next_count = time.monotonic() + 1.0
+
+            started = time.perf_counter()
+            for lo in range(0, n, 500):
+                with Session(app.engine) as s:
+                    for i in range(lo, min(n, lo + 500)):
+                        app.submit(s, "bench.noop", i)
+                    s.commit()
+                observe()
+            submit_s = time.perf_counter() - started
+            deadline = time.monotonic() + timeout
+            while done < n and time.monotonic() < deadline:
+                observe()
+                time.sleep(0.1)
+            elapsed = time.perf_counter() - started
+            time.sleep(2.0)  # idle again
+            stop.set()
+            sampler.join(5)
+            end_rss, hwm = rss_of(worker.pid)
+        extra: dict[str, Any] = {
+            "n": n,
+            "tasks_done": done,
+            "concurrency": concurrency,
+            "submit_seconds": round(submit_s, 1),
+            "total_seconds": round(elapsed, 1),
+        }
+        if done < n:
+            extra["error"] = f"only {done}/{n} succeeded in {timeout:.0f} s"
+        record("worker RSS at start (idle, connected)", start_rss, "MiB", metric="worker_rss_start_mb", **extra)
+        record(
+            "worker RSS peak (max of 10 Hz samples and VmHWM)",
+            max(max(samples), hwm),
+            "MiB",
+            metric="worker_rss_peak_mb",
+            **extra,
+        )
+        record("worker RSS at end (idle)", end_rss, "MiB", metric="worker_rss_end_mb", **extra)
+        record("worker RSS series (tasks done, MiB)", None, "MiB", metric="worker_rss_series", series=series, **extra)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "what",
+        choices=["drain", "dispatch", "pipeline", "submit", "latency", "embedded", "rss", "_worker", "_dispatcher"],
+    )
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--dispatchers", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, default=DRAIN_CONCURRENCY, help="worker concurrency (drain runs)")
+    ap.add_argument("--batch", type=int, default=None, help="dispatcher batch size (default: the runtime's)")
+    ap.add_argument("--rate", type=float, default=200)
+    ap.add_argument("--producers", type=int, default=1, help="latency: threads sharing the paced schedule")
+    ap.add_argument("--timeout", type=float, default=None, help="bound on waiting for completion, seconds")
+    a = ap.parse_args()
+    bound = {"timeout": a.timeout} if a.timeout else {}
+    if a.what == "drain":
+        drain(a.n, a.workers, a.concurrency, **bound)
+    elif a.what == "dispatch":
+        dispatch(a.n, a.dispatchers, a.batch, **bound)
+    elif a.what == "pipeline":
+        pipeline(a.n, a.dispatchers, a.workers, a.concurrency, **bound)
+    elif a.what == "submit":
+        submit_overhead(a.n)
+    elif a.what == "latency":
+        latency(a.n, a.rate, a.producers, **bound)
+    elif a.what == "embedded":
+        embedded(a.n, a.concurrency, **bound)
+    elif a.what == "rss":
+        rss(a.n, a.concurrency, **bound)
+    elif a.what == "_worker":
+        worker_main()
+    else:
+        dispatcher_main()
+
+
+if __name__ == "__main__":
+    main()
