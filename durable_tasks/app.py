@@ -90,7 +90,9 @@ class App:
         self.paused_queues: set[str] = set()
         self._engine: sa.Engine | None = None
         self._redis_url: str | None = self.settings.redis_url
-        self._transports: dict[int, RedisStreamsTransport] = {}
+        # The transport of the event loop that made it (redis.asyncio clients are bound to one loop;
+        # the loop object, not its id, is kept: a new loop may reuse a dead one's id).
+        self._transport: tuple[asyncio.AbstractEventLoop, RedisStreamsTransport] | None = None
 
     # -- declaring tasks -----------------------------------------------------------------
 
@@ -272,27 +274,27 @@ class App:
 
     def transport(self) -> RedisStreamsTransport:
         """The Redis Streams transport for the running event loop."""
-        loop = id(asyncio.get_running_loop())
-        found = self._transports.get(loop)
-        if found is None:
-            url, cluster = self.redis_url, self.settings.redis_cluster
-            if url.startswith("redis+cluster://") or url.startswith("rediss+cluster://"):
-                url, cluster = url.replace("+cluster", "", 1), True
-            # Undecodable bytes in an entry must not break every read: they become U+FFFD, the
-            # entry is then malformed, and it goes to the DLQ.
-            client: aioredis.Redis | aioredis.RedisCluster = (
-                _cluster_client(url)
-                if cluster
-                else aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="replace")
-            )
-            found = RedisStreamsTransport(
-                client,
-                self.settings.namespace,
-                dedup_ttl=self.settings.dedup_ttl,
-                partitions=self.settings.queue_partitions,
-                signing_key=key.get_secret_value().encode() if (key := self.settings.signing_key) else None,
-            )
-            self._transports = {loop: found}  # one loop at a time; drop clients of finished loops
+        loop = asyncio.get_running_loop()
+        if self._transport is not None and self._transport[0] is loop:
+            return self._transport[1]
+        url, cluster = self.redis_url, self.settings.redis_cluster
+        if url.startswith("redis+cluster://") or url.startswith("rediss+cluster://"):
+            url, cluster = url.replace("+cluster", "", 1), True
+        # Undecodable bytes in an entry must not break every read: they become U+FFFD, the
+        # entry is then malformed, and it goes to the DLQ.
+        client: aioredis.Redis | aioredis.RedisCluster = (
+            _cluster_client(url)
+            if cluster
+            else aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="replace")
+        )
+        found = RedisStreamsTransport(
+            client,
+            self.settings.namespace,
+            dedup_ttl=self.settings.dedup_ttl,
+            partitions=self.settings.queue_partitions,
+            signing_key=key.get_secret_value().encode() if (key := self.settings.signing_key) else None,
+        )
+        self._transport = (loop, found)  # one loop at a time; a finished loop's client is dropped
         return found
 
     def transport_for(self, queue: str) -> RedisStreamsTransport | None:
@@ -326,11 +328,9 @@ class App:
 
     async def aclose(self) -> None:
         """Close the Redis client of this event loop and dispose of the engine's connections."""
-        transports, self._transports = self._transports, {}
-        current = id(asyncio.get_running_loop())
-        for loop, t in transports.items():
-            if loop == current:  # a client of a finished loop cannot be closed from this one
-                await t.client.aclose()
+        held, self._transport = self._transport, None
+        if held is not None and held[0] is asyncio.get_running_loop():
+            await held[1].client.aclose()  # a finished loop's client cannot be closed from this one
         if self._engine is not None:
             self._engine.dispose()
 

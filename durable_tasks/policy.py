@@ -62,6 +62,12 @@ class TaskLeaseView:
     delivery: int
     lease_expires_at: datetime | None
     reclaims: int
+    #: Lost deliveries that count toward ``max_deliveries`` (see ``loss_counts``).
+    counted_losses: int = 0
+    #: Whether losing this delivery counts: it was never claimed, or its attempt ran alone. An
+    #: attempt lost while running beside others may be a bystander of the task that killed
+    #: the worker; it runs alone next time (the worker isolates tasks with reclaims > 0).
+    loss_counts: bool = True
 
 
 class ReapAction(Enum):
@@ -100,6 +106,6 @@ def decide_reap(
         return ReapAction.KEEP
     if idle < lease_timeout:
         return ReapAction.KEEP
-    if task.reclaims + 1 >= max_deliveries:
+    if task.loss_counts and task.counted_losses + 1 >= max_deliveries:
         return ReapAction.DEAD_LETTER
     return ReapAction.REDELIVER

@@ -25,6 +25,7 @@ from anyio import to_thread
 from anyio.abc import TaskGroup
 from opentelemetry import trace
 from opentelemetry.trace import Span
+from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import failpoints
@@ -208,7 +209,14 @@ class Worker:
             try:
                 delivery = transport.parse(entry.fields, entry.stream)
             except MalformedEntryError as exc:
-                await transport.dead_letter_malformed(entry.queue, entry.stream, entry.entry_id, entry.fields, str(exc))
+                try:
+                    await transport.dead_letter_malformed(
+                        entry.queue, entry.stream, entry.entry_id, entry.fields, str(exc)
+                    )
+                except RedisError as redis_exc:  # stays pending: the reaper dead-letters it later
+                    logger.warning("dead-lettering malformed entry %s failed: %s", entry.entry_id, redis_exc)
+                    self._done(False)
+                    continue
                 self.counters.malformed += 1
                 self._done(True)
                 continue
@@ -245,10 +253,15 @@ class Worker:
             else:
                 tg.start_soon(self._execute, entry, claim, span)
         if stale:
-            await self._ack_now([(e.stream, e.entry_id) for e, _ in stale])
+            try:
+                await self._ack_now([(e.stream, e.entry_id) for e, _ in stale])
+                acked = True
+            except RedisError as exc:  # they stay pending; the reaper acks stale entries later
+                logger.warning("acknowledging %d stale entries failed: %s", len(stale), exc)
+                acked = False
             for _, span in stale:
                 self.counters.skipped_stale += 1
-                self._end(span, "stale", settled=True)
+                self._end(span, "stale", settled=acked)
 
     def _start_span(self, entry: StreamEntry, d: Delivery) -> Span:
         tel = self.app.telemetry
@@ -284,7 +297,10 @@ class Worker:
                 app.telemetry.queue_delay.record(
                     (app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                async with self._gate.enter(suspect=claim.reclaims > 0, hold=lambda: self._leases.hold(claim, None)):
+                suspect = claim.reclaims > 0
+                async with self._gate.enter(suspect=suspect, hold=lambda: self._leases.hold(claim, None)):
+                    if suspect:
+                        await to_thread.run_sync(execution.mark_solo, app.engine, claim)
                     outcome = await run_attempt(
                         app, claim, span, self._committer.submit, self._leases, self._handler_threads
                     )

@@ -110,6 +110,13 @@ def make_app(database_url: str, redis_url: str, namespace: str, tmp_path: Path) 
     for app in apps:
         if app._engine is not None:
             app._engine.dispose()
+    if "+cluster://" in redis_url:  # DT_TEST_REDIS_URL may name a cluster: tests/cluster/run_core.py
+        seed = redis_url.replace("+cluster", "", 1).split(",")[0]
+        cluster = redis.RedisCluster.from_url(seed)
+        for key in cluster.scan_iter(match=f"dt:{{{namespace}:*", count=1000, target_nodes=cluster.PRIMARIES):
+            cluster.delete(key)
+        cluster.close()
+        return
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
         client.delete(key)

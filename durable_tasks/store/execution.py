@@ -27,6 +27,7 @@ __all__ = [
     "claim_execution",
     "close_open_attempts",
     "heartbeat",
+    "mark_solo",
     "renew_leases",
 ]
 
@@ -287,6 +288,12 @@ def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: da
                 .returning(t.id)
             ).scalars()
         )
+
+
+def mark_solo(engine: sa.Engine, claim: ExecutionClaim) -> None:
+    """Record that this attempt runs alone: if its worker dies now, the loss is its own."""
+    with engine.begin() as conn:
+        conn.execute(sa.update(tasks_table).where(claim.fence()).values(solo_attempt=claim.attempt))
 
 
 def heartbeat(engine: sa.Engine, claim: ExecutionClaim, *, now: datetime, lease: timedelta) -> bool:

@@ -35,12 +35,29 @@ def lease_views(engine: sa.Engine, namespace: str, task_ids: Iterable[str]) -> d
         return {}
     with engine.connect() as conn:
         rows = conn.execute(
-            sa.select(t.id, t.state, t.generation, t.delivery, t.lease_expires_at, t.reclaims).where(
-                t.namespace == namespace, t.id.in_(ids)
-            )
+            sa.select(
+                t.id,
+                t.state,
+                t.generation,
+                t.delivery,
+                t.lease_expires_at,
+                t.reclaims,
+                t.counted_losses,
+                t.attempt,
+                t.solo_attempt,
+            ).where(t.namespace == namespace, t.id.in_(ids))
         ).all()
     return {
-        r.id: TaskLeaseView(TaskState(r.state), r.generation, r.delivery, r.lease_expires_at, r.reclaims) for r in rows
+        r.id: TaskLeaseView(
+            TaskState(r.state),
+            r.generation,
+            r.delivery,
+            r.lease_expires_at,
+            r.reclaims,
+            counted_losses=r.counted_losses,
+            loss_counts=r.state != TaskState.RUNNING or r.solo_attempt == r.attempt,
+        )
+        for r in rows
     }
 
 
@@ -54,6 +71,10 @@ def _unowned(task_id: str, namespace: str, generation: int, delivery: int, now: 
         t.state.not_in(list(TERMINAL_STATES)),
         sa.or_(t.state != TaskState.RUNNING, t.lease_expires_at.is_(None), t.lease_expires_at <= now),
     )
+
+
+#: 1 when losing the current delivery counts toward max_deliveries (see TaskLeaseView).
+_LOSS_COUNTS = sa.case((sa.or_(t.state != TaskState.RUNNING, t.solo_attempt == t.attempt), 1), else_=0)
 
 
 def redeliver(
@@ -80,6 +101,7 @@ def redeliver(
                 state=TaskState.PENDING,
                 delivery=t.delivery + 1,
                 reclaims=t.reclaims + (1 if count_reclaim else 0),
+                counted_losses=t.counted_losses + (_LOSS_COUNTS if count_reclaim else sa.literal(0)),
                 lease_expires_at=None,
             )
             .returning(t.queue, t.shadow, t.delivery)

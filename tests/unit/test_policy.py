@@ -103,9 +103,17 @@ def view(
     delivery: int = 0,
     lease_expires_at: datetime | None = None,
     reclaims: int = 0,
+    loss_counts: bool = True,
 ) -> TaskLeaseView:
+    # Every loss counted so far (a worst case): counted_losses follows reclaims.
     return TaskLeaseView(
-        state=state, generation=generation, delivery=delivery, lease_expires_at=lease_expires_at, reclaims=reclaims
+        state=state,
+        generation=generation,
+        delivery=delivery,
+        lease_expires_at=lease_expires_at,
+        reclaims=reclaims,
+        counted_losses=reclaims,
+        loss_counts=loss_counts,
     )
 
 
@@ -193,6 +201,14 @@ def test_reclaims_reaching_max_deliveries_dead_letter() -> None:
     assert reap(below, idle=LEASE) is ReapAction.REDELIVER
     assert reap(at, idle=LEASE) is ReapAction.DEAD_LETTER
     assert reap(beyond, idle=LEASE) is ReapAction.DEAD_LETTER
+
+
+def test_a_bystander_loss_never_dead_letters() -> None:
+    """An attempt lost while running beside others may have been killed by one of them: it is
+    redelivered (to run alone) however many losses are on the record."""
+    expired = NOW - SECOND
+    bystander = view(TaskState.RUNNING, lease_expires_at=expired, reclaims=MAX_DELIVERIES + 4, loss_counts=False)
+    assert reap(bystander, idle=LEASE) is ReapAction.REDELIVER
 
 
 def test_max_deliveries_of_one_dead_letters_the_first_lost_delivery() -> None:
