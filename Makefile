@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check chaos bench clean
+.PHONY: demo test lint typecheck check chaos bench test-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ check: lint typecheck test
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos
+
+test-cluster: $(STAMP)
+	$(BIN)/python -m tests.cluster.run_core
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
