@@ -20,7 +20,6 @@ CORE = [
     "tests/integration/test_smoke.py",
     "tests/integration/test_submit.py",
     "tests/integration/test_dispatcher.py",
-    "tests/integration/test_dispatch_outcomes.py",
     "tests/integration/test_worker.py",
     "tests/integration/test_reaper.py",
     "tests/integration/test_group_commit.py",
