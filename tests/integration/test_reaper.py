@@ -533,3 +533,23 @@ async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..
     assert (await app.reap_once()).dead_lettered == 1
     assert app.get_task(task_id).state == TaskState.DEAD
     assert marks == [(task_id, "TaskDeadLetteredError")]
+
+
+async def test_concurrent_reapers_redeliver_each_lost_delivery_once(make_app: Callable[..., App]) -> None:
+    async with _opened(make_app()) as app:
+        double = _register(app)
+        ids = [_submit(app, double, i) for i in range(20)]
+        while await app.dispatch_once():
+            pass
+        await _read(app, "died-with-all-of-them", count=20)
+        await anyio.sleep(_lease_wait(app))
+        reports = []
+
+        async def reap() -> None:
+            reports.append(await app.reap_once())
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(reap)
+        assert sum(r.redelivered for r in reports) == 20  # three reapers, each delivery once
+        assert all(_outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")] for task_id in ids)
