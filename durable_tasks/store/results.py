@@ -60,7 +60,8 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
     plain = [w for w in writes if w.hook is None or w.claim.shadow]
     hooked = [w for w in writes if not (w.hook is None or w.claim.shadow)]
     with engine.begin() as conn:
-        lock_tasks_in_order(conn, [w.claim.task_id for w in writes])
+        if hooked:  # several statements: take every row's lock first, in id order
+            lock_tasks_in_order(conn, [w.claim.task_id for w in writes])
         if plain:
             _commit_plain(conn, plain, now)
         for w in hooked:
