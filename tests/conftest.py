@@ -9,6 +9,7 @@ flushes a shared server: teardown deletes only the keys of the test's namespace.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
@@ -128,3 +129,29 @@ async def app(make_app: Callable[..., App]) -> AsyncIterator[App]:
     a = make_app()
     yield a
     await a.aclose()
+
+
+@pytest.fixture
+def cli_app_env(
+    database_url: str, redis_url: str, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., dict[str, str]]:
+    """Point ``tests.apps.cli_app`` (an App built from DT_* variables) at this test's servers.
+
+    Call it with extra ``DT_*`` values; the module is re-imported on next use, and the
+    environment is restored after the test.
+    """
+
+    def configure(**extra: str) -> dict[str, str]:
+        values = {
+            "DT_DATABASE_URL": database_url,
+            "DT_REDIS_URL": redis_url,
+            "DT_NAMESPACE": namespace,
+            "DT_DATA_DIR": str(tmp_path / "data"),
+            **extra,
+        }
+        for key, value in values.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delitem(sys.modules, "tests.apps.cli_app", raising=False)
+        return values
+
+    return configure

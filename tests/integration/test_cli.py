@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,25 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def cli_env(database_url: str, redis_url: str, namespace: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    env = {
-        "DT_DATABASE_URL": database_url,
-        "DT_REDIS_URL": redis_url,
-        "DT_NAMESPACE": namespace,
-        "DT_DATA_DIR": str(tmp_path / "data"),
-        "DT_POLL_INTERVAL": "0.1",
-        "DT_READ_BLOCK": "0.1",
-        "DT_REAPER_INTERVAL": "0.5",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.modules.pop("tests.apps.cli_app", None)
-    yield env
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def cli_env(cli_app_env: Callable[..., dict[str, str]]) -> Iterator[dict[str, str]]:
+    yield cli_app_env(DT_POLL_INTERVAL="0.1", DT_READ_BLOCK="0.1", DT_REAPER_INTERVAL="0.5")
     sys.modules.pop("tests.apps.cli_app", None)
 
 

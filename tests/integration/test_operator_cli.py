@@ -25,26 +25,8 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def env(database_url: str, redis_url: str, namespace: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    values = {
-        "DT_DATABASE_URL": database_url,
-        "DT_REDIS_URL": redis_url,
-        "DT_NAMESPACE": namespace,
-        "DT_DATA_DIR": str(tmp_path / "data"),
-        "DT_LEASE_TIMEOUT": "0.5",
-        "DT_HEARTBEAT_INTERVAL": "0.1",
-        "DT_MAX_DELIVERIES": "1",
-        "DT_READ_BLOCK": "0.1",
-    }
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    sys.modules.pop("tests.apps.cli_app", None)
-    yield values
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def env(cli_app_env: Callable[..., dict[str, str]]) -> Iterator[dict[str, str]]:
+    yield cli_app_env(DT_LEASE_TIMEOUT="0.5", DT_HEARTBEAT_INTERVAL="0.1", DT_MAX_DELIVERIES="1", DT_READ_BLOCK="0.1")
     sys.modules.pop("tests.apps.cli_app", None)
 
 
