@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -122,17 +123,12 @@ class Reaper:
             report.kept += 1
             return
         if action is ReapAction.REDELIVER:
-            done = await to_thread.run_sync(
-                lambda: recovery.redeliver(
-                    app.engine,
-                    s.namespace,
-                    task_id=d.task_id,
-                    generation=d.generation,
-                    delivery=d.delivery,
-                    now=now,
-                    reason="worker lost: lease expired, entry reclaimed",
-                    count_reclaim=True,
-                )
+            done = await self._on_delivery(
+                recovery.redeliver,
+                (d.task_id, d.generation, d.delivery),
+                now,
+                reason="worker lost: lease expired, entry reclaimed",
+                count_reclaim=True,
             )
             report.redelivered += int(done)
             if failpoints.ENABLED:
@@ -149,17 +145,12 @@ class Reaper:
                 if view
                 else f"no task row for {s.visibility_timeout} (visibility_timeout)"
             )
-            done = view is None or await to_thread.run_sync(
-                lambda: recovery.dead_letter_task(
-                    app.engine,
-                    s.namespace,
-                    task_id=d.task_id,
-                    generation=d.generation,
-                    delivery=d.delivery,
-                    now=now,
-                    reason=reason,
-                    on_dead=partial(self._failure_hooks, reason),
-                )
+            done = view is None or await self._on_delivery(
+                recovery.dead_letter_task,
+                (d.task_id, d.generation, d.delivery),
+                now,
+                reason=reason,
+                on_dead=partial(self._failure_hooks, reason),
             )
             if done:
                 await self._publish_dead_letter(queue, entry_id, d, reason)
@@ -179,6 +170,25 @@ class Reaper:
                 await self._publish_dead_letter(queue, entry_id, d, "dead-lettered")
             report.acked_stale += 1
         await transport.ack(stream, [entry_id])
+
+    async def _on_delivery(
+        self, action: Callable[..., bool], key: tuple[str, int, int], now: datetime, **kwargs: Any
+    ) -> bool:
+        """Run a recovery action on one (task, generation, delivery) in a worker thread."""
+        app = self.app
+        task_id, generation, delivery = key
+        return await to_thread.run_sync(
+            partial(
+                action,
+                app.engine,
+                app.settings.namespace,
+                task_id=task_id,
+                generation=generation,
+                delivery=delivery,
+                now=now,
+                **kwargs,
+            )
+        )
 
     def _failure_hooks(self, reason: str, conn: sa.Connection, row: Any) -> None:
         """Run the task's ``on_failure`` hooks for a task the reaper dead-letters."""
@@ -235,18 +245,12 @@ class Reaper:
             for u, present in zip(items, exists, strict=True):
                 if present:
                     continue
-                done = await to_thread.run_sync(
-                    partial(
-                        recovery.redeliver,
-                        app.engine,
-                        s.namespace,
-                        task_id=u.task_id,
-                        generation=u.generation,
-                        delivery=u.delivery,
-                        now=now,
-                        reason=f"stream entry {u.stream_id} lost by Redis",
-                        count_reclaim=False,
-                    )
+                done = await self._on_delivery(
+                    recovery.redeliver,
+                    (u.task_id, u.generation, u.delivery),
+                    now,
+                    reason=f"stream entry {u.stream_id} lost by Redis",
+                    count_reclaim=False,
                 )
                 report.reconciled += int(done)
                 if done:

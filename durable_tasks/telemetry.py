@@ -38,6 +38,8 @@ Redactor = Callable[[str, Any], Any]
 
 def traceparent_of(span: Span) -> str | None:
     """The W3C ``traceparent`` of ``span`` (None when tracing is off)."""
+    if not span.get_span_context().is_valid:  # no SDK: skip the propagator on the hot path
+        return None
     carrier: dict[str, str] = {}
     _propagator.inject(carrier, context=trace.set_span_in_context(span))
     return carrier.get("traceparent")

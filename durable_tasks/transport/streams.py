@@ -225,15 +225,6 @@ class RedisStreamsTransport:
             raise
         return parse_autoclaim_reply(reply)
 
-    async def idle_times(self, stream: str, entry_ids: Sequence[str]) -> dict[str, int]:
-        """Idle milliseconds of pending entries (absent: not pending)."""
-        out: dict[str, int] = {}
-        for entry_id in entry_ids:
-            rows = await self.client.xpending_range(stream, CONSUMER_GROUP, min=entry_id, max=entry_id, count=1)
-            for row in rows:
-                out[str(row["message_id"])] = int(row["time_since_delivered"])
-        return out
-
     async def dead_letter(self, queue: str, what: str, fields: dict[str, str]) -> str:
         """Append ``fields`` to the queue's dead-letter stream once per ``what`` (a delivery
         ``task:generation:delivery`` or ``entry:<id>``): a retry after a crash adds nothing."""
