@@ -4,12 +4,15 @@ Items submitted while a flush is in flight wait for the next flush, which takes 
 to ``max_batch``). At low load an item is flushed at once; under load one flush carries many.
 The worker uses it for fenced result commits (one transaction per group, each row still
 fenced on its own) and for XACKs (one call per stream per group).
+
+Waiters share their batch's event: submitting costs a list append, not an event per item.
+With ``concurrency`` > 1 the next batch flushes while the previous one still waits on I/O.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Generic, TypeVar
 
@@ -20,52 +23,69 @@ __all__ = ["Coalescer"]
 T = TypeVar("T")
 
 
-@dataclass(slots=True)
-class _Waiting(Generic[T]):
-    item: T
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: BaseException | None = None
+class _Batch(Generic[T]):
+    __slots__ = ("done", "error", "items")
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self.done = anyio.Event()
+        self.error: BaseException | None = None
 
 
 class Coalescer(Generic[T]):
     """Runs ``flush(items)`` for batches of submitted items; each submitter waits for its batch."""
 
     def __init__(
-        self, flush: Callable[[Sequence[T]], Awaitable[None]], *, max_batch: int, window: timedelta = timedelta(0)
+        self,
+        flush: Callable[[Sequence[T]], Awaitable[None]],
+        *,
+        max_batch: int,
+        window: timedelta = timedelta(0),
+        concurrency: int = 1,
     ) -> None:
         self._flush = flush
+        self._slots = anyio.Semaphore(concurrency)
         self._max_batch = max_batch
         self._window = window.total_seconds()
-        self._queue: list[_Waiting[T]] = []
+        self._open: _Batch[T] = _Batch()
+        self._full: deque[_Batch[T]] = deque()
         self._wakeup = anyio.Event()
 
     async def submit(self, item: T) -> None:
         """Hand ``item`` to the next flush and wait for it; raises what that flush raised."""
-        waiting = _Waiting(item)
-        self._queue.append(waiting)
+        batch = self._open
+        batch.items.append(item)
+        if len(batch.items) >= self._max_batch:
+            self._full.append(batch)
+            self._open = _Batch()
         self._wakeup.set()
-        await waiting.done.wait()
-        if waiting.error is not None:
-            raise waiting.error
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
 
     async def run(self) -> None:
-        """Flush batches until cancelled (run it in the owner's task group)."""
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = anyio.Event()
-            if self._window and len(self._queue) < self._max_batch:
-                await anyio.sleep(self._window)
-            while self._queue:
-                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-                await self._flush_batch(batch)
+        """Flush batches, up to ``concurrency`` at once, until cancelled (run it in the owner's
+        task group). A batch keeps filling while every flush slot is busy."""
+        async with anyio.create_task_group() as flushes:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+                if self._window and not self._full:
+                    await anyio.sleep(self._window)
+                while self._full or self._open.items:
+                    await self._slots.acquire()
+                    if self._full:
+                        batch = self._full.popleft()
+                    else:
+                        batch, self._open = self._open, _Batch()
+                    flushes.start_soon(self._flush_batch, batch)
 
-    async def _flush_batch(self, batch: list[_Waiting[T]]) -> None:
+    async def _flush_batch(self, batch: _Batch[T]) -> None:
         try:
             with anyio.CancelScope(shield=True):  # a started flush finishes, so its waiters learn
-                await self._flush([w.item for w in batch])
+                await self._flush(batch.items)
         except Exception as exc:
-            for w in batch:
-                w.error = exc
+            batch.error = exc
         finally:
-            for w in batch:
-                w.done.set()
+            self._slots.release()
+            batch.done.set()

@@ -16,6 +16,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING
@@ -33,7 +34,7 @@ from .attempt import LeaseKeeper, run_attempt
 from .batching import Coalescer
 from .store import execution, results
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
-from .store.results import FinalWrite
+from .store.results import CommitOutcome, FinalWrite
 from .telemetry import link_to, traceparent_of
 from .transport.keys import CONSUMER_GROUP
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry
@@ -63,6 +64,18 @@ class WorkerCounters:
         """Count an attempt's outcome."""
         attr = {"succeeded": "succeeded", "failed": "failed", "retrying": "retried", "fenced_out": "fenced_out"}
         setattr(self, attr[outcome], getattr(self, attr[outcome]) + 1)
+
+
+@dataclass(slots=True)
+class _Commit:
+    """A result on its way to the group committer, with the entry to acknowledge after it."""
+
+    write: FinalWrite
+    entry: StreamEntry
+    acked: bool = False
+
+
+_ACKED_OUTCOMES = (CommitOutcome.COMMITTED, CommitOutcome.FENCED_OUT)
 
 
 class IsolationGate:
@@ -132,7 +145,9 @@ class Worker:
         self._stopping = anyio.Event()
         self._slot_freed = anyio.Event()
         s = app.settings
-        self._committer = Coalescer(self._commit, max_batch=s.commit_batch_max, window=s.commit_window)
+        self._committer: Coalescer[_Commit] = Coalescer(
+            self._commit, max_batch=s.commit_batch_max, window=s.commit_window, concurrency=2
+        )
         self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack, max_batch=1000)
         self._leases = LeaseKeeper(app)
         # Sync handlers get threads of their own: long handlers must never starve the claims,
@@ -287,6 +302,14 @@ class Worker:
         app = self.app
         settled = False
         outcome = "unreachable"
+        acked = False
+
+        async def commit(write: FinalWrite) -> None:  # the committer acknowledges what it settles
+            nonlocal acked
+            item = _Commit(write, entry)
+            await self._committer.submit(item)
+            acked = item.acked
+
         try:
             with trace.use_span(span, end_on_exit=False):
                 if failpoints.ENABLED:
@@ -301,14 +324,13 @@ class Worker:
                 async with self._gate.enter(suspect=suspect, hold=lambda: self._leases.hold(claim, None)):
                     if suspect:
                         await to_thread.run_sync(execution.mark_solo, app.engine, claim)
-                    outcome = await run_attempt(
-                        app, claim, span, self._committer.submit, self._leases, self._handler_threads
-                    )
+                    outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
                 self.counters.count(outcome)
                 app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
-                if failpoints.ENABLED:
-                    failpoints.hit("worker.after_commit")
-                await self._acker.submit((entry.stream, entry.entry_id))
+                if not acked:  # recorded outside the committer (a failure): acknowledge it now
+                    if failpoints.ENABLED:
+                        failpoints.hit("worker.after_commit")
+                    await self._acker.submit((entry.stream, entry.entry_id))
             settled = True
         except SQLAlchemyError as exc:
             logger.warning("cannot record the outcome of %s (%s); entry stays pending", claim.task_id, exc)
@@ -318,9 +340,22 @@ class Worker:
             self._leases.release(claim)
             self._end(span, outcome, settled=settled)
 
-    async def _commit(self, writes: Sequence[FinalWrite]) -> None:
+    async def _commit(self, items: Sequence[_Commit]) -> None:
+        """Commit a group of results, then acknowledge the entries whose outcome is recorded
+        (committed or fenced out); a failed XACK leaves them pending for the reaper."""
         app = self.app
+        writes = [item.write for item in items]
         await to_thread.run_sync(partial(results.commit_results, app.engine, writes, now=app.clock()))
+        if failpoints.ENABLED:
+            failpoints.hit("worker.after_commit")
+        settled = [item for item in items if item.write.outcome in _ACKED_OUTCOMES]
+        try:
+            await self._ack_now([(item.entry.stream, item.entry.entry_id) for item in settled])
+        except RedisError as exc:
+            logger.warning("acknowledging %d committed entries failed (%s); the reaper will", len(settled), exc)
+            return
+        for item in settled:
+            item.acked = True
 
     async def _ack(self, items: Sequence[tuple[str, str]]) -> None:
         await self._ack_now(items)

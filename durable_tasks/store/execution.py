@@ -17,6 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
+from . import sql
+from .engine import is_postgres
 from .locking import task_rows_in_order
 
 __all__ = [
@@ -123,49 +125,16 @@ def claim_batch(
     if not requests:
         return []
     keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
+    traceparents = {r.task_id: r.traceparent for r in requests}
     with engine.begin() as conn:
-        rows = conn.execute(
-            sa.update(tasks_table)
-            .where(
-                task_rows_in_order(
-                    conn,
-                    t.namespace == namespace,
-                    sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
-                    sa.or_(
-                        t.state.in_(CLAIMABLE_STATES),
-                        sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
-                    ),
-                )
-            )
-            .values(
-                state=TaskState.RUNNING,
-                attempt=t.attempt + 1,
-                lease_expires_at=now + lease,
-                worker_id=worker_id,
-                started_at=now,
-            )
-            .returning(*_RETURNED)
-        ).all()
+        postgres = is_postgres(conn)
+        claim = _claim_rows_pg if postgres else _claim_rows
+        rows = claim(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease)
         claimed = {r.id: r for r in rows}
         previous = _reopened(conn, [r for r in rows if r.attempt > 1 or r.generation > 0], now)
         if rows:
-            by_id = {r.task_id: r for r in requests}
-            conn.execute(
-                sa.insert(attempts_table),
-                [
-                    {
-                        "namespace": namespace,
-                        "task_id": r.id,
-                        "generation": r.generation,
-                        "attempt": r.attempt,
-                        "delivery": r.delivery,
-                        "worker_id": worker_id,
-                        "started_at": now,
-                        "traceparent": by_id[r.id].traceparent,
-                    }
-                    for r in rows
-                ],
-            )
+            opened = [(r.id, r.generation, r.attempt, r.delivery, traceparents[r.id]) for r in rows]
+            (_open_attempts_pg if postgres else _open_attempts)(conn, namespace, opened, worker_id=worker_id, now=now)
         missing = {r.task_id for r in requests} - set(claimed)
         existing = (
             set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
@@ -188,6 +157,103 @@ def claim_batch(
         else:
             out.append(ClaimRefused.NO_TASK)
     return out
+
+
+def _claim_rows(
+    conn: sa.Connection,
+    namespace: str,
+    keys: list[tuple[str, int, int]],
+    *,
+    worker_id: str,
+    now: datetime,
+    lease_until: datetime,
+) -> Sequence[Any]:
+    return conn.execute(
+        sa.update(tasks_table)
+        .where(
+            task_rows_in_order(
+                conn,
+                t.namespace == namespace,
+                sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
+                sa.or_(
+                    t.state.in_(CLAIMABLE_STATES),
+                    sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
+                ),
+            )
+        )
+        .values(
+            state=TaskState.RUNNING,
+            attempt=t.attempt + 1,
+            lease_expires_at=lease_until,
+            worker_id=worker_id,
+            started_at=now,
+        )
+        .returning(*_RETURNED)
+    ).all()
+
+
+def _claim_rows_pg(
+    conn: sa.Connection,
+    namespace: str,
+    keys: list[tuple[str, int, int]],
+    *,
+    worker_id: str,
+    now: datetime,
+    lease_until: datetime,
+) -> Sequence[Any]:
+    ids, generations, deliveries = zip(*keys, strict=True)
+    params = {
+        "namespace": namespace,
+        "ids": list(ids),
+        "generations": list(generations),
+        "deliveries": list(deliveries),
+        "worker_id": worker_id,
+        "now": now,
+        "lease_until": lease_until,
+    }
+    return conn.exec_driver_sql(sql.postgres()["claim_executions"], params).all()
+
+
+#: (task_id, generation, attempt, delivery, traceparent) of one opened attempt.
+_Opened = tuple[str, int, int, int, str | None]
+
+
+def _open_attempts(
+    conn: sa.Connection, namespace: str, opened: list[_Opened], *, worker_id: str, now: datetime
+) -> None:
+    conn.execute(
+        sa.insert(attempts_table),
+        [
+            {
+                "namespace": namespace,
+                "task_id": task_id,
+                "generation": generation,
+                "attempt": attempt,
+                "delivery": delivery,
+                "worker_id": worker_id,
+                "started_at": now,
+                "traceparent": traceparent,
+            }
+            for task_id, generation, attempt, delivery, traceparent in opened
+        ],
+    )
+
+
+def _open_attempts_pg(
+    conn: sa.Connection, namespace: str, opened: list[_Opened], *, worker_id: str, now: datetime
+) -> None:
+    task_ids, generations, attempts, deliveries, traceparents = (list(c) for c in zip(*opened, strict=True))
+    params = {
+        "namespace": namespace,
+        "task_ids": task_ids,
+        "generations": generations,
+        "attempts": attempts,
+        "deliveries": deliveries,
+        "traceparents": traceparents,
+        "worker_id": worker_id,
+        "now": now,
+    }
+    conn.exec_driver_sql(sql.postgres()["open_attempts"], params)
 
 
 def _reopened(conn: sa.Connection, rows: Sequence[Any], now: datetime) -> dict[str, str | None]:

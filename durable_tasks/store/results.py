@@ -16,6 +16,8 @@ from enum import Enum
 import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
+from . import sql
+from .engine import is_postgres
 from .execution import ExecutionClaim
 from .locking import lock_tasks_in_order, task_rows_in_order
 from .submit import insert_outbox
@@ -66,18 +68,20 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
             _commit_plain(conn, plain, now)
         for w in hooked:
             _commit_hooked(conn, w, now)
-        _finish_attempts(
-            conn, [w for w in writes if w.outcome is CommitOutcome.COMMITTED], now, AttemptOutcome.SUCCEEDED
-        )
-        _finish_attempts(
-            conn, [w for w in writes if w.outcome is CommitOutcome.FENCED_OUT], now, AttemptOutcome.FENCED_OUT
-        )
+        # On Postgres the plain writes' statement closed their attempts too.
+        _finish_attempts(conn, hooked if is_postgres(conn) else writes, now)
 
 
 def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
+    committed = (_write_results_pg if is_postgres(conn) else _write_results)(conn, writes, now)
+    for w in writes:
+        w.outcome = CommitOutcome.COMMITTED if w.claim.task_id in committed else CommitOutcome.FENCED_OUT
+
+
+def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
     namespace = writes[0].claim.namespace
     tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w in writes]
-    committed = set(
+    return set(
         conn.execute(
             sa.update(tasks_table)
             .where(
@@ -96,8 +100,19 @@ def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: dateti
             .returning(t.id)
         ).scalars()
     )
-    for w in writes:
-        w.outcome = CommitOutcome.COMMITTED if w.claim.task_id in committed else CommitOutcome.FENCED_OUT
+
+
+def _write_results_pg(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
+    """One statement: the fenced writes and their attempts' outcomes."""
+    params = {
+        "namespace": writes[0].claim.namespace,
+        "ids": [w.claim.task_id for w in writes],
+        "generations": [w.claim.generation for w in writes],
+        "attempts": [w.claim.attempt for w in writes],
+        "results": [w.result_json for w in writes],
+        "now": now,
+    }
+    return set(conn.exec_driver_sql(sql.postgres()["commit_results"], params).scalars())
 
 
 def _commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
@@ -120,18 +135,37 @@ def _commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
     w.outcome = CommitOutcome.COMMITTED
 
 
-def _finish_attempts(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime, outcome: AttemptOutcome) -> None:
-    if not writes:
+def _finish_attempts(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
+    """Close the attempts of a committed group, each with its own outcome."""
+    closed: list[tuple[FinalWrite, str]] = []
+    for w in writes:
+        if w.outcome is CommitOutcome.COMMITTED or w.outcome is CommitOutcome.FENCED_OUT:
+            closed.append((w, _ATTEMPT_OUTCOME[w.outcome]))
+    if not closed:
         return
-    conn.execute(
-        sa.update(attempts_table)
-        .where(
-            sa.tuple_(a.task_id, a.generation, a.attempt).in_(
-                [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w in writes]
-            )
+    if is_postgres(conn):
+        params = {
+            "task_ids": [w.claim.task_id for w, _ in closed],
+            "generations": [w.claim.generation for w, _ in closed],
+            "attempts": [w.claim.attempt for w, _ in closed],
+            "outcomes": [outcome for _, outcome in closed],
+            "now": now,
+        }
+        conn.exec_driver_sql(sql.postgres()["finish_attempts"], params)
+        return
+    for outcome in {outcome for _, outcome in closed}:
+        tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w, o in closed if o == outcome]
+        conn.execute(
+            sa.update(attempts_table)
+            .where(sa.tuple_(a.task_id, a.generation, a.attempt).in_(tokens))
+            .values(outcome=outcome, finished_at=now)
         )
-        .values(outcome=outcome, finished_at=now)
-    )
+
+
+_ATTEMPT_OUTCOME = {
+    CommitOutcome.COMMITTED: AttemptOutcome.SUCCEEDED.value,
+    CommitOutcome.FENCED_OUT: AttemptOutcome.FENCED_OUT.value,
+}
 
 
 def record_failure(

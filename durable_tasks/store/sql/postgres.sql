@@ -1,0 +1,87 @@
+-- The runtime's hot-path statements on PostgreSQL, one per name.
+--
+-- Each works on a whole batch through parallel arrays (unnest), so a batch costs one
+-- statement and one round trip however many rows it holds, and the statement text never
+-- changes (psycopg prepares it after a few runs). Parameters are psycopg's %(name)s.
+-- Every multi-row write of dt_tasks first locks its rows ORDER BY id (see store/locking.py),
+-- found by primary key alone (the namespace is checked outside: a planner without statistics
+-- would otherwise scan a whole namespace through ix_dt_tasks_state).
+-- The SQLite path and the rare paths speak SQLAlchemy Core; these must mean the same.
+
+-- name: claim_executions
+-- The execution fence for a batch of deliveries: arrays ids, generations, deliveries.
+-- Claimable: same generation and delivery, PENDING/ENQUEUED/RETRYING, or RUNNING with an
+-- expired lease. Returns the claimed rows (attempt already incremented).
+UPDATE dt_tasks AS t
+SET state = 'RUNNING',
+    attempt = t.attempt + 1,
+    lease_expires_at = %(lease_until)s,
+    worker_id = %(worker_id)s,
+    started_at = %(now)s
+WHERE t.id IN (
+    SELECT c.id
+    FROM dt_tasks AS c
+    WHERE c.id = ANY(%(ids)s::text[])
+      AND (c.id, c.generation, c.delivery) IN (
+          SELECT * FROM unnest(%(ids)s::text[], %(generations)s::int[], %(deliveries)s::int[]))
+      AND (c.state IN ('PENDING', 'ENQUEUED', 'RETRYING')
+           OR (c.state = 'RUNNING' AND c.lease_expires_at <= %(now)s))
+    ORDER BY c.id
+    FOR UPDATE OF c
+)
+  AND t.namespace = %(namespace)s
+RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures, t.payload, t.idempotency_key,
+          t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery, t.reclaims;
+
+-- name: open_attempts
+-- One dt_attempts row per claimed execution: arrays task_ids, generations, attempts,
+-- deliveries, traceparents.
+INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, traceparent)
+SELECT %(namespace)s, a.task_id, a.generation, a.attempt, a.delivery, %(worker_id)s, %(now)s, a.traceparent
+FROM unnest(%(task_ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(deliveries)s::int[],
+            %(traceparents)s::text[]) AS a (task_id, generation, attempt, delivery, traceparent);
+
+-- name: commit_results
+-- Fenced final writes for a batch, and their attempts closed, in one statement: arrays ids,
+-- generations, attempts, results. A row is written only while it is RUNNING under the same
+-- (generation, attempt); its attempt ends 'succeeded', the others' 'fenced_out'. Returns
+-- the ids written.
+WITH written AS (
+    UPDATE dt_tasks AS t
+    SET state = 'SUCCEEDED',
+        lease_expires_at = NULL,
+        error_type = NULL,
+        error_message = NULL,
+        finished_at = %(now)s,
+        result = r.result
+    FROM unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(results)s::text[])
+         AS r (id, generation, attempt, result)
+    WHERE t.id = r.id
+      AND t.generation = r.generation
+      AND t.attempt = r.attempt
+      AND t.state = 'RUNNING'
+      AND t.namespace = %(namespace)s
+      AND t.id IN (
+          SELECT c.id FROM dt_tasks AS c
+          WHERE c.id = ANY(%(ids)s::text[]) AND c.state = 'RUNNING'
+          ORDER BY c.id
+          FOR UPDATE OF c
+      )
+    RETURNING t.id
+), closed AS (
+    UPDATE dt_attempts AS a
+    SET outcome = CASE WHEN w.id IS NULL THEN 'fenced_out' ELSE 'succeeded' END,
+        finished_at = %(now)s
+    FROM unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[]) AS f (task_id, generation, attempt)
+    LEFT JOIN written AS w ON w.id = f.task_id
+    WHERE a.task_id = f.task_id AND a.generation = f.generation AND a.attempt = f.attempt
+)
+SELECT id FROM written;
+
+-- name: finish_attempts
+-- Close attempts with their outcomes: arrays task_ids, generations, attempts, outcomes.
+UPDATE dt_attempts AS a
+SET outcome = f.outcome, finished_at = %(now)s
+FROM unnest(%(task_ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(outcomes)s::text[])
+     AS f (task_id, generation, attempt, outcome)
+WHERE a.task_id = f.task_id AND a.generation = f.generation AND a.attempt = f.attempt;
