@@ -58,7 +58,8 @@ class Coalescer(Generic[T]):
         if len(batch.items) >= self._max_batch:
             self._full.append(batch)
             self._open = _Batch()
-        self._wakeup.set()
+        if not self._wakeup.is_set():
+            self._wakeup.set()
         await batch.done.wait()
         if batch.error is not None:
             raise batch.error

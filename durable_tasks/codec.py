@@ -43,10 +43,14 @@ def json_depth(value: Any, limit: int) -> int:
     return depth
 
 
+#: One encoder for every call (json.dumps with arguments builds a new one each time).
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
 def _to_json(value: Any, max_depth: int) -> str:
     if json_depth(value, max_depth) > max_depth:
         raise ValueError(f"nested deeper than {max_depth} levels")
-    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def _refuse_lossy_leaves(value: Any) -> None:
@@ -65,8 +69,21 @@ def _refuse_lossy_leaves(value: Any) -> None:
             stack.extend(item)
 
 
+#: Plain schemas whose JSON is the value itself (no custom serializer can hide in them).
+_SCALAR_SCHEMAS = {"int": int, "str": str, "bool": bool, "any": None}
+
+
 def _serialize(adapter: TypeAdapter[Any], obj: Any, max_depth: int) -> str:
-    if adapter.core_schema.get("type") == "any":
+    schema = adapter.core_schema
+    kind = schema.get("type")
+    if (
+        type(obj) in (int, str, bool)
+        and kind in _SCALAR_SCHEMAS
+        and "serialization" not in schema
+        and _SCALAR_SCHEMAS[kind] in (None, type(obj))
+    ):  # the common case, without two dumps and a walk
+        return _ENCODER.encode(obj)
+    if kind == "any":
         return _to_json(obj, max_depth)  # untyped: plain JSON only, no implicit conversions
     _refuse_lossy_leaves(adapter.dump_python(obj, mode="python"))
     return _to_json(adapter.dump_python(obj, mode="json"), max_depth)

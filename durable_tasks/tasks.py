@@ -44,9 +44,17 @@ class TaskContext(Generic[PayloadT]):
     shadow: bool = False
     _beat: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False)
     fenced_out: bool = False
-    #: Set when this attempt's result can no longer land (fenced out) or its timeout passed:
-    #: a sync handler, which cannot be cancelled, should check it and stop early.
-    cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancelled: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when this attempt's result can no longer land (fenced out) or its timeout
+        passed: a sync handler, which cannot be cancelled, should check it and stop early."""
+        # Made on first use (most attempts never look); a sync handler's is made before its
+        # thread starts, so two threads never race to make it.
+        if self._cancelled is None:
+            self._cancelled = threading.Event()
+        return self._cancelled
 
     @property
     def idempotency_token(self) -> str:
@@ -139,6 +147,7 @@ class Task(Generic[PayloadT, ResultT]):
         if self.is_async:
             return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
         sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
+        _ = ctx.cancelled  # made here, on the event loop's thread
         return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True, limiter=limiter)
 
     def __repr__(self) -> str:

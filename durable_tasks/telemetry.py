@@ -9,7 +9,9 @@ application opts in (``Settings.trace_payloads``), and then through its redactio
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -31,6 +33,7 @@ __all__ = [
 _propagator = TraceContextTextMapPropagator()
 SYSTEM = "redis"
 INSTRUMENTATION = "durable_tasks"
+_PROVIDER_RECHECK_S = 1.0
 
 #: ``redact(task_name, value) -> value``: what of a payload or result may become an attribute.
 Redactor = Callable[[str, Any], Any]
@@ -105,6 +108,8 @@ class Telemetry:
         self.trace_payloads = trace_payloads
         self.redact = redact
         self.tracer = trace.get_tracer(INSTRUMENTATION)
+        self._tracing = False
+        self._tracing_checked = -math.inf
         meter = metrics.get_meter(INSTRUMENTATION)
         self.submitted = meter.create_counter("durable_tasks.submitted", unit="{task}", description="Tasks submitted")
         self.dispatched = meter.create_counter(
@@ -143,8 +148,18 @@ class Telemetry:
 
     @property
     def tracing(self) -> bool:
-        """Whether the application installed a tracer provider (without one, skip span work)."""
-        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        """Whether the application installed a tracer provider (without one, skip span work).
+
+        Asked several times per task: a "no" is re-checked at most once a second (the check
+        reads the environment), a "yes" is final (a provider, once set, stays).
+        """
+        if not self._tracing:
+            now = time.monotonic()
+            if now - self._tracing_checked >= _PROVIDER_RECHECK_S:
+                self._tracing_checked = now
+                provider = trace.get_tracer_provider()
+                self._tracing = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        return self._tracing
 
     def _base(self, queue: str) -> dict[str, Any]:
         return {
