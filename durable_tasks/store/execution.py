@@ -127,14 +127,15 @@ def claim_batch(
     keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
     traceparents = {r.task_id: r.traceparent for r in requests}
     with engine.begin() as conn:
-        postgres = is_postgres(conn)
-        claim = _claim_rows_pg if postgres else _claim_rows
-        rows = claim(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease)
+        if is_postgres(conn):  # one statement claims and opens the attempts
+            rows = _claim_and_open_pg(
+                conn, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=now + lease
+            )
+        else:
+            rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease)
+            _open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
         claimed = {r.id: r for r in rows}
         previous = _reopened(conn, [r for r in rows if r.attempt > 1 or r.generation > 0], now)
-        if rows:
-            opened = [(r.id, r.generation, r.attempt, r.delivery, traceparents[r.id]) for r in rows]
-            (_open_attempts_pg if postgres else _open_attempts)(conn, namespace, opened, worker_id=worker_id, now=now)
         missing = {r.task_id for r in requests} - set(claimed)
         existing = (
             set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
@@ -192,10 +193,11 @@ def _claim_rows(
     ).all()
 
 
-def _claim_rows_pg(
+def _claim_and_open_pg(
     conn: sa.Connection,
     namespace: str,
     keys: list[tuple[str, int, int]],
+    traceparents: dict[str, str | None],
     *,
     worker_id: str,
     now: datetime,
@@ -207,6 +209,8 @@ def _claim_rows_pg(
         "ids": list(ids),
         "generations": list(generations),
         "deliveries": list(deliveries),
+        "trace_ids": list(traceparents),
+        "traceparents": list(traceparents.values()),
         "worker_id": worker_id,
         "now": now,
         "lease_until": lease_until,
@@ -214,46 +218,33 @@ def _claim_rows_pg(
     return conn.exec_driver_sql(sql.postgres()["claim_executions"], params).all()
 
 
-#: (task_id, generation, attempt, delivery, traceparent) of one opened attempt.
-_Opened = tuple[str, int, int, int, str | None]
-
-
 def _open_attempts(
-    conn: sa.Connection, namespace: str, opened: list[_Opened], *, worker_id: str, now: datetime
+    conn: sa.Connection,
+    namespace: str,
+    rows: Sequence[Any],
+    traceparents: dict[str, str | None],
+    *,
+    worker_id: str,
+    now: datetime,
 ) -> None:
+    if not rows:
+        return
     conn.execute(
         sa.insert(attempts_table),
         [
             {
                 "namespace": namespace,
-                "task_id": task_id,
-                "generation": generation,
-                "attempt": attempt,
-                "delivery": delivery,
+                "task_id": r.id,
+                "generation": r.generation,
+                "attempt": r.attempt,
+                "delivery": r.delivery,
                 "worker_id": worker_id,
                 "started_at": now,
-                "traceparent": traceparent,
+                "traceparent": traceparents[r.id],
             }
-            for task_id, generation, attempt, delivery, traceparent in opened
+            for r in rows
         ],
     )
-
-
-def _open_attempts_pg(
-    conn: sa.Connection, namespace: str, opened: list[_Opened], *, worker_id: str, now: datetime
-) -> None:
-    task_ids, generations, attempts, deliveries, traceparents = (list(c) for c in zip(*opened, strict=True))
-    params = {
-        "namespace": namespace,
-        "task_ids": task_ids,
-        "generations": generations,
-        "attempts": attempts,
-        "deliveries": deliveries,
-        "traceparents": traceparents,
-        "worker_id": worker_id,
-        "now": now,
-    }
-    conn.exec_driver_sql(sql.postgres()["open_attempts"], params)
 
 
 def _reopened(conn: sa.Connection, rows: Sequence[Any], now: datetime) -> dict[str, str | None]:
@@ -262,14 +253,16 @@ def _reopened(conn: sa.Connection, rows: Sequence[Any], now: datetime) -> dict[s
     if not rows:
         return {}
     ids = [r.id for r in rows]
+    # The attempts just opened are not "previous" (on Postgres they exist already).
+    earlier = sa.tuple_(a.task_id, a.generation, a.attempt).not_in([(r.id, r.generation, r.attempt) for r in rows])
     latest: dict[str, str | None] = {}
     for task_id, traceparent in conn.execute(
-        sa.select(a.task_id, a.traceparent).where(a.task_id.in_(ids)).order_by(a.id)
+        sa.select(a.task_id, a.traceparent).where(a.task_id.in_(ids), earlier).order_by(a.id)
     ):
         latest[task_id] = traceparent
     conn.execute(
         sa.update(attempts_table)
-        .where(a.task_id.in_(ids), a.outcome.is_(None))
+        .where(a.task_id.in_(ids), a.outcome.is_(None), earlier)
         .values(outcome=AttemptOutcome.LOST, finished_at=now, retry_reason="lease expired: worker lost")
     )
     return latest

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
+from . import sql
 from .engine import is_postgres
 from .locking import task_rows_in_order
 
@@ -30,6 +31,9 @@ __all__ = [
 
 o = outbox_table.c
 t = tasks_table.c
+
+#: This transaction's commit does not wait for the WAL flush (Postgres only).
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO OFF"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,9 @@ def claim_batch(
     task_cols = (t.name, t.payload, t.traceparent, t.partition_key)
     with engine.begin() as conn:
         if is_postgres(conn):
+            # A lease lost with a crash only means the rows are claimed (and deduplicated) again:
+            # no need to wait for the WAL flush.
+            conn.exec_driver_sql(_ASYNC_COMMIT)
             # One statement: lease the rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING).
             due = due.with_for_update(of=outbox_table, skip_locked=True)
             claimed = conn.execute(
@@ -137,8 +144,15 @@ def settle_batch(
     now: datetime,
     release_at: datetime,
 ) -> int:
-    """Record every outcome of one dispatch pass in ONE transaction; returns rows marked SENT."""
+    """Record every outcome of one dispatch pass in ONE transaction; returns rows marked SENT.
+
+    On Postgres it commits without waiting for the WAL flush: if a crash loses it, the rows
+    are PENDING again, are claimed again, and the enqueue script's dedup key turns their
+    republish into a no-op; any later durable commit (a result, a submit) flushes it anyway.
+    """
     with engine.begin() as conn:
+        if is_postgres(conn):
+            conn.exec_driver_sql(_ASYNC_COMMIT)
         marked = mark_sent(conn, sent, now=now)
         mark_dead(conn, dead, now=now)
         schedule_retry(conn, retry)
@@ -156,6 +170,18 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, in
     """
     if not sent:
         return 0
+    if is_postgres(conn):
+        params = {
+            "ids": [row.outbox_id for row, _, _ in sent],
+            "tokens": [row.claim_token for row, _, _ in sent],
+            "stream_ids": [stream_id for _, stream_id, _ in sent],
+            "partitions": [partition for _, _, partition in sent],
+            "task_ids": [row.task_id for row, _, _ in sent],
+            "generations": [row.generation for row, _, _ in sent],
+            "deliveries": [row.delivery for row, _, _ in sent],
+            "now": now,
+        }
+        return int(conn.exec_driver_sql(sql.postgres()["mark_sent"], params).scalar_one())
     marked = conn.execute(
         sa.update(outbox_table)
         .where(_FENCE)

@@ -9,37 +9,39 @@
 -- The SQLite path and the rare paths speak SQLAlchemy Core; these must mean the same.
 
 -- name: claim_executions
--- The execution fence for a batch of deliveries: arrays ids, generations, deliveries.
--- Claimable: same generation and delivery, PENDING/ENQUEUED/RETRYING, or RUNNING with an
--- expired lease. Returns the claimed rows (attempt already incremented).
-UPDATE dt_tasks AS t
-SET state = 'RUNNING',
-    attempt = t.attempt + 1,
-    lease_expires_at = %(lease_until)s,
-    worker_id = %(worker_id)s,
-    started_at = %(now)s
-WHERE t.id IN (
-    SELECT c.id
-    FROM dt_tasks AS c
-    WHERE c.id = ANY(%(ids)s::text[])
-      AND (c.id, c.generation, c.delivery) IN (
-          SELECT * FROM unnest(%(ids)s::text[], %(generations)s::int[], %(deliveries)s::int[]))
-      AND (c.state IN ('PENDING', 'ENQUEUED', 'RETRYING')
-           OR (c.state = 'RUNNING' AND c.lease_expires_at <= %(now)s))
-    ORDER BY c.id
-    FOR UPDATE OF c
+-- The execution fence for a batch of deliveries, and one dt_attempts row per claimed
+-- execution, in one statement: arrays ids, generations, deliveries; trace_ids and
+-- traceparents (each attempt's trace context). Claimable: same generation and delivery,
+-- PENDING/ENQUEUED/RETRYING, or RUNNING with an expired lease. Returns the claimed rows
+-- (attempt already incremented).
+WITH claimed AS (
+    UPDATE dt_tasks AS t
+    SET state = 'RUNNING',
+        attempt = t.attempt + 1,
+        lease_expires_at = %(lease_until)s,
+        worker_id = %(worker_id)s,
+        started_at = %(now)s
+    WHERE t.id IN (
+        SELECT c.id
+        FROM dt_tasks AS c
+        WHERE c.id = ANY(%(ids)s::text[])
+          AND (c.id, c.generation, c.delivery) IN (
+              SELECT * FROM unnest(%(ids)s::text[], %(generations)s::int[], %(deliveries)s::int[]))
+          AND (c.state IN ('PENDING', 'ENQUEUED', 'RETRYING')
+               OR (c.state = 'RUNNING' AND c.lease_expires_at <= %(now)s))
+        ORDER BY c.id
+        FOR UPDATE OF c
+    )
+      AND t.namespace = %(namespace)s
+    RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures, t.payload, t.idempotency_key,
+              t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery, t.reclaims
+), opened AS (
+    INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, traceparent)
+    SELECT %(namespace)s, c.id, c.generation, c.attempt, c.delivery, %(worker_id)s, %(now)s, p.traceparent
+    FROM claimed AS c
+    LEFT JOIN unnest(%(trace_ids)s::text[], %(traceparents)s::text[]) AS p (id, traceparent) ON p.id = c.id
 )
-  AND t.namespace = %(namespace)s
-RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures, t.payload, t.idempotency_key,
-          t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery, t.reclaims;
-
--- name: open_attempts
--- One dt_attempts row per claimed execution: arrays task_ids, generations, attempts,
--- deliveries, traceparents.
-INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, traceparent)
-SELECT %(namespace)s, a.task_id, a.generation, a.attempt, a.delivery, %(worker_id)s, %(now)s, a.traceparent
-FROM unnest(%(task_ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(deliveries)s::int[],
-            %(traceparents)s::text[]) AS a (task_id, generation, attempt, delivery, traceparent);
+SELECT * FROM claimed;
 
 -- name: commit_results
 -- Fenced final writes for a batch, and their attempts closed, in one statement: arrays ids,
@@ -85,3 +87,36 @@ SET outcome = f.outcome, finished_at = %(now)s
 FROM unnest(%(task_ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(outcomes)s::text[])
      AS f (task_id, generation, attempt, outcome)
 WHERE a.task_id = f.task_id AND a.generation = f.generation AND a.attempt = f.attempt;
+
+-- name: mark_sent
+-- Published outbox rows become SENT (each fenced by its claim token) and their tasks
+-- ENQUEUED (only from PENDING/RETRYING in the same generation and delivery: a worker may
+-- already run it, and a mark never moves a task backwards). Arrays ids, tokens, stream_ids,
+-- partitions (outbox) and task_ids, generations, deliveries. Returns the rows marked SENT.
+WITH sent AS (
+    UPDATE dt_outbox AS o
+    SET state = 'SENT',
+        stream_id = s.stream_id,
+        "partition" = s.part,
+        sent_at = %(now)s,
+        lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(stream_ids)s::text[], %(partitions)s::int[])
+         AS s (id, token, stream_id, part)
+    WHERE o.id = s.id AND o.claim_token = s.token AND o.state = 'PENDING'
+    RETURNING o.id
+), enqueued AS (
+    UPDATE dt_tasks AS t
+    SET state = 'ENQUEUED', enqueued_at = %(now)s
+    FROM unnest(%(task_ids)s::text[], %(generations)s::int[], %(deliveries)s::int[]) AS d (id, generation, delivery)
+    WHERE t.id = d.id
+      AND t.generation = d.generation
+      AND t.delivery = d.delivery
+      AND t.state IN ('PENDING', 'RETRYING')
+      AND t.id IN (
+          SELECT c.id FROM dt_tasks AS c
+          WHERE c.id = ANY(%(task_ids)s::text[]) AND c.state IN ('PENDING', 'RETRYING')
+          ORDER BY c.id
+          FOR UPDATE OF c
+      )
+)
+SELECT count(*) FROM sent;
