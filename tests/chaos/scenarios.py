@@ -24,6 +24,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -627,7 +628,13 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
 
             outcome = run.finish(c, tolerate=refused_during_failover)
             refusals = [d for d in c.bad_exits() if refused_during_failover(d)]
+            served = sum(
+                1
+                for e in read_history(c.history_dir)
+                if e.get("op") == "exec" and e.get("type") == "ok" and killed_ms / 1000 < e["ts"] < promoted_at
+            )
             run.evidence |= {
+                "execs_in_failover": served,
                 "failover": method,
                 "failover_s": round(promoted_at - killed_ms / 1000, 1),
                 "startup_refusals": len(refusals),
@@ -665,9 +672,9 @@ def _expect_loss_recovered(run: _Run, c: Cluster, partition: int, stream: str, c
     """The deliveries the dead master acknowledged after the cut are gone from the promoted
     replica, each was sent again (a later delivery of its task), and the partition took new
     entries after the failover."""
-    from durable_tasks.records import outbox_table
+    from durable_tasks.records import outbox_table, tasks_table
 
-    o = outbox_table.c
+    o, t = outbox_table.c, tasks_table.c
     query = sa.select(o.task_id, o.generation, o.delivery, o.stream_id).where(
         o.namespace == c.namespace, o.partition == partition, o.stream_id.is_not(None)
     )
@@ -678,6 +685,11 @@ def _expect_loss_recovered(run: _Run, c: Cluster, partition: int, stream: str, c
             for r in conn.execute(sa.select(o.task_id, o.generation, o.delivery).where(o.namespace == c.namespace))
         }
     lost = [r for r in rows if cut_ms < int(str(r.stream_id).split("-")[0]) <= killed_ms]
+    with c.app.read_engine.connect() as conn:
+        finished = conn.execute(sa.select(t.finished_at).where(t.id.in_([r.task_id for r in lost]))).scalars().all()
+    if lost and all(finished):
+        last = max(f if f.tzinfo else f.replace(tzinfo=UTC) for f in finished)
+        run.evidence["lost_done_s"] = round(last.timestamp() - killed_ms / 1000, 1)
     kept = [r.stream_id for r in lost if c.redis_client.xrange(stream, min=r.stream_id, max=r.stream_id)]
     resent = [r for r in lost if (r.task_id, r.generation, r.delivery + 1) in deliveries]
     after = sum(1 for r in rows if int(str(r.stream_id).split("-")[0]) > killed_ms)
