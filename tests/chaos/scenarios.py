@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from durable_tasks.failpoints import POINTS
 from durable_tasks.transport.keys import QueueKeys
 from tests.cluster.harness import Cluster as RedisCluster
+from tests.cluster.harness import Node as RedisNode
 from tests.cluster.harness import start_cluster
 
 from .app import QUEUE, Job
@@ -602,28 +603,16 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
             submitter = RateSubmitter(c, _jobs("master", n, hold=lambda: rng.randint(0, 50)), rate=rate).start()
             time.sleep(max(0.8, 0.3 * n / rate))
             workers = c.procs("worker")
-            for w in workers:
-                c.pause_outside_transactions(w)
-            nodes.freeze(replica)
-            try:
-                nodes.cut_replication(victim)
-                cut_ms = time.time() * 1000
-                time.sleep(LOSS_WINDOW)
-                nodes.kill(victim)
-                killed_ms = time.time() * 1000
-            finally:
-                nodes.thaw(replica)
-            for w in workers:
-                c.resume(w)
+            cut_ms, killed_ms = _kill_with_unreplicated_writes(c, nodes, victim, replica)
             c.kill(rng.choice(workers))  # the supervisor restarts it, during the failover
             method = nodes.promote(replica, victim)
             promoted_at = time.time()
             submitter.join()
 
             def refused_during_failover(death: Death) -> bool:
-                # A process (re)started while the dead master still owns slot 0 in the cluster's
-                # view exits 2 ("cannot reach Redis"): redis-py cannot initialize a cluster
-                # client whose first master is down. The supervisor starts it again.
+                # A process (re)started during the failover exits 2 ("cannot reach Redis") when
+                # the dead master is the cluster client's default node: redis-py cannot
+                # initialize the client without it. The supervisor starts it again.
                 return death.returncode == 2 and death.at <= promoted_at + 2.0
 
             outcome = run.finish(c, tolerate=refused_during_failover)
@@ -657,6 +646,31 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
         nodes.stop()
 
 
+def _kill_with_unreplicated_writes(
+    c: Cluster, nodes: RedisCluster, victim: RedisNode, replica: RedisNode
+) -> tuple[float, float]:
+    """Stall the workers, freeze ``replica`` and cut its link, let ``victim`` take writes alone
+    for LOSS_WINDOW seconds, SIGKILL it, then thaw the replica and resume the workers.
+    Returns the wall-clock ms of the cut and of the kill: stream entries between them are lost."""
+    workers = c.procs("worker")
+    for w in workers:
+        c.pause_outside_transactions(w)
+    try:
+        nodes.freeze(replica)
+        try:
+            nodes.cut_replication(victim)
+            cut_ms = time.time() * 1000
+            time.sleep(LOSS_WINDOW)
+            nodes.kill(victim)
+            killed_ms = time.time() * 1000
+        finally:
+            nodes.thaw(replica)
+    finally:
+        for w in workers:
+            c.resume(w)
+    return cut_ms, killed_ms
+
+
 def _namespace_over_every_master(nodes: RedisCluster, partitions: int) -> str:
     """A chaos namespace whose partitions' hash tags fall on ``partitions`` different masters
     (the tag includes the namespace, so a random one often puts two on one master)."""
@@ -684,8 +698,7 @@ def _expect_loss_recovered(run: _Run, c: Cluster, partition: int, stream: str, c
             (r.task_id, r.generation, r.delivery)
             for r in conn.execute(sa.select(o.task_id, o.generation, o.delivery).where(o.namespace == c.namespace))
         }
-    lost = [r for r in rows if cut_ms < int(str(r.stream_id).split("-")[0]) <= killed_ms]
-    with c.app.read_engine.connect() as conn:
+        lost = [r for r in rows if cut_ms < int(str(r.stream_id).split("-")[0]) <= killed_ms]
         finished = conn.execute(sa.select(t.finished_at).where(t.id.in_([r.task_id for r in lost]))).scalars().all()
     if lost and all(finished):
         last = max(f if f.tzinfo else f.replace(tzinfo=UTC) for f in finished)
