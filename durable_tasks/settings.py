@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     retry_backoff_initial: Duration = timedelta(seconds=1)
     retry_backoff_max: Duration = timedelta(seconds=60)
     shutdown_grace: Duration = timedelta(seconds=30)
-    commit_batch_max: int = Field(default=64, ge=1, description="Results per group-commit transaction.")
+    commit_batch_max: int = Field(default=256, ge=1, description="Results per group-commit transaction.")
     commit_window: Duration = Field(default=timedelta(0), description="Extra wait to fill a group commit.")
 
     # reaper

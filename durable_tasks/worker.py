@@ -101,21 +101,23 @@ class IsolationGate:
         """A suspect attempt is waiting or running."""
         return self._suspects > 0
 
+    async def join(self) -> None:
+        """Start a shared attempt (most attempts): wait while a suspect waits or runs.
+        Pair with :meth:`leave`; no context manager, because every attempt passes here."""
+        while self._suspects:
+            await self._clear.wait()
+        self._running += 1
+
+    def leave(self) -> None:
+        """End a shared attempt."""
+        self._running -= 1
+        if not self._running:
+            self._idle.set()
+
     @asynccontextmanager
-    async def enter(self, *, suspect: bool, hold: Callable[[], None]) -> AsyncIterator[None]:
-        """Run the block shared (most attempts) or alone (``suspect``); ``hold`` keeps the
-        suspect's lease alive while it waits for its turn."""
-        if not suspect:
-            while self._suspects:
-                await self._clear.wait()
-            self._running += 1
-            try:
-                yield
-            finally:
-                self._running -= 1
-                if not self._running:
-                    self._idle.set()
-            return
+    async def alone(self, *, hold: Callable[[], None]) -> AsyncIterator[None]:
+        """Run the block with no other attempt beside it; ``hold`` keeps the suspect's lease
+        alive while it waits for its turn."""
         hold()
         self._suspects += 1
         if self._suspects == 1:
@@ -340,11 +342,16 @@ class Worker:
                 app.telemetry.queue_delay.record(
                     (app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                suspect = claim.reclaims > 0
-                async with self._gate.enter(suspect=suspect, hold=lambda: self._leases.hold(claim, None)):
-                    if suspect:
+                if claim.reclaims > 0:  # a suspect: it runs alone
+                    async with self._gate.alone(hold=lambda: self._leases.hold(claim, None)):
                         await to_thread.run_sync(execution.mark_solo, app.engine, claim)
-                    outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
+                        outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
+                else:
+                    await self._gate.join()
+                    try:
+                        outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
+                    finally:
+                        self._gate.leave()
                 self.counters.count(outcome)
                 app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
                 if not acked:  # recorded outside the committer (a failure): acknowledge it now

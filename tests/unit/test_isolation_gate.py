@@ -18,15 +18,18 @@ async def test_a_suspect_runs_alone() -> None:
     first_started = anyio.Event()
 
     async def normal(name: str, delay: float, started: anyio.Event | None = None) -> None:
-        async with gate.enter(suspect=False, hold=lambda: None):
+        await gate.join()
+        try:
             timeline.append(f"{name}+")
             if started is not None:
                 started.set()
             await anyio.sleep(delay)
             timeline.append(f"{name}-")
+        finally:
+            gate.leave()
 
     async def suspect() -> None:
-        async with gate.enter(suspect=True, hold=lambda: held.append("lease")):
+        async with gate.alone(hold=lambda: held.append("lease")):
             timeline.append("S+")
             await anyio.sleep(0.05)
             timeline.append("S-")
