@@ -93,7 +93,18 @@ class OutboxRecord(SQLModel, table=True):
     """``dt_outbox``: one row per delivery intent; its monotonic id is the cutover watermark."""
 
     __tablename__ = "dt_outbox"
-    __table_args__ = (sa.Index("ix_dt_outbox_due", "namespace", "state", "next_attempt_at"),)
+    # The dispatcher takes PENDING rows in id order: this index holds only those, so a claim
+    # reads ~batch_size entries however many SENT rows wait for `prune` (an index on state or
+    # the primary key would make every claim walk past all of them).
+    __table_args__ = (
+        sa.Index(
+            "ix_dt_outbox_pending",
+            "namespace",
+            "id",
+            postgresql_where=sa.text("state = 'PENDING'"),
+            sqlite_where=sa.text("state = 'PENDING'"),
+        ),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     namespace: str = Field(max_length=64)

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -70,39 +71,23 @@ def claim_batch(
     rows; SQLite runs the same UPDATE … RETURNING inside ``BEGIN IMMEDIATE``.
     """
     token = str(uuid.uuid4())
-    due = sa.select(o.id).where(
-        o.namespace == namespace,
-        o.state == OutboxState.PENDING,
-        o.next_attempt_at <= now,
-        sa.or_(o.lease_expires_at.is_(None), o.lease_expires_at <= now),
-    )
-    if watermark is not None:
-        due = due.where(o.id >= watermark)
-    due = due.order_by(o.id).limit(limit)
-    lease_it = sa.update(outbox_table).values(lease_expires_at=now + lease, claim_token=token)
-    outbox_cols = (o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
-    task_cols = (t.name, t.payload, t.traceparent, t.partition_key)
     with engine.begin() as conn:
         if is_postgres(conn):
             # A lease lost with a crash only means the rows are claimed (and deduplicated) again:
             # no need to wait for the WAL flush.
             conn.exec_driver_sql(_ASYNC_COMMIT)
             # One statement: lease the rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING).
-            due = due.with_for_update(of=outbox_table, skip_locked=True)
-            claimed = conn.execute(
-                lease_it.where(o.id.in_(due.scalar_subquery()), t.id == o.task_id).returning(*outbox_cols, *task_cols)
-            ).all()
-        else:  # SQLite's RETURNING cannot name the joined table: lease, then read
-            leased = conn.execute(lease_it.where(o.id.in_(due.scalar_subquery())).returning(o.id)).scalars().all()
-            claimed = (
-                conn.execute(
-                    sa.select(*outbox_cols, *task_cols)
-                    .join_from(outbox_table, tasks_table, t.id == o.task_id)
-                    .where(o.id.in_(leased))
-                ).all()
-                if leased
-                else []
-            )
+            params = {
+                "namespace": namespace,
+                "now": now,
+                "lease_until": now + lease,
+                "token": token,
+                "limit": limit,
+                "watermark": watermark or 0,
+            }
+            claimed = conn.exec_driver_sql(sql.postgres()["claim_outbox"], params).all()
+        else:
+            claimed = _claim_sqlite(conn, namespace, token, now=now, lease=lease, limit=limit, watermark=watermark)
     return [
         ClaimedDelivery(
             outbox_id=c.id,
@@ -121,6 +106,45 @@ def claim_batch(
         )
         for c in sorted(claimed, key=lambda r: r.id)
     ]
+
+
+def _claim_sqlite(
+    conn: sa.Connection,
+    namespace: str,
+    token: str,
+    *,
+    now: datetime,
+    lease: timedelta,
+    limit: int,
+    watermark: int | None,
+) -> Sequence[Any]:
+    """SQLite's RETURNING cannot name a joined table: lease the rows, then read them."""
+    due = sa.select(o.id).where(
+        o.namespace == namespace,
+        o.state == OutboxState.PENDING,
+        o.next_attempt_at <= now,
+        sa.or_(o.lease_expires_at.is_(None), o.lease_expires_at <= now),
+    )
+    if watermark is not None:
+        due = due.where(o.id >= watermark)
+    leased = (
+        conn.execute(
+            sa.update(outbox_table)
+            .values(lease_expires_at=now + lease, claim_token=token)
+            .where(o.id.in_(due.order_by(o.id).limit(limit).scalar_subquery()))
+            .returning(o.id)
+        )
+        .scalars()
+        .all()
+    )
+    if not leased:
+        return []
+    return conn.execute(
+        sa.select(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
+        .add_columns(t.name, t.payload, t.traceparent, t.partition_key)
+        .join_from(outbox_table, tasks_table, t.id == o.task_id)
+        .where(o.id.in_(leased))
+    ).all()
 
 
 def _fenced(row: ClaimedDelivery) -> dict[str, object]:

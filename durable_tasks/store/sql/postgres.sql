@@ -120,3 +120,27 @@ WITH sent AS (
       )
 )
 SELECT count(*) FROM sent;
+
+-- name: claim_outbox
+-- Lease up to %(limit)s due PENDING outbox rows (oldest first; rows another dispatcher holds
+-- are skipped) and read what publishing needs from their tasks. ix_dt_outbox_pending keeps
+-- this to the PENDING rows, however many SENT ones wait for prune.
+UPDATE dt_outbox AS o
+SET lease_expires_at = %(lease_until)s,
+    claim_token = %(token)s
+FROM dt_tasks AS t
+WHERE o.id IN (
+    SELECT d.id
+    FROM dt_outbox AS d
+    WHERE d.namespace = %(namespace)s
+      AND d.state = 'PENDING'
+      AND d.id >= %(watermark)s
+      AND d.next_attempt_at <= %(now)s
+      AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= %(now)s)
+    ORDER BY d.id
+    LIMIT %(limit)s
+    FOR UPDATE OF d SKIP LOCKED
+)
+  AND t.id = o.task_id
+RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
+          t.name, t.payload, t.traceparent, t.partition_key;
