@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Dispatcher"]
 
+#: Dispatch passes in flight at once (claim of the next overlaps publish + settle of the last).
+_PASSES_IN_FLIGHT = 2
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,29 +41,36 @@ class Dispatcher:
 
     def __init__(self, app: App) -> None:
         self.app = app
+        # Passes publish one at a time, in claim order: a partition key's entries reach its
+        # stream in submit order even while two passes overlap.
+        self._publishing = anyio.Lock()
 
     async def dispatch_once(self) -> int:
         """One pass: claim ≤ batch_size due rows and settle each; returns how many were handled."""
+        rows = await self._claim()
+        if rows:
+            await self._dispatch(rows)
+        return len(rows)
+
+    async def _claim(self) -> list[ClaimedDelivery]:
         app, s = self.app, self.app.settings
-        now = app.clock()
-        rows = await to_thread.run_sync(
+        return await to_thread.run_sync(
             partial(
                 outbox_store.claim_batch,
                 app.engine,
                 s.namespace,
-                now=now,
+                now=app.clock(),
                 lease=s.claim_lease,
                 limit=s.batch_size,
                 watermark=s.cutover_watermark,
             )
         )
-        if not rows:
-            return 0
+
+    async def _dispatch(self, rows: list[ClaimedDelivery]) -> None:
         if failpoints.ENABLED:
             failpoints.hit("dispatch.after_claim")
-        with app.telemetry.dispatch_span([r.traceparent for r in rows]):
+        with self.app.telemetry.dispatch_span([r.traceparent for r in rows]):
             await self._settle(rows)
-        return len(rows)
 
     async def _settle(self, rows: list[ClaimedDelivery]) -> None:
         app, s = self.app, self.app.settings
@@ -77,11 +87,12 @@ class Dispatcher:
                 ready[row.queue].append(row)
         sent: list[tuple[ClaimedDelivery, str, int | None]] = []
         failed: list[tuple[ClaimedDelivery, str]] = []
-        for queue, batch in ready.items():
-            with app.telemetry.publish_span(queue, len(batch)):
-                ok, bad = await self._publish(batch)
-            sent += ok
-            failed += bad
+        async with self._publishing:
+            for queue, batch in ready.items():
+                with app.telemetry.publish_span(queue, len(batch)):
+                    ok, bad = await self._publish(batch)
+                sent += ok
+                failed += bad
         if failpoints.ENABLED:
             failpoints.hit("dispatch.after_xadd")
         now = app.clock()
@@ -169,18 +180,39 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Dispatch until cancelled: a full batch loops at once; otherwise wait for a NOTIFY
-        (Postgres) or the poll interval."""
+        (Postgres) or the poll interval.
+
+        Two passes overlap: the next batch is claimed while the previous one is published
+        and settled (publishing itself stays in claim order).
+        """
+        s = self.app.settings
         waiter = self.app.outbox_waiter()
+        lanes = anyio.Semaphore(_PASSES_IN_FLIGHT)
         try:
-            while True:
-                try:
-                    handled = await self.dispatch_once()
-                except Exception:
-                    logger.exception("dispatch pass failed; retrying after the poll interval")
-                    handled = 0
-                    await anyio.sleep(self.app.settings.poll_interval.total_seconds())
-                    continue
-                if handled < self.app.settings.batch_size:
-                    await waiter.wait(self.app.settings.poll_interval)
+            async with anyio.create_task_group() as passes:
+                while True:
+                    await lanes.acquire()
+                    try:
+                        rows = await self._claim()
+                    except Exception:
+                        lanes.release()
+                        logger.exception("claiming outbox rows failed; retrying after the poll interval")
+                        await anyio.sleep(s.poll_interval.total_seconds())
+                        continue
+                    if rows:
+                        passes.start_soon(self._dispatch_then_release, rows, lanes)
+                    else:
+                        lanes.release()
+                    if len(rows) < s.batch_size:
+                        await waiter.wait(s.poll_interval)
         finally:
             await waiter.aclose()
+
+    async def _dispatch_then_release(self, rows: list[ClaimedDelivery], lanes: anyio.Semaphore) -> None:
+        try:
+            await self._dispatch(rows)
+        except Exception:  # the rows keep their lease; they are claimed again once it runs out
+            logger.exception("dispatch pass failed; retrying after the poll interval")
+            await anyio.sleep(self.app.settings.poll_interval.total_seconds())
+        finally:
+            lanes.release()

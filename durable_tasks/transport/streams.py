@@ -43,6 +43,18 @@ def _entry_ms(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
 
 
+#: Deliveries per enqueue-script call: bounds how long one call holds the Redis server.
+PUBLISH_CHUNK = 128
+
+
+class _Script:
+    """A Lua script resource and its SHA1 (for EVALSHA)."""
+
+    def __init__(self, name: str) -> None:
+        self.source = lua_source(name)
+        self.sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+
+
 class RedisStreamsTransport:
     """Publishes deliveries to, and consumes them from, the streams of one namespace."""
 
@@ -61,8 +73,8 @@ class RedisStreamsTransport:
         self.cluster = isinstance(client, aioredis.RedisCluster)
         self.partitions = dict(partitions or {})
         self._dedup_ttl_ms = int(dedup_ttl.total_seconds() * 1000)
-        self._enqueue_src = lua_source("enqueue")
-        self._enqueue_sha = hashlib.sha1(self._enqueue_src.encode(), usedforsecurity=False).hexdigest()
+        self._enqueue = _Script("enqueue")
+        self._enqueue_batch = _Script("enqueue_batch")
         self._groups_ready: set[str] = set()
 
     def keys(self, queue: str, partition: int | None = None) -> QueueKeys:
@@ -84,40 +96,60 @@ class RedisStreamsTransport:
             for shadow in (False, True)
         ]
 
-    async def _evalsha_all(self, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
-        """Run the enqueue script once per (keys, args) in one pipelined round trip; loads the
-        script (on every node) and retries the calls that found it missing."""
-        replies = await self._pipeline_evalsha(calls)
+    async def _evalsha_all(self, script: _Script, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
+        """Run ``script`` once per (keys, args) in one pipelined round trip; loads the script
+        (on every node) and retries the calls that found it missing."""
+        replies = await self._pipeline_evalsha(script, calls)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
-            await self.client.script_load(self._enqueue_src)
-            again = await self._pipeline_evalsha([calls[i] for i in missing])
+            await self.client.script_load(script.source)
+            again = await self._pipeline_evalsha(script, [calls[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
         return replies
 
-    async def _pipeline_evalsha(self, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
+    async def _pipeline_evalsha(self, script: _Script, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for keys, args in calls:
-            pipe.execute_command("EVALSHA", self._enqueue_sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
 
     # -- publish -------------------------------------------------------------------------
 
     async def publish(self, messages: Sequence[OutgoingMessage]) -> list[str | Exception]:
-        """Publish deliveries in one round trip; one entry id or one error per message."""
+        """Publish deliveries in one round trip: one script call per stream (and per
+        ``PUBLISH_CHUNK`` deliveries); one entry id or one error per message (a call that
+        fails fails every delivery it carried)."""
         if not messages:
             return []
-        calls = []
-        for msg in messages:
+        by_stream: dict[str, list[int]] = {}
+        dedup_keys: list[str] = []
+        entries: list[list[str | int]] = []
+        for i, msg in enumerate(messages):
             keys = self.keys(msg.queue, msg.partition)
             stream = keys.stream_for(shadow=msg.shadow)
-            args: list[str | int] = [self._dedup_ttl_ms]
+            by_stream.setdefault(stream, []).append(i)
+            dedup_keys.append(keys.dedup(msg.task_id, msg.generation, msg.delivery))
+            flat: list[str | int] = []
             for field, value in msg.fields(stream, self.signing_key).items():
-                args += [field, value]
-            calls.append(([stream, keys.dedup(msg.task_id, msg.generation, msg.delivery)], args))
-        replies = await self._evalsha_all(calls)
-        return [r if isinstance(r, Exception) else str(r) for r in replies]
+                flat += [field, value]
+            entries.append(flat)
+        chunks: list[list[int]] = []
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for stream, indices in by_stream.items():
+            for lo in range(0, len(indices), PUBLISH_CHUNK):
+                chunk = indices[lo : lo + PUBLISH_CHUNK]
+                args: list[str | int] = [self._dedup_ttl_ms]
+                for i in chunk:
+                    args += [len(entries[i]), *entries[i]]
+                chunks.append(chunk)
+                calls.append(([stream, *(dedup_keys[i] for i in chunk)], args))
+        replies = await self._evalsha_all(self._enqueue_batch, calls)
+        out: list[str | Exception] = [RuntimeError("not published")] * len(messages)
+        for chunk, reply in zip(chunks, replies, strict=True):
+            for position, i in enumerate(chunk):
+                out[i] = reply if isinstance(reply, Exception) else str(reply[position])
+        return out
 
     # -- consume -------------------------------------------------------------------------
 
@@ -232,7 +264,7 @@ class RedisStreamsTransport:
         args: list[str | int] = [self._dedup_ttl_ms]
         for name, value in fields.items():
             args += [name, value]
-        [reply] = await self._evalsha_all([([keys.dlq, keys.dlq_dedup(what)], args)])
+        [reply] = await self._evalsha_all(self._enqueue, [([keys.dlq, keys.dlq_dedup(what)], args)])
         if isinstance(reply, Exception):
             raise reply
         return str(reply)

@@ -1,0 +1,29 @@
+-- Deduplicated enqueue of a batch of deliveries to ONE stream (the dispatcher's publish).
+--
+-- KEYS[1]         stream key     dt:{ns:queue[:partition]}:stream (or :shadow)
+-- KEYS[2..n+1]    dedup keys     dt:{ns:queue[:partition]}:dedup:<task_id>:<generation>:<delivery>
+--                 (one per delivery; every key shares the stream's hash tag, so one slot)
+-- ARGV[1]         dedup TTL in milliseconds (>= 24 h)
+-- ARGV[2..]       per delivery: its field count c, then c strings field, value, field, value...
+--
+-- Returns n entry ids in order: the existing id when a delivery was published before, else
+-- the id XADD assigned. Each delivery is handled as enqueue.lua handles one (GET, XADD, SET):
+-- a failure part-way leaves the earlier entries with their dedup keys, so the retry of the
+-- whole batch adds nothing twice, and never a dedup key without its entry.
+local ttl = ARGV[1]
+local cursor = 2
+local ids = {}
+for i = 2, #KEYS do
+  local count = tonumber(ARGV[cursor])
+  local first, last = cursor + 1, cursor + count
+  cursor = last + 1
+  local existing = redis.call('GET', KEYS[i])
+  if existing then
+    ids[i - 1] = existing
+  else
+    local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, first, last))
+    redis.call('SET', KEYS[i], id, 'PX', ttl)
+    ids[i - 1] = id
+  end
+end
+return ids
