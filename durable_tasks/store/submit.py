@@ -12,6 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
+from . import sql
 from .engine import is_postgres
 
 __all__ = [
@@ -67,6 +68,8 @@ def submit_task(session: Session, task: NewTask, now: datetime) -> SubmitOutcome
         if existing is not None:
             return existing
     task_id = str(uuid.uuid4())
+    if is_postgres(conn):
+        return _submit_pg(conn, task, task_id, now)
     values: dict[str, Any] = {
         "id": task_id,
         "namespace": task.namespace,
@@ -96,6 +99,29 @@ def submit_task(session: Session, task: NewTask, now: datetime) -> SubmitOutcome
         return existing
     insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now)
     return SubmitOutcome(task_id, 0, created=True)
+
+
+def _submit_pg(conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> SubmitOutcome:
+    params = {
+        "id": task_id,
+        "namespace": task.namespace,
+        "name": task.name,
+        "queue": task.queue,
+        "idempotency_key": task.idempotency_key,
+        "payload": task.payload_json,
+        "max_attempts": task.max_attempts,
+        "traceparent": task.traceparent,
+        "partition_key": task.partition_key,
+        "shadow": task.shadow,
+        "now": now,
+        "channel": NOTIFY_CHANNEL,
+    }
+    if conn.exec_driver_sql(sql.postgres()["submit_task"], params).first() is not None:
+        return SubmitOutcome(task_id, 0, created=True)
+    existing = _find_by_key(conn, task)  # lost to a duplicate idempotency key
+    if existing is None:  # pragma: no cover - the conflicting row must be visible now
+        raise RuntimeError("idempotency conflict without a visible task")
+    return existing
 
 
 def rerun_task(session: Session, namespace: str, task_id: str, now: datetime) -> int | None:

@@ -144,3 +144,23 @@ WHERE o.id IN (
   AND t.id = o.task_id
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
           t.name, t.payload, t.traceparent, t.partition_key;
+
+-- name: submit_task
+-- A new task, its first outbox row and the dispatchers' wake-up, in one statement (one round
+-- trip inside the caller's transaction). A duplicate (namespace, name, idempotency_key)
+-- inserts nothing and returns no row: the caller then reads the existing task.
+WITH task AS (
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
+                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+                          partition_key, shadow, created_at)
+    VALUES (%(id)s, %(namespace)s, %(name)s, %(queue)s, %(idempotency_key)s, %(payload)s, 'PENDING', 0, 0,
+            0, 0, 0, 0, %(max_attempts)s, %(traceparent)s, %(partition_key)s, %(shadow)s, %(now)s)
+    ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
+    RETURNING id
+), intent AS (
+    INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at,
+                           shadow, created_at)
+    SELECT %(namespace)s, task.id, %(queue)s, 0, 0, 'PENDING', 0, %(now)s, %(shadow)s, %(now)s
+    FROM task
+)
+SELECT task.id, pg_notify(%(channel)s, %(namespace)s) FROM task;
