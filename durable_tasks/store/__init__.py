@@ -1,6 +1,9 @@
 """The SQL side of the runtime: submit, claim, fence, commit, recover.
 
-Functions here take an Engine or the caller's Session and speak SQLAlchemy Core with bound
-parameters only; loops call them from worker threads. PostgreSQL and SQLite differ only in
-how the dispatcher claims outbox rows (see :mod:`.outbox`).
+Functions here take an Engine or the caller's Session and use bound parameters only; loops
+call them from worker threads. Most speak SQLAlchemy Core. The hot paths on PostgreSQL
+(submit, the dispatcher's claim and mark-SENT, the worker's claim and group commit) run
+named statements from ``sql/postgres.sql`` instead: one fixed text per batch, values in
+arrays, prepared once per connection. Their SQLite twins stay in Core beside them, and the
+integration suites run every test against both.
 """

@@ -69,13 +69,13 @@ WITH written AS (
           ORDER BY c.id
           FOR UPDATE OF c
       )
-    RETURNING t.id
+    RETURNING t.id, t.generation, t.attempt
 ), closed AS (
     UPDATE dt_attempts AS a
     SET outcome = CASE WHEN w.id IS NULL THEN 'fenced_out' ELSE 'succeeded' END,
         finished_at = %(now)s
     FROM unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[]) AS f (task_id, generation, attempt)
-    LEFT JOIN written AS w ON w.id = f.task_id
+    LEFT JOIN written AS w ON w.id = f.task_id AND w.generation = f.generation AND w.attempt = f.attempt
     WHERE a.task_id = f.task_id AND a.generation = f.generation AND a.attempt = f.attempt
 )
 SELECT id FROM written;
