@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_dt import DRAIN_CONCURRENCY
 from benchmarks.peers.install import PEERS, PINS, install, venv_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -392,8 +393,9 @@ def main() -> None:
             ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
         "pins": {p: PINS[p] for p in peers},
-        "durable_tasks_settings": "drain workers concurrency 200 (one case at 16, the default); dispatchers batch 50 "
-        "(the default; the in-process dispatch loop and the RSS run use 500); latency worker concurrency 16",
+        "durable_tasks_settings": f"drain workers concurrency {DRAIN_CONCURRENCY} (one case at 16, the default); "
+        "dispatchers batch 50 (the default; the in-process dispatch loop and the RSS run use 500); "
+        "latency worker concurrency 16",
     }
     records: list[dict[str, Any]] = []
     status: dict[str, str] = {}
