@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from redis.exceptions import ResponseError
 
+from .records import attempts_table, outbox_table, tasks_table
 from .settings import Settings
 from .transport.keys import CONSUMER_GROUP
 
 if TYPE_CHECKING:
     from .app import App
 
-__all__ = ["MIN_REDIS_VERSION", "Facts", "Finding", "Level", "diagnose", "gather_facts"]
+__all__ = ["MIN_REDIS_VERSION", "Facts", "Finding", "Level", "diagnose", "gather_facts", "missing_indexes"]
 
 #: XAUTOCLAIM's deleted-id reply, XINFO lag and Lua semantics we rely on arrived in 7.0.
 MIN_REDIS_VERSION = (7, 0, 0)
@@ -59,6 +60,8 @@ class Facts:
     groups_missing: list[str] = field(default_factory=list)
     task_timeouts: dict[str, timedelta] = field(default_factory=dict)
     streams_untrimmed: dict[str, int] = field(default_factory=dict)
+    #: CREATE INDEX statements for the runtime's indexes the database lacks.
+    indexes_missing: list[str] = field(default_factory=list)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -173,6 +176,18 @@ def check_trimming(f: Facts) -> Finding:
     return Finding(Level.OK, "trimming", "streams are trimmed")
 
 
+def check_indexes(f: Facts) -> Finding:
+    """A database created by an older version lacks newer indexes: without them the
+    dispatcher's claim walks past every SENT row, and operator queries scan whole tables."""
+    if f.indexes_missing:
+        return Finding(
+            Level.WARNING,
+            "indexes",
+            "the database lacks indexes this version uses; create them: " + "; ".join(f.indexes_missing),
+        )
+    return Finding(Level.OK, "indexes", "every index of dt_tasks, dt_outbox and dt_attempts exists")
+
+
 CHECKS = (
     check_eviction,
     check_persistence,
@@ -182,6 +197,7 @@ CHECKS = (
     check_timeouts,
     check_dedup_ttl,
     check_trimming,
+    check_indexes,
 )
 
 
@@ -222,4 +238,30 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         if length - outstanding > untrimmed_threshold:
             untrimmed[stream] = length
     timeouts = {t.name: t.timeout for t in app.registry.values() if t.timeout is not None}
-    return Facts(app.settings, info, config, host_now, redis_now, database_now, missing, timeouts, untrimmed)
+    return Facts(
+        app.settings,
+        info,
+        config,
+        host_now,
+        redis_now,
+        database_now,
+        missing,
+        timeouts,
+        untrimmed,
+        missing_indexes(app.engine),
+    )
+
+
+def missing_indexes(engine: sa.Engine) -> list[str]:
+    """The CREATE INDEX statements of the runtime's indexes that the database lacks (tables
+    that do not exist at all are left to ``init-db``)."""
+    inspector = sa.inspect(engine)
+    statements = []
+    for table in (tasks_table, outbox_table, attempts_table):
+        if not inspector.has_table(table.name):
+            continue
+        present = {index["name"] for index in inspector.get_indexes(table.name)}
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if index.name not in present:
+                statements.append(str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)).strip())
+    return statements

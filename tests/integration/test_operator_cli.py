@@ -10,13 +10,14 @@ from pathlib import Path
 
 import anyio
 import pytest
+import sqlalchemy as sa
 from sqlmodel import Session
 from typer.testing import CliRunner
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.clock import system_clock
-from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts
+from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts, missing_indexes
 from tests.helpers import entries
 from tests.servers import private_redis
 
@@ -176,3 +177,31 @@ def test_version_floor_and_dedup_ttl_are_errors(make_app: Callable[..., App]) ->
     facts = Facts(app.settings, {"redis_version": "6.2.14"}, {}, now, now, None)
     assert check_version(facts).level is Level.ERROR
     assert {f.check: f for f in diagnose(facts)}["dedup-ttl"].level is Level.ERROR
+
+
+def test_doctor_names_an_index_an_older_database_lacks_with_its_create_statement(
+    make_app: Callable[..., App],
+) -> None:
+    app = make_app()
+    assert missing_indexes(app.engine) == []
+    with app.engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_dt_outbox_pending"))
+    try:
+        [statement] = missing_indexes(app.engine)
+        assert statement.startswith("CREATE INDEX ix_dt_outbox_pending ON dt_outbox (namespace, id)")
+        assert "state = 'PENDING'" in statement
+        from datetime import UTC, datetime
+
+        now = datetime.now(UTC)
+        facts = Facts(app.settings, {"redis_version": "7.2.0"}, {}, now, now, None, indexes_missing=[statement])
+        finding = {f.check: f for f in diagnose(facts)}["indexes"]
+        assert finding.level is Level.WARNING
+        assert statement in finding.message
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(statement))  # the statement doctor prints repairs the database
+        assert missing_indexes(app.engine) == []
+    finally:
+        if missing_indexes(app.engine):
+            with app.engine.begin() as conn:
+                conn.execute(sa.text(missing_indexes(app.engine)[0]))
+
