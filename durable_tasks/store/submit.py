@@ -68,15 +68,34 @@ def submit_task(session: Session, task: NewTask, now: datetime) -> SubmitOutcome
         if existing is not None:
             return existing
     task_id = str(uuid.uuid4())
-    if is_postgres(conn):
-        return _submit_pg(conn, task, task_id, now)
-    values: dict[str, Any] = {
+    if (_insert_pg if is_postgres(conn) else _insert)(conn, task, task_id, now):
+        return SubmitOutcome(task_id, 0, created=True)
+    existing = _find_by_key(conn, task)  # lost to a concurrent duplicate idempotency key
+    if existing is None:  # pragma: no cover - the conflicting row must be visible now
+        raise RuntimeError("idempotency conflict without a visible task")
+    return existing
+
+
+def _given(task: NewTask, task_id: str) -> dict[str, Any]:
+    """The columns of a new task row that come from the submit."""
+    return {
         "id": task_id,
         "namespace": task.namespace,
         "name": task.name,
         "queue": task.queue,
         "idempotency_key": task.idempotency_key,
         "payload": task.payload_json,
+        "max_attempts": task.max_attempts,
+        "traceparent": task.traceparent,
+        "partition_key": task.partition_key,
+        "shadow": task.shadow,
+    }
+
+
+def _insert(conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
+    """The task row and its first outbox row; False when the idempotency key was taken."""
+    values: dict[str, Any] = {
+        **_given(task, task_id),
         "state": TaskState.PENDING,
         "generation": 0,
         "attempt": 0,
@@ -84,44 +103,19 @@ def submit_task(session: Session, task: NewTask, now: datetime) -> SubmitOutcome
         "reclaims": 0,
         "counted_losses": 0,
         "failures": 0,
-        "max_attempts": task.max_attempts,
-        "traceparent": task.traceparent,
-        "partition_key": task.partition_key,
-        "shadow": task.shadow,
         "created_at": now,
     }
     # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
-    inserted = conn.execute(_insert_ignoring_duplicate(conn, values).returning(tasks_table.c.id)).first()
-    if inserted is None:
-        existing = _find_by_key(conn, task)
-        if existing is None:  # pragma: no cover - the conflicting row must be visible now
-            raise RuntimeError("idempotency conflict without a visible task")
-        return existing
+    if conn.execute(_insert_ignoring_duplicate(conn, values).returning(tasks_table.c.id)).first() is None:
+        return False
     insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now)
-    return SubmitOutcome(task_id, 0, created=True)
+    return True
 
 
-def _submit_pg(conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> SubmitOutcome:
-    params = {
-        "id": task_id,
-        "namespace": task.namespace,
-        "name": task.name,
-        "queue": task.queue,
-        "idempotency_key": task.idempotency_key,
-        "payload": task.payload_json,
-        "max_attempts": task.max_attempts,
-        "traceparent": task.traceparent,
-        "partition_key": task.partition_key,
-        "shadow": task.shadow,
-        "now": now,
-        "channel": NOTIFY_CHANNEL,
-    }
-    if conn.exec_driver_sql(sql.postgres()["submit_task"], params).first() is not None:
-        return SubmitOutcome(task_id, 0, created=True)
-    existing = _find_by_key(conn, task)  # lost to a duplicate idempotency key
-    if existing is None:  # pragma: no cover - the conflicting row must be visible now
-        raise RuntimeError("idempotency conflict without a visible task")
-    return existing
+def _insert_pg(conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
+    """The same in one statement, with the NOTIFY (postgres.sql: submit_task)."""
+    params = {**_given(task, task_id), "now": now, "channel": NOTIFY_CHANNEL}
+    return conn.exec_driver_sql(sql.postgres()["submit_task"], params).first() is not None
 
 
 def rerun_task(session: Session, namespace: str, task_id: str, now: datetime) -> int | None:
