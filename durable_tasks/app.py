@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import anyio
 import redis.asyncio as aioredis
 import sqlalchemy as sa
+import tenacity
 from anyio import to_thread
 from redis.asyncio.cluster import ClusterNode
 from redis.exceptions import RedisError
@@ -305,8 +306,27 @@ class App:
         """How the dispatcher waits between passes (NOTIFY on Postgres)."""
         return waiter_for(self.engine, self.settings.namespace)
 
-    async def check_connections(self) -> None:
-        """Raise DatabaseUnavailableError / BrokerUnavailableError if either cannot be reached."""
+    async def check_connections(self, *, wait: timedelta = timedelta(0)) -> None:
+        """Raise DatabaseUnavailableError / BrokerUnavailableError if either cannot be reached.
+
+        With ``wait``, keep trying for that long first (backing off up to 2 s, logging each
+        failure): a process started during a Redis Cluster failover or before its servers are
+        up then starts when they are, instead of exiting and waiting for its supervisor.
+        """
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type((DatabaseUnavailableError, BrokerUnavailableError)),
+            stop=tenacity.stop_after_delay(wait.total_seconds()),
+            wait=tenacity.wait_exponential(multiplier=0.1, max=2),
+            before_sleep=lambda state: logger.warning(
+                "%s; retrying for up to %s", state.outcome.exception() if state.outcome else "?", wait
+            ),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._check_connections_once()
+
+    async def _check_connections_once(self) -> None:
         try:
             await to_thread.run_sync(lambda: self.engine.connect().close())
         except SQLAlchemyError as exc:
@@ -387,7 +407,7 @@ class App:
         On ``stop`` the worker stops reading and gives in-flight tasks ``shutdown_grace`` to
         finish (whatever is left stays pending for a reaper); then the dispatcher and reaper end.
         """
-        await self.check_connections()
+        await self.check_connections(wait=self.settings.startup_wait)
         w = Worker(self, queues=queues) if worker else None
         async with anyio.create_task_group() as tg:
             if dispatcher:

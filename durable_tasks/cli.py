@@ -64,7 +64,8 @@ async def _serve(app: App, *, dispatcher: bool, worker: bool, reaper: bool, queu
                 return
 
     try:
-        await app.check_connections()  # outside the task group: a typed error, not a group
+        # Outside the task group: a typed error, not a group.
+        await app.check_connections(wait=app.settings.startup_wait)
         async with anyio.create_task_group() as tg:
             tg.start_soon(on_signal)
             await app.run(dispatcher=dispatcher, worker=worker, reaper=reaper, queues=queues, stop=stop)

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     retry_backoff_initial: Duration = timedelta(seconds=1)
     retry_backoff_max: Duration = timedelta(seconds=60)
     shutdown_grace: Duration = timedelta(seconds=30)
+    startup_wait: Duration = Field(
+        default=timedelta(seconds=30),
+        description="How long a starting dispatcher, worker or reaper keeps retrying an unreachable "
+        "Postgres or Redis (a failover, a server still starting) before it gives up; 0 gives up at once.",
+    )
     commit_batch_max: int = Field(default=256, ge=1, description="Results per group-commit transaction.")
     commit_window: Duration = Field(default=timedelta(0), description="Extra wait to fill a group commit.")
 

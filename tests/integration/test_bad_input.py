@@ -3,8 +3,11 @@ leaves nothing half-written, on real PostgreSQL / SQLite and Redis."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from durable_tasks import (
 )
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
+from tests.servers import PrivateRedis, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -478,3 +482,24 @@ async def test_one_bad_row_does_not_hold_back_the_good_ones(
     assert outbox_row(app, good.id).state == OutboxState.SENT
     assert task_row(app, good.id).state == TaskState.ENQUEUED
     assert await stream_length(redis_url, f"dt:{{{namespace}:jobs}}:stream") == 1
+
+
+async def test_a_start_waits_for_a_redis_that_comes_up_within_the_startup_wait(
+    database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    server = PrivateRedis(free_port(), tmp_path / "late-redis", ())
+    app = App(database_url, server.url, namespace, data_dir=tmp_path / "data")
+    starter = threading.Timer(1.0, server.start)  # the server comes up while the start waits
+    try:
+        app.create_all()
+        with pytest.raises(BrokerUnavailableError):
+            await app.check_connections()  # no wait: refused at once
+        starter.start()
+        await app.check_connections(wait=timedelta(seconds=20))  # keeps trying, then succeeds
+        assert await app.transport().client.ping()
+    finally:
+        starter.cancel()
+        starter.join()
+        await app.aclose()
+        server.stop(signal.SIGKILL)
+

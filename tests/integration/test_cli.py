@@ -53,8 +53,11 @@ def test_a_bad_app_spec_is_a_clear_error(cli_env: dict[str, str]) -> None:
     assert "module:attribute" in result.output
 
 
-def test_unreachable_redis_exits_with_a_typed_error(cli_env: dict[str, str]) -> None:
-    env = {**os.environ, "DT_REDIS_URL": "redis://127.0.0.1:1/0"}
+@pytest.mark.parametrize("wait", ["0", "1.5"])
+def test_unreachable_redis_exits_with_a_typed_error_once_the_startup_wait_is_over(
+    cli_env: dict[str, str], wait: str
+) -> None:
+    env = {**os.environ, "DT_REDIS_URL": "redis://127.0.0.1:1/0", "DT_STARTUP_WAIT": wait}
     proc = subprocess.run(
         [sys.executable, "-m", "durable_tasks", "worker", "tests.apps.cli_app:app"],
         cwd=ROOT,
@@ -64,7 +67,10 @@ def test_unreachable_redis_exits_with_a_typed_error(cli_env: dict[str, str]) -> 
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "cannot reach Redis" in proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr
+    assert "cannot reach Redis" in output
+    retries = output.count("retrying for up to")
+    assert retries == 0 if wait == "0" else retries >= 2  # it kept trying for the whole wait
 
 
 @pytest.mark.slow
