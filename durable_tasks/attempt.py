@@ -91,12 +91,9 @@ async def run_attempt(
     if tel.tracing:
         span.set_attributes(tel.payload_attributes(claim.name, "result", result_json))
     write = FinalWrite(claim, result_json, hook=session_hooks(task.hooks, ctx, result))
-    if tel.tracing:
-        with tel.commit_span() as commit_span:
-            await commit(write)
-            commit_span.set_attribute("durable_tasks.fenced_out", write.outcome is CommitOutcome.FENCED_OUT)
-    else:
+    with tel.commit_span() as commit_span:
         await commit(write)
+        commit_span.set_attribute("durable_tasks.fenced_out", write.outcome is CommitOutcome.FENCED_OUT)
     if write.outcome is CommitOutcome.FENCED_OUT:
         tel.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
         logger.info("result of %s gen %s attempt %s fenced out", claim.task_id, claim.generation, claim.attempt)

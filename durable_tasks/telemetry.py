@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from typing import Any, ClassVar
 
@@ -34,6 +34,9 @@ _propagator = TraceContextTextMapPropagator()
 SYSTEM = "redis"
 INSTRUMENTATION = "durable_tasks"
 _PROVIDER_RECHECK_S = 1.0
+
+#: What a span helper returns without tracing: reusable, nothing to set up per call.
+_NO_SPAN: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)
 
 #: ``redact(task_name, value) -> value``: what of a payload or result may become an attribute.
 Redactor = Callable[[str, Any], Any]
@@ -217,14 +220,19 @@ class Telemetry:
         attrs = self._base(queue) | {"messaging.operation.type": "process"} | dict(attributes)
         return self.tracer.start_span(f"process {task_name}", context=parent, kind=SpanKind.CONSUMER, attributes=attrs)
 
-    @contextmanager
-    def commit_span(self) -> Iterator[Span]:
+    def commit_span(self) -> AbstractContextManager[Span]:
         """``commit``: the fenced final write (attribute ``durable_tasks.fenced_out``)."""
         if not self.tracing:
-            yield trace.INVALID_SPAN
-            return
-        with self.tracer.start_as_current_span("commit") as span:
-            yield span
+            return _NO_SPAN  # once per task: no generator-based context manager for nothing
+        return self.tracer.start_as_current_span("commit")
+
+    @staticmethod
+    def current(span: Span) -> AbstractContextManager[Span]:
+        """Make ``span`` the current span for the block (what starts inside nests under it);
+        for the invalid span of an untraced run, nothing to do."""
+        if span is trace.INVALID_SPAN:
+            return _NO_SPAN
+        return trace.use_span(span, end_on_exit=False)
 
     def task_event(self, name: str, traceparent: str | None, queue: str, attributes: Mapping[str, Any]) -> None:
         """A short span in the task's trace carrying one event (reaper reclaim, DLQ move)."""

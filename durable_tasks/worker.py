@@ -16,7 +16,7 @@ import socket
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -333,7 +333,7 @@ class Worker:
             acked = item.acked
 
         try:
-            with nullcontext() if span is trace.INVALID_SPAN else trace.use_span(span, end_on_exit=False):
+            with app.telemetry.current(span):
                 if failpoints.ENABLED:
                     failpoints.hit("worker.after_claim")
                 span.set_attribute("durable_tasks.attempt", claim.attempt)
