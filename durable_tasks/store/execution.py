@@ -28,6 +28,8 @@ __all__ = [
     "claim_batch",
     "claim_execution",
     "close_open_attempts",
+    "fence_arrays",
+    "fenced_rows",
     "heartbeat",
     "mark_solo",
     "renew_leases",
@@ -333,20 +335,31 @@ def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: da
         return set(
             conn.execute(
                 sa.update(tasks_table)
-                .where(
-                    task_rows_in_order(
-                        conn,
-                        t.namespace == claims[0].namespace,
-                        sa.tuple_(t.id, t.generation, t.attempt).in_(
-                            [(c.task_id, c.generation, c.attempt) for c in claims]
-                        ),
-                        t.state == TaskState.RUNNING,
-                    )
-                )
+                .where(fenced_rows(conn, claims))
                 .values(lease_expires_at=now + lease)
                 .returning(t.id)
             ).scalars()
         )
+
+
+def fenced_rows(conn: sa.Connection, claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
+    """:meth:`ExecutionClaim.fence` for many executions at once (each row RUNNING under its own
+    generation and attempt), the rows locked in id order. ``claims`` share one namespace."""
+    return task_rows_in_order(
+        conn,
+        t.namespace == claims[0].namespace,
+        sa.tuple_(t.id, t.generation, t.attempt).in_([(c.task_id, c.generation, c.attempt) for c in claims]),
+        t.state == TaskState.RUNNING,
+    )
+
+
+def fence_arrays(claims: Sequence[ExecutionClaim]) -> dict[str, list[Any]]:
+    """The same fencing tokens as parallel arrays, for the named Postgres statements."""
+    return {
+        "ids": [c.task_id for c in claims],
+        "generations": [c.generation for c in claims],
+        "attempts": [c.attempt for c in claims],
+    }
 
 
 def mark_solo(engine: sa.Engine, claim: ExecutionClaim) -> None:

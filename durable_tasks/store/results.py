@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
 from .engine import is_postgres
-from .execution import ExecutionClaim
-from .locking import lock_tasks_in_order, task_rows_in_order
+from .execution import ExecutionClaim, fence_arrays, fenced_rows
+from .locking import lock_tasks_in_order
 from .submit import insert_outbox
 
 __all__ = ["CommitOutcome", "FinalWrite", "commit_results", "record_failure"]
@@ -79,19 +79,10 @@ def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: dateti
 
 
 def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
-    namespace = writes[0].claim.namespace
-    tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w in writes]
     return set(
         conn.execute(
             sa.update(tasks_table)
-            .where(
-                task_rows_in_order(
-                    conn,
-                    t.namespace == namespace,
-                    sa.tuple_(t.id, t.generation, t.attempt).in_(tokens),
-                    t.state == TaskState.RUNNING,
-                )
-            )
+            .where(fenced_rows(conn, [w.claim for w in writes]))
             .values(
                 **_SUCCEEDED,
                 finished_at=now,
@@ -105,10 +96,8 @@ def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datet
 def _write_results_pg(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
     """One statement: the fenced writes and their attempts' outcomes."""
     params = {
+        **fence_arrays([w.claim for w in writes]),
         "namespace": writes[0].claim.namespace,
-        "ids": [w.claim.task_id for w in writes],
-        "generations": [w.claim.generation for w in writes],
-        "attempts": [w.claim.attempt for w in writes],
         "results": [w.result_json for w in writes],
         "now": now,
     }
@@ -145,9 +134,7 @@ def _finish_attempts(conn: sa.Connection, writes: Sequence[FinalWrite], now: dat
         return
     if is_postgres(conn):
         params = {
-            "task_ids": [w.claim.task_id for w, _ in closed],
-            "generations": [w.claim.generation for w, _ in closed],
-            "attempts": [w.claim.attempt for w, _ in closed],
+            **fence_arrays([w.claim for w, _ in closed]),
             "outcomes": [outcome for _, outcome in closed],
             "now": now,
         }

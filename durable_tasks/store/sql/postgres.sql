@@ -81,10 +81,10 @@ WITH written AS (
 SELECT id FROM written;
 
 -- name: finish_attempts
--- Close attempts with their outcomes: arrays task_ids, generations, attempts, outcomes.
+-- Close attempts with their outcomes: arrays ids (task ids), generations, attempts, outcomes.
 UPDATE dt_attempts AS a
 SET outcome = f.outcome, finished_at = %(now)s
-FROM unnest(%(task_ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(outcomes)s::text[])
+FROM unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(outcomes)s::text[])
      AS f (task_id, generation, attempt, outcome)
 WHERE a.task_id = f.task_id AND a.generation = f.generation AND a.attempt = f.attempt;
 
