@@ -293,8 +293,11 @@ def wait_count(app: App, ns: str, n: int, timeout: float, *, outbox: bool = Fals
 
 
 def span(app: App, ns: str, first: Any, last: Any) -> float:
+    """Seconds from the earliest ``first`` to the latest ``last`` in this run's namespace; the
+    two timestamp columns may live in different tables (dt_outbox, dt_tasks)."""
     with app.read_engine.connect() as conn:
-        lo, hi = conn.execute(sa.select(sa.func.min(first), sa.func.max(last)).where(t.namespace == ns)).one()
+        lo = conn.execute(sa.select(sa.func.min(first)).where(first.table.c.namespace == ns)).scalar_one()
+        hi = conn.execute(sa.select(sa.func.max(last)).where(last.table.c.namespace == ns)).scalar_one()
     return seconds(hi) - seconds(lo)
 
 
@@ -343,13 +346,9 @@ def dispatch(n: int, dispatchers: int, batch: int | None, timeout: float = 600) 
         if done < n:
             record(label, None, "rows/s", metric=metric, n=n, error=f"only {done}/{n} sent in {timeout:.0f} s")
             return
-        with app.read_engine.connect() as conn:
-            lo, hi = conn.execute(
-                sa.select(sa.func.min(o.sent_at), sa.func.max(o.sent_at)).where(o.namespace == ns)
-            ).one()
         record(
             label,
-            n / (seconds(hi) - seconds(lo)),
+            n / span(app, ns, o.sent_at, o.sent_at),
             "rows/s",
             metric=metric,
             n=n,
@@ -376,14 +375,9 @@ def pipeline(
         if done < n:
             record(label, None, "tasks/s", metric=metric, n=n, error=f"only {done}/{n} succeeded in {timeout:.0f} s")
             return
-        with app.read_engine.connect() as conn:
-            first_sent, last_sent = conn.execute(
-                sa.select(sa.func.min(o.sent_at), sa.func.max(o.sent_at)).where(o.namespace == ns)
-            ).one()
-            last_done = conn.execute(sa.select(sa.func.max(t.finished_at)).where(t.namespace == ns)).scalar_one()
         record(
             label,
-            n / (seconds(last_done) - seconds(first_sent)),
+            n / span(app, ns, o.sent_at, t.finished_at),
             "tasks/s",
             metric=metric,
             n=n,
@@ -393,7 +387,7 @@ def pipeline(
         )
         record(
             f"dispatcher rows/s during that run ({dispatchers} dispatcher{'s' if dispatchers > 1 else ''})",
-            n / (seconds(last_sent) - seconds(first_sent)),
+            n / span(app, ns, o.sent_at, o.sent_at),
             "rows/s",
             metric=f"pipeline_dispatch_rate_d{dispatchers}",
             n=n,
