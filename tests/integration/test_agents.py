@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
-from durable_tasks.agents import Agent, ModelTurn, ScriptedModel, ToolCall
+from durable_tasks.agents import Agent, ModelTurn, RunInfo, ScriptedModel, ToolCall
 
 pytestmark = pytest.mark.anyio
 
@@ -78,16 +78,21 @@ async def drain(app: App, rounds: int = 30) -> None:
         await app.work(max_tasks=50, timeout=0.5)
 
 
+async def run_to_end(app: App, agent: Agent, question: str) -> RunInfo:
+    """Start a run (committed), work until nothing is left, and return what it became."""
+    with Session(app.engine) as s:
+        run_id = agent.start(s, question)
+        s.commit()
+    await drain(app)
+    return agent.get_run(run_id)
+
+
 async def test_a_run_executes_tools_and_answers(make_app: Callable[..., App]) -> None:
     app = make_app()
     model = ScriptedModel(script)
     executed: list[str] = []
     agent = build(app, model, executed)
-    with Session(app.engine) as s:
-        run_id = agent.start(s, "what is 2+3 and the capital of France?")
-        s.commit()
-    await drain(app)
-    run = agent.get_run(run_id)
+    run = await run_to_end(app, agent, "what is 2+3 and the capital of France?")
     assert run.state == "DONE"
     assert run.output == "2+3=5.0, capital=Paris"
     assert model.calls == 2  # one call per turn
@@ -141,11 +146,7 @@ async def test_async_tools_and_repeated_call_ids(make_app: Callable[..., App]) -
         return args.key.upper()
 
     app.create_all()
-    with Session(app.engine) as s:
-        run_id = agent.start(s, "go")
-        s.commit()
-    await drain(app)
-    run = agent.get_run(run_id)
+    run = await run_to_end(app, agent, "go")
     assert run.state == "DONE"
     assert sorted(seen) == ["a", "b"]
 
@@ -158,11 +159,7 @@ async def test_a_model_that_keeps_failing_ends_the_run_failed(make_app: Callable
 
     agent = Agent(app, "broken", ScriptedModel(broken), turn_max_attempts=2)
     app.create_all()
-    with Session(app.engine) as s:
-        run_id = agent.start(s, "go")
-        s.commit()
-    await drain(app)
-    run = agent.get_run(run_id)
+    run = await run_to_end(app, agent, "go")
     assert run.state == "FAILED"
     assert run.output is not None
     assert "model endpoint timed out" in run.output
