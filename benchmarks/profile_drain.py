@@ -13,6 +13,7 @@ This is the harness the optimizations in docs/performance.md were measured with.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -44,15 +45,58 @@ def timed(module: Any, name: str, items: Callable[[tuple[Any, ...]], int]) -> No
     setattr(module, name, wrapper)
 
 
+def _role(pid: str, server: str) -> str:
+    """A postgres process's role from its title ("backend", "walwriter", "autovacuum", ...)."""
+    if server != "postgres":
+        return ""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().decode(errors="replace").replace("\0", " ").strip()
+    except OSError:
+        return "?"
+    if not title.startswith("postgres: "):
+        return "postmaster"
+    rest = title.removeprefix("postgres: ")
+    if rest.split()[0].endswith(":"):  # cluster_name
+        rest = rest.split(None, 1)[1]
+    if "(" in rest:
+        return "backend"
+    return rest.split()[0]
+
+
+def server_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by every local postgres and redis/valkey process."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = defaultdict(float)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        for server in ("postgres", "redis", "valkey"):
+            if name.startswith(server):
+                used[f"{server} {_role(pid, server)}".strip()] += (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=1000)
     ap.add_argument("--profile", help="write a pyinstrument text report here")
+    ap.add_argument(
+        "--setup-sql", action="append", default=[], help="run this SQL after the schema exists (A/B trials)"
+    )
     args = ap.parse_args()
     timed(execution, "claim_batch", lambda a: len(a[2]))
     timed(results, "commit_results", lambda a: len(a[1]))
     with bench_app(batch_size=500) as (app, _db, _ns):
+        with app.engine.begin() as conn:
+            for statement in args.setup_sql:
+                conn.exec_driver_sql(statement)
         submit_many(app, args.n)
         anyio.run(dispatch_all, app)
         worker = Worker(app, concurrency=args.concurrency)
@@ -66,14 +110,29 @@ def main() -> None:
 
             profiler = Profiler(interval=0.0005)
             profiler.start()
+        servers = server_cpu()
         wall, cpu = time.perf_counter(), time.process_time()
         done = anyio.run(drain)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        servers = {name: used - servers.get(name, 0.0) for name, used in server_cpu().items()}
+        with app.engine.connect() as conn:
+            hot = (
+                conn.exec_driver_sql(
+                    "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                    " WHERE relname IN ('dt_tasks', 'dt_attempts', 'dt_outbox') AND schemaname = current_schema()"
+                ).all()
+                if app.engine.dialect.name == "postgresql"
+                else []
+            )
         if profiler is not None:
             profiler.stop()
             with open(args.profile, "w", encoding="utf-8") as out:
                 out.write(profiler.output_text(unicode=False))
     print(f"drained {done} in {wall:.2f} s = {done / wall:,.0f} tasks/s; process CPU {cpu / done * 1e6:.0f} us/task")
+    for table, updated, hot_updated in hot:
+        print(f"{table}: {updated} updates, {hot_updated} HOT (cumulative, incl. submit/dispatch)")
+    for name, used in sorted(servers.items()):
+        print(f"{name} processes: CPU {used / done * 1e6:.0f} us/task ({used / wall:.0%} of a core)")
     for name, calls in CALLS.items():
         items = sum(c[0] for c in calls)
         print(
