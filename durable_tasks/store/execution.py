@@ -332,6 +332,9 @@ def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: da
     if not claims:
         return set()
     with engine.begin() as conn:
+        if is_postgres(conn):
+            params = {**fence_arrays(claims), "namespace": claims[0].namespace, "lease_until": now + lease}
+            return set(conn.exec_driver_sql(sql.postgres()["renew_leases"], params).scalars())
         return set(
             conn.execute(
                 sa.update(tasks_table)
@@ -344,7 +347,8 @@ def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: da
 
 def fenced_rows(conn: sa.Connection, claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
     """:meth:`ExecutionClaim.fence` for many executions at once (each row RUNNING under its own
-    generation and attempt), the rows locked in id order. ``claims`` share one namespace."""
+    generation and attempt), the rows locked in id order. ``claims`` share one namespace.
+    SQLite's; Postgres runs the named statements, which find the rows by primary key."""
     return task_rows_in_order(
         conn,
         t.namespace == claims[0].namespace,

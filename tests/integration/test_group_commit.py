@@ -12,7 +12,8 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.batching import Coalescer
-from durable_tasks.store.execution import ExecutionClaim, claim_execution
+from durable_tasks.records import tasks_table
+from durable_tasks.store.execution import ExecutionClaim, claim_execution, renew_leases
 from durable_tasks.store.results import CommitOutcome, FinalWrite, commit_results
 
 pytestmark = pytest.mark.anyio
@@ -103,3 +104,28 @@ async def test_concurrent_results_share_transactions(app: App) -> None:
         tg.cancel_scope.cancel()
     assert all(w.outcome is CommitOutcome.COMMITTED for w in writes)
     assert len(commits) < len(writes) / 4  # 40 results, a handful of transactions
+
+
+async def test_lease_renewal_extends_only_the_executions_still_held(app: App) -> None:
+    held, superseded, finished = claimed(app, 3)
+    with Session(app.engine) as s:
+        app.rerun(s, superseded.task_id)  # a new generation: this execution lost its fence
+        s.commit()
+    commit_results(app.engine, [FinalWrite(finished, "0")], now=app.clock())
+    later = app.clock() + timedelta(minutes=5)
+    renewed = renew_leases(app.engine, [held, superseded, finished], now=later, lease=timedelta(seconds=30))
+    assert renewed == {held.task_id}
+    with app.engine.connect() as conn:
+        leases = dict(
+            conn.execute(
+                sa.select(tasks_table.c.id, tasks_table.c.lease_expires_at).where(
+                    tasks_table.c.id.in_([held.task_id, superseded.task_id, finished.task_id])
+                )
+            ).all()
+        )
+    assert leases[held.task_id] is not None
+    assert leases[held.task_id].replace(tzinfo=None) == (later + timedelta(seconds=30)).replace(tzinfo=None)
+    assert leases[finished.task_id] is None  # a final write clears the lease; renewal left it so
+    assert leases[superseded.task_id] is None or leases[superseded.task_id].replace(tzinfo=None) < later.replace(
+        tzinfo=None
+    )

@@ -89,6 +89,26 @@ WITH locked AS MATERIALIZED (
 )
 SELECT id FROM written;
 
+-- name: renew_leases
+-- Extend the leases of running executions: arrays ids, generations, attempts (each row
+-- RUNNING under its own generation and attempt). Returns the ids still held.
+WITH locked AS MATERIALIZED (
+    SELECT c.id, c.namespace, c.state, c.generation, c.attempt
+    FROM dt_tasks AS c
+    WHERE c.id = ANY(%(ids)s::text[])
+    ORDER BY c.id
+    FOR UPDATE OF c
+)
+UPDATE dt_tasks AS t
+SET lease_expires_at = %(lease_until)s
+FROM locked AS l
+JOIN unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[]) AS f (id, generation, attempt)
+  ON f.id = l.id AND f.generation = l.generation AND f.attempt = l.attempt
+WHERE t.id = l.id
+  AND l.state = 'RUNNING'
+  AND l.namespace = %(namespace)s
+RETURNING t.id;
+
 -- name: finish_attempts
 -- Close attempts with their outcomes: arrays ids (task ids), generations, attempts, outcomes.
 UPDATE dt_attempts AS a
