@@ -64,6 +64,14 @@ def _role(pid: str, server: str) -> str:
     return rest.split()[0]
 
 
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def server_cpu() -> dict[str, float]:
     """CPU seconds (user + system) used so far by every local postgres and redis/valkey process."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -111,9 +119,11 @@ def main() -> None:
             profiler = Profiler(interval=0.0005)
             profiler.start()
         servers = server_cpu()
+        machine = machine_busy()
         wall, cpu = time.perf_counter(), time.process_time()
         done = anyio.run(drain)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        (busy_after, total_after), (busy_before, total_before) = machine_busy(), machine
         servers = {name: used - servers.get(name, 0.0) for name, used in server_cpu().items()}
         with app.engine.connect() as conn:
             hot = (
@@ -129,6 +139,7 @@ def main() -> None:
             with open(args.profile, "w", encoding="utf-8") as out:
                 out.write(profiler.output_text(unicode=False))
     print(f"drained {done} in {wall:.2f} s = {done / wall:,.0f} tasks/s; process CPU {cpu / done * 1e6:.0f} us/task")
+    print(f"machine: {(busy_after - busy_before) / (total_after - total_before):.0%} of {os.cpu_count()} cores busy")
     for table, updated, hot_updated in hot:
         print(f"{table}: {updated} updates, {hot_updated} HOT (cumulative, incl. submit/dispatch)")
     for name, used in sorted(servers.items()):

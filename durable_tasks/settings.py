@@ -78,7 +78,7 @@ class Settings(BaseSettings):
         description="How long a starting dispatcher, worker or reaper keeps retrying an unreachable "
         "Postgres or Redis (a failover, a server still starting) before it gives up; 0 gives up at once.",
     )
-    commit_batch_max: int = Field(default=256, ge=1, description="Results per group-commit transaction.")
+    commit_batch_max: int = Field(default=512, ge=1, description="Results per group-commit transaction.")
     commit_window: Duration = Field(default=timedelta(0), description="Extra wait to fill a group commit.")
 
     # reaper

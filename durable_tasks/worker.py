@@ -15,12 +15,12 @@ import os
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio import to_thread
@@ -76,6 +76,8 @@ class _Commit:
 
 
 _ACKED_OUTCOMES = (CommitOutcome.COMMITTED, CommitOutcome.FENCED_OUT)
+#: read batches being claimed at once (see Worker._read_loop)
+_INTAKES_IN_FLIGHT = 2
 
 
 class IsolationGate:
@@ -157,6 +159,10 @@ class Worker:
         self._handler_threads = anyio.CapacityLimiter(self.concurrency)
         self._gate = IsolationGate()
         self._executions: set[asyncio.Task[None]] = set()
+        # Claims of consecutive reads overlap: while one batch's claim transaction runs, the
+        # next batch is read and claimed (the database answers both; a single claim at a time
+        # left the loop waiting a claim's round trip per read).
+        self._intakes = asyncio.Semaphore(_INTAKES_IN_FLIGHT)
 
     def stop(self) -> None:
         """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
@@ -185,45 +191,57 @@ class Worker:
         return self.counters.settled - start
 
     def _spawn(self, entry: StreamEntry, claim: ExecutionClaim, span: Span) -> None:
+        self._background(self._execute(entry, claim, span))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
         # A plain asyncio task: an anyio task group's start_soon costs ~6x more per task,
         # which at thousands of tasks/s is a fifth of the worker's CPU. run() cancels the
         # ones still running when it returns.
-        execution_task = asyncio.get_running_loop().create_task(self._execute(entry, claim, span))
-        self._executions.add(execution_task)
-        execution_task.add_done_callback(self._executions.discard)
+        task = asyncio.get_running_loop().create_task(work)
+        self._executions.add(task)
+        task.add_done_callback(self._executions.discard)
 
     async def _cancel_executions(self) -> None:
-        """Cancel the attempts still running (their entries stay pending) and wait for them."""
-        running = list(self._executions)
-        for execution_task in running:
-            execution_task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        """Cancel the claims and attempts still running (their entries stay pending) and wait
+        for them (a claim that finishes meanwhile starts nothing new)."""
+        while self._executions:
+            running = list(self._executions)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def _read_loop(self, start: int, max_tasks: int | None) -> None:
         transport = self.app.transport()
         while not self._stopping.is_set():
-            settled = self.counters.settled - start
-            if max_tasks is not None and settled >= max_tasks:
-                return
-            want = self.concurrency - self._in_flight
-            if self._gate.isolating:
-                want = 0  # a suspect task is about to run alone: start nothing new
-            if max_tasks is not None:
-                want = min(want, max_tasks - settled - self._in_flight)
-            if want <= 0:
-                await self._wait_for_a_slot()
-                continue
+            await self._intakes.acquire()  # released by the intake this iteration starts, if any
+            handed_off = False
             try:
-                entries = await transport.read(
-                    self.queues, self.worker_id, count=want, block=self.app.settings.read_block
-                )
-            except Exception:
-                logger.exception("reading streams failed; retrying in a second")
-                await anyio.sleep(1)
-                continue
-            if entries:
-                self._in_flight += len(entries)
-                await self._intake(entries)
+                settled = self.counters.settled - start
+                if max_tasks is not None and settled >= max_tasks:
+                    return
+                want = self.concurrency - self._in_flight
+                if self._gate.isolating:
+                    want = 0  # a suspect task is about to run alone: start nothing new
+                if max_tasks is not None:
+                    want = min(want, max_tasks - settled - self._in_flight)
+                if want <= 0:
+                    await self._wait_for_a_slot()
+                    continue
+                try:
+                    entries = await transport.read(
+                        self.queues, self.worker_id, count=want, block=self.app.settings.read_block
+                    )
+                except Exception:
+                    logger.exception("reading streams failed; retrying in a second")
+                    await anyio.sleep(1)
+                    continue
+                if entries:
+                    self._in_flight += len(entries)
+                    self._background(self._intake(entries))
+                    handed_off = True
+            finally:
+                if not handed_off:
+                    self._intakes.release()
 
     async def _wait_for_a_slot(self) -> None:
         self._slot_freed = anyio.Event()
@@ -238,7 +256,14 @@ class Worker:
         self._slot_freed.set()
 
     async def _intake(self, entries: Sequence[StreamEntry]) -> None:
-        """Parse a read batch, claim it in one transaction, ack the stale, start the rest."""
+        """Parse a read batch, claim it in one transaction, ack the stale, start the rest;
+        then let the read loop start another intake."""
+        try:
+            await self._claim_and_start(entries)
+        finally:
+            self._intakes.release()
+
+    async def _claim_and_start(self, entries: Sequence[StreamEntry]) -> None:
         app = self.app
         transport = app.transport()
         batch: list[tuple[StreamEntry, Delivery, Span]] = []
