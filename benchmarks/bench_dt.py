@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +53,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks.store.results import FinalWrite
 
 DB = os.environ.get("DT_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("DT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -266,7 +268,27 @@ def run_child(app: App, *, dispatcher: bool = True, worker: bool = True) -> None
 
 def worker_main() -> None:
     app = child_app(concurrency=int(os.environ.get("DT_BENCH_CONC", str(DRAIN_CONCURRENCY))))
+    if log := os.environ.get("DT_BENCH_COMMIT_LOG"):
+        log_result_commits(Path(log))
     run_child(app, dispatcher=False)
+
+
+def log_result_commits(path: Path) -> None:
+    """Append "task_id epoch_seconds" when each group commit returns (the latency run's
+    "result committed"; the finished_at column is stamped before the transaction starts)."""
+    from durable_tasks.store import results
+
+    commit = results.commit_results
+    out = path.open("a", encoding="ascii")
+
+    @functools.wraps(commit)
+    def logged(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+        commit(engine, writes, now=now)
+        done = time.time()
+        out.writelines(f"{w.claim.task_id} {done:.6f}\n" for w in writes)
+        out.flush()
+
+    results.commit_results = logged
 
 
 def dispatcher_main() -> None:
@@ -395,8 +417,10 @@ def pipeline(
 
 
 def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> None:
+    commit_log = Path(tempfile.mkdtemp(prefix="dt-bench-latency-")) / "result-commits.log"
     with bench_app() as (app, db, ns):
-        with Children(db, ns, DT_BENCH_CONC="16") as kids:  # the runtime's default concurrency
+        # concurrency 16: the runtime's default
+        with Children(db, ns, DT_BENCH_CONC="16", DT_BENCH_COMMIT_LOG=str(commit_log)) as kids:
             kids.spawn("worker")
             kids.spawn("dispatcher")
             kids.wait_ready()
@@ -414,6 +438,7 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
                 )
                 return
             t0 = time.perf_counter()
+            submitted: dict[str, float] = {}  # task id -> when its submit transaction committed
 
             def produce(first: int) -> None:  # producer k takes slots k, k+K, k+2K, ... of the schedule
                 for i in range(first, n, producers):
@@ -421,8 +446,9 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
                     if (delay := due - time.perf_counter()) > 0:
                         time.sleep(delay)
                     with Session(app.engine) as s:
-                        app.submit(s, "bench.stamp", time.time())
+                        handle = app.submit(s, "bench.stamp", time.time())
                         s.commit()
+                    submitted[handle.id] = time.time()
 
             threads = [threading.Thread(target=produce, args=(k,)) for k in range(producers)]
             for th in threads:
@@ -446,6 +472,9 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
                 .join(outbox_table, o.task_id == t.id)
                 .where(t.namespace == ns)
             ).all()
+        committed = dict(line.split() for line in commit_log.read_text(encoding="ascii").splitlines())
+        shutil.rmtree(commit_log.parent, ignore_errors=True)
+        commit_to_commit = [(float(committed[i]) - at) * 1000 for i, at in submitted.items() if i in committed]
         start, result = [], []
         stages: dict[str, list[float]] = {"submit->sent": [], "sent->claimed": [], "claimed->handler": [],
                                           "handler->committed": []}  # fmt: skip
@@ -471,6 +500,24 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
         record(f"submit->start p99 @{rate:g}/s", pct(start, 99), "ms", metric="start_latency_p99", **extra)
         record(f"submit->result p50 @{rate:g}/s", statistics.median(result), "ms", metric="result_latency_p50", **extra)
         record(f"submit->result p99 @{rate:g}/s", pct(result, 99), "ms", metric="result_latency_p99", **extra)
+        # The target's definition: from the submit transaction's commit (the producer's clock
+        # when commit() returned) to the result's commit (the worker's, when its group commit
+        # returned). The figures above start before the submit call, as the peers' do.
+        both = {**extra, "n": len(commit_to_commit)}
+        record(
+            f"submit commit->result commit p50 @{rate:g}/s",
+            statistics.median(commit_to_commit),
+            "ms",
+            metric="commit_latency_p50",
+            **both,
+        )
+        record(
+            f"submit commit->result commit p99 @{rate:g}/s",
+            pct(commit_to_commit, 99),
+            "ms",
+            metric="commit_latency_p99",
+            **both,
+        )
         record(
             "latency stages p50/p99 (sent = dispatcher's publish done; claimed = worker's claim; "
             "committed = result write)",
