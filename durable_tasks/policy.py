@@ -20,6 +20,7 @@ __all__ = [
     "backoff_delay",
     "decide_after_failure",
     "decide_reap",
+    "loss_counts",
 ]
 
 
@@ -62,12 +63,23 @@ class TaskLeaseView:
     delivery: int
     lease_expires_at: datetime | None
     reclaims: int
-    #: Lost deliveries that count toward ``max_deliveries`` (see ``loss_counts``).
+    #: Lost deliveries that count toward ``max_deliveries`` (see :func:`loss_counts`).
     counted_losses: int = 0
-    #: Whether losing this delivery counts: it was never claimed, or its attempt ran alone. An
-    #: attempt lost while running beside others may be a bystander of the task that killed
-    #: the worker; it runs alone next time (the worker isolates tasks with reclaims > 0).
+    #: Whether losing this delivery counts toward ``max_deliveries`` (:func:`loss_counts`).
     loss_counts: bool = True
+
+
+def loss_counts(state: TaskState, attempt: int, solo_attempt: int | None) -> bool:
+    """Whether losing the current delivery is charged to the task (toward ``max_deliveries``).
+
+    Only when its attempt ran alone (a worker marked it solo, and it is still RUNNING): then
+    nothing else can have killed the worker. An attempt lost beside others may be a bystander
+    of the one that did; it only becomes a suspect, and the worker runs it alone next time
+    (tasks with ``reclaims > 0``). A delivery lost before any worker claimed it ran no code
+    of the task at all (an entry carries ids, not the payload; a malformed one goes to the DLQ
+    without a crash), so its loss is the infrastructure's, like a broker's data loss.
+    """
+    return state == TaskState.RUNNING and solo_attempt == attempt
 
 
 class ReapAction(Enum):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from durable_tasks import App
+from durable_tasks.store.execution import ExecutionClaim, claim_execution, mark_solo
 from durable_tasks.transport.keys import QueueKeys
+from durable_tasks.transport.messages import StreamEntry, parse_delivery
 
 
 def keys(app: App, queue: str = "jobs") -> QueueKeys:
@@ -17,3 +19,23 @@ async def entries(app: App, stream: str) -> list[tuple[str, dict[str, str]]]:
     """Every entry of ``stream`` as (id, fields)."""
     raw: Any = await app.transport().client.xrange(stream)
     return [(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
+
+
+def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doomed-worker") -> ExecutionClaim:
+    """Claim ``entry`` and mark its attempt solo, as a worker does right before it runs a
+    suspect, and then do nothing more (the worker "died"): once the lease runs out the reaper
+    charges the loss to the task (with max_deliveries=1, it is dead-lettered)."""
+    d = parse_delivery(entry.fields)
+    claim = claim_execution(
+        app.engine,
+        app.settings.namespace,
+        task_id=d.task_id,
+        generation=d.generation,
+        delivery=d.delivery,
+        worker_id=worker_id,
+        now=app.clock(),
+        lease=app.settings.lease_timeout,
+    )
+    assert isinstance(claim, ExecutionClaim), claim
+    mark_solo(app.engine, claim)
+    return claim

@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..policy import TaskLeaseView
+from ..policy import TaskLeaseView, loss_counts
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
 from .execution import close_open_attempts
 from .submit import insert_outbox
@@ -55,7 +55,7 @@ def lease_views(engine: sa.Engine, namespace: str, task_ids: Iterable[str]) -> d
             r.lease_expires_at,
             r.reclaims,
             counted_losses=r.counted_losses,
-            loss_counts=r.state != TaskState.RUNNING or r.solo_attempt == r.attempt,
+            loss_counts=loss_counts(TaskState(r.state), r.attempt, r.solo_attempt),
         )
         for r in rows
     }
@@ -73,8 +73,8 @@ def _unowned(task_id: str, namespace: str, generation: int, delivery: int, now: 
     )
 
 
-#: 1 when losing the current delivery counts toward max_deliveries (see TaskLeaseView).
-_LOSS_COUNTS = sa.case((sa.or_(t.state != TaskState.RUNNING, t.solo_attempt == t.attempt), 1), else_=0)
+#: 1 when losing the current delivery counts toward max_deliveries: policy.loss_counts in SQL.
+_LOSS_COUNTS = sa.case((sa.and_(t.state == TaskState.RUNNING, t.solo_attempt == t.attempt), 1), else_=0)
 
 
 def redeliver(

@@ -502,4 +502,3 @@ async def test_a_start_waits_for_a_redis_that_comes_up_within_the_startup_wait(
         starter.join()
         await app.aclose()
         server.stop(signal.SIGKILL)
-

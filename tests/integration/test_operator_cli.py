@@ -18,7 +18,7 @@ from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.clock import system_clock
 from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts, missing_indexes
-from tests.helpers import entries
+from tests.helpers import die_running_alone, entries
 from tests.servers import private_redis
 
 APP = "tests.apps.cli_app:app"
@@ -44,12 +44,13 @@ def invoke(*args: str) -> tuple[int, str]:
 
 
 async def dead_letter_one(app: App) -> str:
-    """Submit, deliver to a consumer that dies before claiming, reap with max_deliveries=1."""
+    """Submit, deliver to a worker that dies running it alone, reap with max_deliveries=1."""
     with Session(app.engine) as s:
         task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
         s.commit()
     await app.dispatch_once()
-    await app.transport().read(["cli"], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
+    [entry] = await app.transport().read(["cli"], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
+    die_running_alone(app, entry, "doomed-consumer")
     await anyio.sleep(0.7)  # past lease_timeout (0.5 s): the entry is idle and nobody holds it
     report = await app.reap_once()
     assert report.dead_lettered == 1
@@ -204,4 +205,3 @@ def test_doctor_names_an_index_an_older_database_lacks_with_its_create_statement
         if missing_indexes(app.engine):
             with app.engine.begin() as conn:
                 conn.execute(sa.text(missing_indexes(app.engine)[0]))
-

@@ -171,31 +171,33 @@ async def test_worker_lost_after_claim_is_redelivered_and_completes(app: App) ->
     assert await _pending(app) == 0
 
 
-async def test_entry_read_but_never_claimed_is_redelivered(app: App) -> None:
-    double = _register(app)
-    task_id = _submit(app, double, 5)
-    assert await app.dispatch_once() == 1
-    await _read(app, "died-after-xreadgroup")  # no claim: the worker died right after reading
-    assert app.get_task(task_id).state == TaskState.ENQUEUED
+async def test_entry_read_but_never_claimed_is_redelivered(make_app: Callable[..., App]) -> None:
+    """Even at max_deliveries=1: no code of the task ran, so the loss is not the task's."""
+    async with _opened(make_app(max_deliveries=1)) as app:
+        double = _register(app)
+        task_id = _submit(app, double, 5)
+        assert await app.dispatch_once() == 1
+        await _read(app, "died-after-xreadgroup")  # no claim: the worker died right after reading
+        assert app.get_task(task_id).state == TaskState.ENQUEUED
 
-    await anyio.sleep(_lease_wait(app))
-    report = await app.reap_once()
+        await anyio.sleep(_lease_wait(app))
+        report = await app.reap_once()
 
-    assert report.redelivered == 1
-    info = app.get_task(task_id)
-    assert info.state == TaskState.PENDING
-    assert (info.delivery, info.reclaims) == (1, 1)
-    assert info.attempts == ()  # nothing ever ran
-    assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
-    assert await _pending(app) == 0
+        assert report.redelivered == 1
+        info = app.get_task(task_id)
+        assert info.state == TaskState.PENDING
+        assert (info.delivery, info.reclaims) == (1, 1)
+        assert info.attempts == ()  # nothing ever ran
+        assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
+        assert await _pending(app) == 0
 
-    assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
-    info = app.get_task(task_id)
-    assert info.state == TaskState.SUCCEEDED
-    assert info.result == 10
-    assert _history(app, task_id) == [(1, "succeeded")]
-    assert await _pending(app) == 0
+        assert await app.dispatch_once() == 1
+        assert await app.work(max_tasks=1, timeout=10) == 1
+        info = app.get_task(task_id)
+        assert info.state == TaskState.SUCCEEDED
+        assert info.result == 10
+        assert _history(app, task_id) == [(1, "succeeded")]
+        assert await _pending(app) == 0
 
 
 async def test_entry_whose_task_holds_a_live_lease_is_kept(make_app: Callable[..., App]) -> None:
@@ -528,8 +530,11 @@ async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..
         task_id = app.submit(s, "doomed-by-reaper", 1).id
         s.commit()
     await app.dispatch_once()
-    await _read(app, "dies")
-    await anyio.sleep(1.2)
+    [entry] = await _read(app, "dies")
+    claim = _claim(app, entry, "dies")
+    assert claim is not None
+    mark_solo(app.engine, claim)  # it died running alone: its own loss
+    await anyio.sleep(_lease_wait(app))
     assert (await app.reap_once()).dead_lettered == 1
     assert app.get_task(task_id).state == TaskState.DEAD
     assert marks == [(task_id, "TaskDeadLetteredError")]

@@ -18,7 +18,7 @@ from sqlmodel import Session
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.dlq import list_dead_letters
 from durable_tasks.transport.messages import OutgoingMessage, entry_mac
-from tests.helpers import keys
+from tests.helpers import die_running_alone, keys
 from tests.servers import private_redis
 
 pytestmark = pytest.mark.anyio
@@ -144,6 +144,7 @@ async def test_a_secret_in_a_payload_stays_out_of_logs_and_the_dlq(
     await app.dispatch_once()
     entries = await app.transport().read(["jobs"], "dies", count=1, block=timedelta(milliseconds=100))
     lost_task = entries[0].fields["t"]
+    die_running_alone(app, entries[0], "dies")
     await app.work(max_tasks=1, timeout=10)
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=10)

@@ -13,6 +13,7 @@ from durable_tasks.policy import (
     backoff_delay,
     decide_after_failure,
     decide_reap,
+    loss_counts,
 )
 from durable_tasks.records import TERMINAL_STATES, TaskState
 
@@ -209,6 +210,22 @@ def test_a_bystander_loss_never_dead_letters() -> None:
     expired = NOW - SECOND
     bystander = view(TaskState.RUNNING, lease_expires_at=expired, reclaims=MAX_DELIVERIES + 4, loss_counts=False)
     assert reap(bystander, idle=LEASE) is ReapAction.REDELIVER
+
+
+@pytest.mark.parametrize(
+    ("state", "attempt", "solo_attempt", "counts"),
+    [
+        (TaskState.RUNNING, 2, 2, True),  # lost while running alone: its own loss
+        (TaskState.RUNNING, 2, None, False),  # beside others: maybe a bystander
+        (TaskState.RUNNING, 3, 2, False),  # an earlier attempt ran alone, this one did not
+        (TaskState.ENQUEUED, 0, None, False),  # read, never claimed: no code of it ran
+        (TaskState.PENDING, 1, 1, False),  # redelivered already; its solo attempt is history
+    ],
+)
+def test_only_a_loss_while_running_alone_counts(
+    state: TaskState, attempt: int, solo_attempt: int | None, counts: bool
+) -> None:
+    assert loss_counts(state, attempt, solo_attempt) is counts
 
 
 def test_max_deliveries_of_one_dead_letters_the_first_lost_delivery() -> None:
