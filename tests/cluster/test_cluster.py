@@ -82,7 +82,7 @@ async def drain(app: App, ids: list[str], timeout: float = 60) -> None:
 
 
 async def test_a_partitioned_queue_spreads_over_nodes_and_completes(make: Any, cluster: Cluster) -> None:
-    app: App = make(queue_partitions={"jobs": 6})
+    app: App = make(queue_partitions={"jobs": 6}, batch_size=50)  # two passes
     ids = submit(app, 60)
     assert await app.dispatch_once() == 50
     assert await app.dispatch_once() == 10
