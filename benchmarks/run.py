@@ -394,7 +394,7 @@ def main() -> None:
         ).stdout.strip(),
         "pins": {p: PINS[p] for p in peers},
         "durable_tasks_settings": f"drain workers concurrency {DRAIN_CONCURRENCY} (one case at 16, the default); "
-        "dispatchers batch 50 (the default; the in-process dispatch loop and the RSS run use 500); "
+        "dispatchers batch 500 (the default); group commit up to 512 results (the default); "
         "latency worker concurrency 16",
     }
     records: list[dict[str, Any]] = []
