@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from durable_tasks import App
@@ -21,10 +22,10 @@ async def entries(app: App, stream: str) -> list[tuple[str, dict[str, str]]]:
     return [(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
 
 
-def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doomed-worker") -> ExecutionClaim:
-    """Claim ``entry`` and mark its attempt solo, as a worker does right before it runs a
-    suspect, and then do nothing more (the worker "died"): once the lease runs out the reaper
-    charges the loss to the task (with max_deliveries=1, it is dead-lettered)."""
+def claim_entry(
+    app: App, entry: StreamEntry, worker_id: str, *, lease: timedelta | None = None
+) -> ExecutionClaim | None:
+    """Take the execution fence for ``entry`` as worker ``worker_id`` would (None: refused)."""
     d = parse_delivery(entry.fields)
     claim = claim_execution(
         app.engine,
@@ -34,8 +35,16 @@ def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doomed-wor
         delivery=d.delivery,
         worker_id=worker_id,
         now=app.clock(),
-        lease=app.settings.lease_timeout,
+        lease=lease or app.settings.lease_timeout,
     )
-    assert isinstance(claim, ExecutionClaim), claim
+    return claim if isinstance(claim, ExecutionClaim) else None
+
+
+def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doomed-worker") -> ExecutionClaim:
+    """Claim ``entry`` and mark its attempt solo, as a worker does right before it runs a
+    suspect, and then do nothing more (the worker "died"): once the lease runs out the reaper
+    charges the loss to the task (with max_deliveries=1, it is dead-lettered)."""
+    claim = claim_entry(app, entry, worker_id)
+    assert claim is not None
     mark_solo(app.engine, claim)
     return claim

@@ -25,9 +25,10 @@ from sqlmodel import Session
 from durable_tasks import App, FrozenClock, Task, TaskContext, TaskState
 from durable_tasks.records import outbox_table
 from durable_tasks.store.engine import read_only
-from durable_tasks.store.execution import ExecutionClaim, claim_execution, mark_solo
+from durable_tasks.store.execution import mark_solo
 from durable_tasks.transport.keys import CONSUMER_GROUP
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
+from tests.helpers import claim_entry
 
 pytestmark = pytest.mark.anyio
 
@@ -91,21 +92,6 @@ async def _read(app: App, consumer: str, count: int = 1) -> list[StreamEntry]:
     return entries
 
 
-def _claim(app: App, entry: StreamEntry, worker_id: str, *, lease: timedelta | None = None) -> ExecutionClaim | None:
-    d = parse_delivery(entry.fields)
-    claim = claim_execution(
-        app.engine,
-        app.settings.namespace,
-        task_id=d.task_id,
-        generation=d.generation,
-        delivery=d.delivery,
-        worker_id=worker_id,
-        now=app.clock(),
-        lease=lease or app.settings.lease_timeout,
-    )
-    return claim if isinstance(claim, ExecutionClaim) else None
-
-
 def _outbox(app: App, task_id: str) -> list[tuple[int, str]]:
     o = outbox_table.c
     with read_only(app.engine).connect() as conn:
@@ -133,7 +119,7 @@ async def test_worker_lost_after_claim_is_redelivered_and_completes(app: App) ->
     task_id = _submit(app, double, 21)
     assert await app.dispatch_once() == 1
     [entry] = await _read(app, "dead-worker")
-    claim = _claim(app, entry, "dead-worker")
+    claim = claim_entry(app, entry, "dead-worker")
     assert claim is not None
     assert claim.attempt == 1
     assert app.get_task(task_id).state == TaskState.RUNNING
@@ -207,7 +193,7 @@ async def test_entry_whose_task_holds_a_live_lease_is_kept(make_app: Callable[..
         task_id = _submit(app, double, 1)
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "busy-worker")
-        assert _claim(app, entry, "busy-worker") is not None
+        assert claim_entry(app, entry, "busy-worker") is not None
 
         # Redis says the entry is idle past the lease; the database (frozen clock) says the
         # worker's lease is live: the worker may simply be running a long task.
@@ -246,7 +232,7 @@ async def test_a_lost_attempt_does_not_use_up_max_attempts(app: App) -> None:
     task_id = _submit(app, flaky, 1)
     assert await app.dispatch_once() == 1
     [entry] = await _read(app, "vanished")
-    assert _claim(app, entry, "vanished") is not None
+    assert claim_entry(app, entry, "vanished") is not None
     await anyio.sleep(_lease_wait(app))
     assert (await app.reap_once()).redelivered == 1
 
@@ -274,7 +260,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         # First lost delivery, while running beside others (it may be a bystander): redelivered.
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "oom-killed-1")
-        assert _claim(app, entry, "oom-killed-1") is not None
+        assert claim_entry(app, entry, "oom-killed-1") is not None
         await anyio.sleep(_lease_wait(app))
         report = await app.reap_once()
         assert (report.redelivered, report.dead_lettered) == (1, 0)
@@ -285,7 +271,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "oom-killed-2")
         assert parse_delivery(entry.fields).delivery == 1
-        claim = _claim(app, entry, "oom-killed-2")
+        claim = claim_entry(app, entry, "oom-killed-2")
         assert claim is not None
         assert claim.reclaims == 1  # a suspect: the worker runs it alone
         mark_solo(app.engine, claim)
@@ -531,7 +517,7 @@ async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..
         s.commit()
     await app.dispatch_once()
     [entry] = await _read(app, "dies")
-    claim = _claim(app, entry, "dies")
+    claim = claim_entry(app, entry, "dies")
     assert claim is not None
     mark_solo(app.engine, claim)  # it died running alone: its own loss
     await anyio.sleep(_lease_wait(app))
