@@ -163,6 +163,7 @@ class Worker:
         # next batch is read and claimed (the database answers both; a single claim at a time
         # left the loop waiting a claim's round trip per read).
         self._intakes = asyncio.Semaphore(_INTAKES_IN_FLIGHT)
+        self._intake_error: Exception | None = None  # a bug in an intake; run() raises it
 
     def stop(self) -> None:
         """Stop reading; in-flight tasks get ``shutdown_grace`` to finish (the rest stay pending)."""
@@ -214,6 +215,8 @@ class Worker:
         transport = self.app.transport()
         while not self._stopping.is_set():
             await self._intakes.acquire()  # released by the intake this iteration starts, if any
+            if self._intake_error is not None:
+                raise self._intake_error
             handed_off = False
             try:
                 settled = self.counters.settled - start
@@ -260,6 +263,9 @@ class Worker:
         then let the read loop start another intake."""
         try:
             await self._claim_and_start(entries)
+        except Exception as exc:  # a bug, not an outage (those are handled inside): stop the worker
+            self._intake_error = exc
+            self._slot_freed.set()
         finally:
             self._intakes.release()
 

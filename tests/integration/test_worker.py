@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from sqlmodel import Field, Session, SQLModel
 
 from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.store import execution
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import OutgoingMessage
@@ -332,3 +333,27 @@ async def test_on_failure_runs_in_the_final_failure_transaction_only(verdict_app
     await app.work(max_tasks=1, timeout=10)
     assert app.get_task(task_id).state == TaskState.FAILED
     assert verdicts(app, task_id) == [(0, -1)]
+
+
+async def test_an_unexpected_error_while_claiming_stops_the_worker_instead_of_vanishing(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims run beside the read loop; a bug in one (not an outage: those leave entries
+    pending) must surface from run(), as it did when the read loop awaited each claim."""
+
+    @app.task(name="never-claimed", queue="jobs")
+    def never(ctx: TaskContext[Job], p: Job) -> int:
+        return 1
+
+    task_id = submit(app, "never-claimed")
+    await app.dispatch_once()
+
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("claim exploded")
+
+    monkeypatch.setattr(execution, "claim_batch", explode)
+    with pytest.raises(ExceptionGroup) as raised:  # from the worker's task group
+        await Worker(app).run(max_tasks=1, timeout=timedelta(seconds=10))
+    assert raised.group_contains(RuntimeError, match="claim exploded")
+    assert app.get_task(task_id).state == TaskState.ENQUEUED  # nothing ran; the entry stays pending
+    assert await pending_count(app) == 1
