@@ -1,10 +1,14 @@
 """Profile one worker draining pre-dispatched no-op tasks, in this process.
 
     python -m benchmarks.profile_drain [--n 10000] [--concurrency 1000] [--profile out.txt]
+                                       [--setup-sql "DROP INDEX ..."]...
 
 Submits and dispatches N tasks (fresh schema and namespace, like bench_dt), then runs one
-Worker until all are settled and prints the rate, the process CPU per task, and how long the
-claim and group-commit transactions took (wall and their own thread's CPU). With --profile,
+Worker until all are settled and prints the rate, the process CPU per task, how busy the
+machine was, the CPU the local Postgres (by role: backend, walwriter, ...) and Redis processes
+used per task (read from /proc: the servers share the machine), the HOT updates, and how long
+the claim and group-commit transactions took (wall and their own thread's CPU). --setup-sql
+runs statements after the schema exists, for A/B trials of schema changes. With --profile,
 pyinstrument samples the event loop thread and writes its text report (the database calls
 run in worker threads: their share shows up in the claim/commit lines, not in the report).
 This is the harness the optimizations in docs/performance.md were measured with.

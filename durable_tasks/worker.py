@@ -158,7 +158,7 @@ class Worker:
         # commits and lease renewals that run in anyio's default thread pool.
         self._handler_threads = anyio.CapacityLimiter(self.concurrency)
         self._gate = IsolationGate()
-        self._executions: set[asyncio.Task[None]] = set()
+        self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts
         # Claims of consecutive reads overlap: while one batch's claim transaction runs, the
         # next batch is read and claimed (the database answers both; a single claim at a time
         # left the loop waiting a claim's round trip per read).
@@ -187,7 +187,7 @@ class Worker:
                             await self._wait_for_a_slot()
                 finally:
                     with anyio.CancelScope(shield=True):
-                        await self._cancel_executions()
+                        await self._cancel_background_tasks()
                 tg.cancel_scope.cancel()
         return self.counters.settled - start
 
@@ -199,14 +199,14 @@ class Worker:
         # which at thousands of tasks/s is a fifth of the worker's CPU. run() cancels the
         # ones still running when it returns.
         task = asyncio.get_running_loop().create_task(work)
-        self._executions.add(task)
-        task.add_done_callback(self._executions.discard)
+        self._background_tasks.add(task)
+        task.add_done_callback(self._background_tasks.discard)
 
-    async def _cancel_executions(self) -> None:
+    async def _cancel_background_tasks(self) -> None:
         """Cancel the claims and attempts still running (their entries stay pending) and wait
         for them (a claim that finishes meanwhile starts nothing new)."""
-        while self._executions:
-            running = list(self._executions)
+        while self._background_tasks:
+            running = list(self._background_tasks)
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
