@@ -21,6 +21,7 @@ import redis
 import sqlalchemy as sa
 
 from durable_tasks import App
+from tests.servers import server_home
 
 FAST = {
     "heartbeat_interval": timedelta(milliseconds=300),
@@ -42,8 +43,9 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("servers")
+def servers_dir() -> Iterator[Path]:
+    with server_home("servers") as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

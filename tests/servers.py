@@ -4,9 +4,11 @@ free loopback port, stopped by pid."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+
+
+@contextmanager
+def server_home(name: str) -> Iterator[Path]:
+    """A directory for embedded servers' data, outside pytest's basetemp: every new pytest
+    session run as root resets /tmp/pytest-of-root to mode 0700, and the embedded Postgres runs
+    as an unprivileged user that must keep reaching its data while another session starts."""
+    path = Path(tempfile.mkdtemp(prefix=f"dt-test-{name}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:

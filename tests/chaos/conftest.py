@@ -7,13 +7,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.servers import server_home
+
 from .harness import Postgres
 
 
 @pytest.fixture(scope="module")
-def chaos_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgres]:
-    postgres = Postgres.start(tmp_path_factory.mktemp("chaos-postgres"))
-    try:
-        yield postgres
-    finally:
-        postgres.close()
+def chaos_postgres() -> Iterator[Postgres]:
+    with server_home("chaos-postgres") as home:
+        postgres = Postgres.start(home)
+        try:
+            yield postgres
+        finally:
+            postgres.close()
