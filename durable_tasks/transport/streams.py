@@ -73,8 +73,7 @@ class RedisStreamsTransport:
         self.cluster = isinstance(client, aioredis.RedisCluster)
         self.partitions = dict(partitions or {})
         self._dedup_ttl_ms = int(dedup_ttl.total_seconds() * 1000)
-        self._enqueue = _Script("enqueue")
-        self._enqueue_batch = _Script("enqueue_batch")
+        self._enqueue = _Script("enqueue_batch")
         self._groups_ready: set[str] = set()
 
     def keys(self, queue: str, partition: int | None = None) -> QueueKeys:
@@ -144,7 +143,7 @@ class RedisStreamsTransport:
                     args += [len(entries[i]), *entries[i]]
                 chunks.append(chunk)
                 calls.append(([stream, *(dedup_keys[i] for i in chunk)], args))
-        replies = await self._evalsha_all(self._enqueue_batch, calls)
+        replies = await self._evalsha_all(self._enqueue, calls)
         out: list[str | Exception] = [RuntimeError("not published")] * len(messages)
         for chunk, reply in zip(chunks, replies, strict=True):
             for position, i in enumerate(chunk):
@@ -261,13 +260,14 @@ class RedisStreamsTransport:
         """Append ``fields`` to the queue's dead-letter stream once per ``what`` (a delivery
         ``task:generation:delivery`` or ``entry:<id>``): a retry after a crash adds nothing."""
         keys = self.keys(queue)
-        args: list[str | int] = [self._dedup_ttl_ms]
+        args: list[str | int] = [self._dedup_ttl_ms, 2 * len(fields)]
         for name, value in fields.items():
             args += [name, value]
         [reply] = await self._evalsha_all(self._enqueue, [([keys.dlq, keys.dlq_dedup(what)], args)])
         if isinstance(reply, Exception):
             raise reply
-        return str(reply)
+        [entry_id] = reply
+        return str(entry_id)
 
     async def dead_letter_malformed(
         self, queue: str, stream: str, entry_id: str, fields: Mapping[str, str], reason: str

@@ -1,4 +1,5 @@
--- Deduplicated enqueue of a batch of deliveries to ONE stream (the dispatcher's publish).
+-- Deduplicated enqueue of a batch of entries to ONE stream: the dispatcher's publish, and the
+-- DLQ's append (a batch of one).
 --
 -- KEYS[1]         stream key     dt:{ns:queue[:partition]}:stream (or :shadow)
 -- KEYS[2..n+1]    dedup keys     dt:{ns:queue[:partition]}:dedup:<task_id>:<generation>:<delivery>
@@ -7,9 +8,12 @@
 -- ARGV[2..]       per delivery: its field count c, then c strings field, value, field, value...
 --
 -- Returns n entry ids in order: the existing id when a delivery was published before, else
--- the id XADD assigned. Each delivery is handled as enqueue.lua handles one (GET, XADD, SET):
--- a failure part-way leaves the earlier entries with their dedup keys, so the retry of the
--- whole batch adds nothing twice, and never a dedup key without its entry.
+-- the id XADD assigned.
+--
+-- Per delivery, order matters: GET, then XADD, then SET. Scripts do not roll back: a failure
+-- part-way leaves the earlier entries with their dedup keys, so the retry of the whole batch
+-- adds nothing twice; at worst a duplicate entry, which the execution fence absorbs. Setting
+-- the dedup key first could leave a key that blocks a delivery that never reached the stream.
 local ttl = ARGV[1]
 local cursor = 2
 local ids = {}
