@@ -19,7 +19,6 @@ import sqlalchemy as sa
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
 from .engine import is_postgres
-from .locking import task_rows_in_order
 
 __all__ = [
     "ClaimRefused",
@@ -174,15 +173,12 @@ def _claim_rows(
     return conn.execute(
         sa.update(tasks_table)
         .where(
-            task_rows_in_order(
-                conn,
-                t.namespace == namespace,
-                sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
-                sa.or_(
-                    t.state.in_(CLAIMABLE_STATES),
-                    sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
-                ),
-            )
+            t.namespace == namespace,
+            sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
+            sa.or_(
+                t.state.in_(CLAIMABLE_STATES),
+                sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
+            ),
         )
         .values(
             state=TaskState.RUNNING,
@@ -337,20 +333,16 @@ def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: da
             return set(conn.exec_driver_sql(sql.postgres()["renew_leases"], params).scalars())
         return set(
             conn.execute(
-                sa.update(tasks_table)
-                .where(fenced_rows(conn, claims))
-                .values(lease_expires_at=now + lease)
-                .returning(t.id)
+                sa.update(tasks_table).where(fenced_rows(claims)).values(lease_expires_at=now + lease).returning(t.id)
             ).scalars()
         )
 
 
-def fenced_rows(conn: sa.Connection, claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
+def fenced_rows(claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
     """:meth:`ExecutionClaim.fence` for many executions at once (each row RUNNING under its own
-    generation and attempt), the rows locked in id order. ``claims`` share one namespace.
-    SQLite's; Postgres runs the named statements, which find the rows by primary key."""
-    return task_rows_in_order(
-        conn,
+    generation and attempt); ``claims`` share one namespace. SQLite's: Postgres runs the named
+    statements, which lock the rows by primary key in id order."""
+    return sa.and_(
         t.namespace == claims[0].namespace,
         sa.tuple_(t.id, t.generation, t.attempt).in_([(c.task_id, c.generation, c.attempt) for c in claims]),
         t.state == TaskState.RUNNING,

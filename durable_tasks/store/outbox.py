@@ -18,7 +18,6 @@ import sqlalchemy as sa
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
 from . import sql
 from .engine import is_postgres
-from .locking import task_rows_in_order
 
 __all__ = [
     "ClaimedDelivery",
@@ -221,14 +220,9 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, in
     conn.execute(
         sa.update(tasks_table)
         .where(
-            task_rows_in_order(
-                conn,
-                t.id.in_([r.task_id for r, _, _ in sent]),  # the index lookup; the row match below filters
-                sa.tuple_(t.id, t.generation, t.delivery).in_(
-                    [(r.task_id, r.generation, r.delivery) for r, _, _ in sent]
-                ),
-                t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
-            )
+            t.id.in_([r.task_id for r, _, _ in sent]),  # the index lookup; the row match below filters
+            sa.tuple_(t.id, t.generation, t.delivery).in_([(r.task_id, r.generation, r.delivery) for r, _, _ in sent]),
+            t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
         )
         .values(state=TaskState.ENQUEUED, enqueued_at=now)
     )

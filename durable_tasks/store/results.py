@@ -82,7 +82,7 @@ def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datet
     return set(
         conn.execute(
             sa.update(tasks_table)
-            .where(fenced_rows(conn, [w.claim for w in writes]))
+            .where(fenced_rows([w.claim for w in writes]))
             .values(
                 **_SUCCEEDED,
                 finished_at=now,
