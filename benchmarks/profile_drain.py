@@ -17,7 +17,9 @@ This is the harness the optimizations in docs/performance.md were measured with.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -100,6 +102,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=1000)
     ap.add_argument("--profile", help="write a pyinstrument text report here")
     ap.add_argument(
+        "--cprofile",
+        type=int,
+        metavar="K",
+        help="run the event loop under cProfile and print function calls per task and the top K by own time",
+    )
+    ap.add_argument(
         "--setup-sql", action="append", default=[], help="run this SQL after the schema exists (A/B trials)"
     )
     args = ap.parse_args()
@@ -122,10 +130,16 @@ def main() -> None:
 
             profiler = Profiler(interval=0.0005)
             profiler.start()
+        deterministic = None
+        if args.cprofile:
+            deterministic = cProfile.Profile()
+            deterministic.enable()
         servers = server_cpu()
         machine = machine_busy()
         wall, cpu = time.perf_counter(), time.process_time()
         done = anyio.run(drain)
+        if deterministic is not None:
+            deterministic.disable()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         (busy_after, total_after), (busy_before, total_before) = machine_busy(), machine
         servers = {name: used - servers.get(name, 0.0) for name, used in server_cpu().items()}
@@ -155,6 +169,11 @@ def main() -> None:
             f"{sum(c[1] for c in calls) / len(calls) * 1e3:.2f} ms wall and "
             f"{sum(c[2] for c in calls) / len(calls) * 1e3:.2f} ms thread CPU per call"
         )
+    if deterministic is not None:
+        stats = pstats.Stats(deterministic)
+        calls = sum(entry[1] for entry in stats.stats.values())  # type: ignore[attr-defined]
+        print(f"event loop thread: {calls / done:.0f} Python function calls per task (cProfile)")
+        stats.sort_stats("tottime").print_stats(args.cprofile)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ one pipelined round trip, acknowledgements go per batch.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections import defaultdict
@@ -45,6 +46,14 @@ def _entry_ms(entry_id: str) -> int:
 
 #: Deliveries per enqueue-script call: bounds how long one call holds the Redis server.
 PUBLISH_CHUNK = 128
+
+
+_FIELDS_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
+def _entry_json(fields: Mapping[str, str]) -> str:
+    """An entry's fields as enqueue_batch.lua takes them: one JSON array, field, value, ..."""
+    return _FIELDS_ENCODER.encode([part for pair in fields.items() for part in pair])
 
 
 class _Script:
@@ -123,26 +132,22 @@ class RedisStreamsTransport:
             return []
         by_stream: dict[str, list[int]] = {}
         dedup_keys: list[str] = []
-        entries: list[list[str | int]] = []
+        entries: list[str] = []
         for i, msg in enumerate(messages):
             keys = self.keys(msg.queue, msg.partition)
             stream = keys.stream_for(shadow=msg.shadow)
             by_stream.setdefault(stream, []).append(i)
             dedup_keys.append(keys.dedup(msg.task_id, msg.generation, msg.delivery))
-            flat: list[str | int] = []
-            for field, value in msg.fields(stream, self.signing_key).items():
-                flat += [field, value]
-            entries.append(flat)
+            entries.append(_entry_json(msg.fields(stream, self.signing_key)))
         chunks: list[list[int]] = []
         calls: list[tuple[list[str], list[str | int]]] = []
         for stream, indices in by_stream.items():
             for lo in range(0, len(indices), PUBLISH_CHUNK):
                 chunk = indices[lo : lo + PUBLISH_CHUNK]
-                args: list[str | int] = [self._dedup_ttl_ms]
-                for i in chunk:
-                    args += [len(entries[i]), *entries[i]]
                 chunks.append(chunk)
-                calls.append(([stream, *(dedup_keys[i] for i in chunk)], args))
+                calls.append(
+                    ([stream, *(dedup_keys[i] for i in chunk)], [self._dedup_ttl_ms, *(entries[i] for i in chunk)])
+                )
         replies = await self._evalsha_all(self._enqueue, calls)
         out: list[str | Exception] = [RuntimeError("not published")] * len(messages)
         for chunk, reply in zip(chunks, replies, strict=True):
@@ -260,9 +265,7 @@ class RedisStreamsTransport:
         """Append ``fields`` to the queue's dead-letter stream once per ``what`` (a delivery
         ``task:generation:delivery`` or ``entry:<id>``): a retry after a crash adds nothing."""
         keys = self.keys(queue)
-        args: list[str | int] = [self._dedup_ttl_ms, 2 * len(fields)]
-        for name, value in fields.items():
-            args += [name, value]
+        args: list[str | int] = [self._dedup_ttl_ms, _entry_json(fields)]
         [reply] = await self._evalsha_all(self._enqueue, [([keys.dlq, keys.dlq_dedup(what)], args)])
         if isinstance(reply, Exception):
             raise reply

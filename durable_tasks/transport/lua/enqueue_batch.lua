@@ -5,7 +5,10 @@
 -- KEYS[2..n+1]    dedup keys     dt:{ns:queue[:partition]}:dedup:<task_id>:<generation>:<delivery>
 --                 (one per delivery; every key shares the stream's hash tag, so one slot)
 -- ARGV[1]         dedup TTL in milliseconds (>= 24 h)
--- ARGV[2..]       per delivery: its field count c, then c strings field, value, field, value...
+-- ARGV[2..n+1]    per delivery, beside its dedup key: its fields as ONE JSON array of strings
+--                 ["field", "value", "field", "value", ...]. One argument per delivery, not
+--                 one per string: the client packs every argument in Python, and that cost
+--                 was the dispatcher's largest.
 --
 -- Returns n entry ids in order: the existing id when a delivery was published before, else
 -- the id XADD assigned.
@@ -15,17 +18,13 @@
 -- adds nothing twice; at worst a duplicate entry, which the execution fence absorbs. Setting
 -- the dedup key first could leave a key that blocks a delivery that never reached the stream.
 local ttl = ARGV[1]
-local cursor = 2
 local ids = {}
 for i = 2, #KEYS do
-  local count = tonumber(ARGV[cursor])
-  local first, last = cursor + 1, cursor + count
-  cursor = last + 1
   local existing = redis.call('GET', KEYS[i])
   if existing then
     ids[i - 1] = existing
   else
-    local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, first, last))
+    local id = redis.call('XADD', KEYS[1], '*', unpack(cjson.decode(ARGV[i])))
     redis.call('SET', KEYS[i], id, 'PX', ttl)
     ids[i - 1] = id
   end
