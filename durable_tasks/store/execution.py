@@ -9,13 +9,13 @@ deliveries it holds; each delivery is still fenced on its own (generation, deliv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
 import sqlalchemy as sa
 
+from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
 from .engine import is_postgres
@@ -38,7 +38,7 @@ t = tasks_table.c
 a = attempts_table.c
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ExecutionClaim:
     """The right to run one attempt: the fencing token (generation, attempt) and the input."""
 
@@ -79,7 +79,7 @@ class ClaimRefused(Enum):
     NO_TASK = "no_task"  # no such task row (yet): leave the entry pending for the reaper
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ClaimRequest:
     """One delivery to claim, and the trace context its attempt will record."""
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
+from ..immutable import immutable
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
 from . import sql
 from .engine import is_postgres
@@ -36,7 +36,7 @@ t = tasks_table.c
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO OFF"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ClaimedDelivery:
     """An outbox row this dispatcher holds the lease on, with what publishing needs."""
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..immutable import immutable
+
 __all__ = [
     "AutoclaimPage",
     "Delivery",
@@ -26,7 +28,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class OutgoingMessage:
     """One delivery to publish: the outbox row's identity and where it goes."""
 
@@ -61,7 +63,7 @@ def entry_mac(key: bytes, stream: str, fields: Mapping[str, str]) -> str:
     return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StreamEntry:
     """An entry as read from a stream, fields untouched."""
 
@@ -73,7 +75,7 @@ class StreamEntry:
     partition: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Delivery:
     """A parsed entry: which delivery of which task generation it carries."""
 
