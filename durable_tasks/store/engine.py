@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,9 @@ __all__ = ["create_engine", "is_postgres", "read_only"]
 #: Execution option that opens a SQLite transaction with plain BEGIN (readers only).
 _SQLITE_READ = "dt_sqlite_read"
 
+#: A pooled Postgres connection idle this long is pinged before it is handed out.
+PING_IF_IDLE_S = 1.0
+
 
 def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
     """An engine for ``database_url``, or a SQLite file in ``data_dir`` when it is None."""
@@ -23,12 +27,42 @@ def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
     if url.get_backend_name() == "postgresql":
         if url.drivername == "postgresql":
             url = url.set(drivername="postgresql+psycopg")
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        engine = sa.create_engine(url, pool_size=10, max_overflow=20)
+        _ping_when_idle(engine)
+        return engine
     if url.get_backend_name() == "sqlite":
         engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
     return sa.create_engine(url)
+
+
+def _ping_when_idle(engine: sa.Engine) -> None:
+    """Ping a pooled connection before reuse only if it sat idle for ``PING_IF_IDLE_S``.
+
+    ``pool_pre_ping`` pings on every checkout: one more round trip per transaction, which on
+    the latency path (four transactions per task) cost more than any statement. A connection
+    back in the pool within the last second was alive then; one that fails anyway raises a
+    disconnect error, which makes SQLAlchemy invalidate the whole pool, and every caller of a
+    hot path treats a database error as transient (the entry stays pending, the row keeps its
+    lease). A dead idle connection is replaced before use: the pool retries the checkout.
+    """
+
+    @sa.event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["dt_idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("dt_idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_IF_IDLE_S:
+            return  # new, or back in the pool a moment ago
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            raise sa.exc.DisconnectionError(f"pooled connection is dead: {exc}") from exc
+        if not alive:
+            raise sa.exc.DisconnectionError("pooled connection is dead")
 
 
 def _configure_sqlite(engine: sa.Engine) -> None:

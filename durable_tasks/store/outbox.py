@@ -72,10 +72,8 @@ def claim_batch(
     token = str(uuid.uuid4())
     with engine.begin() as conn:
         if is_postgres(conn):
-            # A lease lost with a crash only means the rows are claimed (and deduplicated) again:
-            # no need to wait for the WAL flush.
-            conn.exec_driver_sql(_ASYNC_COMMIT)
-            # One statement: lease the rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING).
+            # One statement: lease the rows and read their tasks (UPDATE … FROM dt_tasks …
+            # RETURNING); it also turns off the wait for the WAL flush at commit (see the SQL).
             params = {
                 "namespace": namespace,
                 "now": now,
@@ -174,7 +172,7 @@ def settle_batch(
     republish into a no-op; any later durable commit (a result, a submit) flushes it anyway.
     """
     with engine.begin() as conn:
-        if is_postgres(conn):
+        if is_postgres(conn) and not sent:  # mark_sent's statement does it without a round trip
             conn.exec_driver_sql(_ASYNC_COMMIT)
         marked = mark_sent(conn, sent, now=now)
         mark_dead(conn, dead, now=now)

@@ -198,3 +198,26 @@ async def test_notify_wakes_the_dispatcher_before_the_poll_interval(make_app: Ca
                 await anyio.sleep(0.05)
         tg.cancel_scope.cancel()
     await app.aclose()
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)  # a PostgreSQL setting
+async def test_the_dispatchers_transactions_do_not_wait_for_the_wal_flush(make_app: Callable[..., App]) -> None:
+    """Its lease and its mark-SENT commit asynchronously (a loss is a deduplicated republish);
+    the statements turn that on themselves, without a SET LOCAL round trip of their own."""
+    app = make_app()
+    register(app)
+    submit_many(app, 3)
+    at_commit: list[str] = []
+
+    @sa.event.listens_for(app.engine, "commit")
+    def record_setting(conn: sa.Connection) -> None:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        at_commit.append(driver.execute("SHOW synchronous_commit").fetchone()[0])
+
+    assert await app.dispatch_once() == 3  # one claim transaction, one settle transaction
+    sa.event.remove(app.engine, "commit", record_setting)
+    assert at_commit == ["off", "off"]
+    assert outbox_states(app) == [OutboxState.SENT] * 3
+    with app.engine.connect() as conn:  # and it never leaks into the next transaction
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"

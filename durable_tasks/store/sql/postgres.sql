@@ -118,6 +118,9 @@ FROM unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(outc
 WHERE a.task_id = f.task_id AND a.generation = f.generation AND a.attempt = f.attempt;
 
 -- name: mark_sent
+-- Its transaction commits without waiting for the WAL flush (set_config(..., true) is SET
+-- LOCAL without a round trip of its own; an uncorrelated subquery runs once): a mark lost
+-- with a crash only means a deduplicated republish.
 -- Published outbox rows become SENT (each fenced by its claim token) and their tasks
 -- ENQUEUED (only from PENDING/RETRYING in the same generation and delivery: a worker may
 -- already run it, and a mark never moves a task backwards). Arrays ids, tokens, stream_ids,
@@ -132,6 +135,7 @@ WITH sent AS (
     FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(stream_ids)s::text[], %(partitions)s::int[])
          AS s (id, token, stream_id, part)
     WHERE o.id = s.id AND o.claim_token = s.token AND o.state = 'PENDING'
+      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     RETURNING o.id
 ), locked AS MATERIALIZED (
     SELECT c.id, c.state, c.generation, c.delivery
@@ -151,6 +155,8 @@ WITH sent AS (
 SELECT count(*) FROM sent;
 
 -- name: claim_outbox
+-- Commits without waiting for the WAL flush, as mark_sent does: a lease lost with a crash
+-- only means the rows are claimed (and deduplicated) again.
 -- Lease up to %(limit)s due PENDING outbox rows (oldest first; rows another dispatcher holds
 -- are skipped) and read what publishing needs from their tasks. ix_dt_outbox_pending keeps
 -- this to the PENDING rows, however many SENT ones wait for prune.
@@ -171,6 +177,7 @@ WHERE o.id IN (
     FOR UPDATE OF d SKIP LOCKED
 )
   AND t.id = o.task_id
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
           t.name, t.payload, t.traceparent, t.partition_key;
 
