@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
-from .engine import is_postgres
+from .engine import autocommit, is_postgres
 
 __all__ = [
     "ClaimRefused",
@@ -117,7 +117,8 @@ def claim_batch(
     now: datetime,
     lease: timedelta,
 ) -> list[ExecutionClaim | ClaimRefused]:
-    """Take the execution fence for many deliveries in ONE transaction (results in order).
+    """Take the execution fence for many deliveries at once: ONE statement on PostgreSQL, one
+    transaction on SQLite (results in request order).
 
     Claimable: the same generation and delivery, in PENDING (the entry can arrive before the
     dispatcher's mark-SENT commits), ENQUEUED or RETRYING, or RUNNING whose lease ran out.
@@ -127,22 +128,21 @@ def claim_batch(
         return []
     keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
     traceparents = {r.task_id: r.traceparent for r in requests}
-    with engine.begin() as conn:
-        if is_postgres(conn):  # one statement claims and opens the attempts
+    lease_until = now + lease
+    if is_postgres(engine):
+        # One statement claims and opens the attempts, its own transaction (one round trip);
+        # the rare follow-ups (re-runs, missing rows) are idempotent and atomic on their own.
+        with autocommit(engine).connect() as conn:
             rows = _claim_and_open_pg(
-                conn, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=now + lease
+                conn, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=lease_until
             )
-        else:
-            rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease)
+            previous, existing = _after_claim(conn, namespace, requests, rows, now)
+    else:
+        with engine.begin() as conn:
+            rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=lease_until)
             _open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
-        claimed = {r.id: r for r in rows}
-        previous = _reopened(conn, [r for r in rows if r.attempt > 1 or r.generation > 0], now)
-        missing = {r.task_id for r in requests} - set(claimed)
-        existing = (
-            set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
-            if missing
-            else set()
-        )
+            previous, existing = _after_claim(conn, namespace, requests, rows, now)
+    claimed = {r.id: r for r in rows}
     out: list[ExecutionClaim | ClaimRefused] = []
     handed_out: set[str] = set()
     for r in requests:
@@ -159,6 +159,21 @@ def claim_batch(
         else:
             out.append(ClaimRefused.NO_TASK)
     return out
+
+
+def _after_claim(
+    conn: sa.Connection, namespace: str, requests: Sequence[ClaimRequest], rows: Sequence[Any], now: datetime
+) -> tuple[dict[str, str | None], set[str]]:
+    """After a claim: the previous attempts' trace contexts of re-runs (closing what lost
+    workers left open), and which unclaimed requests name an existing task (STALE, not NO_TASK)."""
+    previous = _reopened(conn, [r for r in rows if r.attempt > 1 or r.generation > 0], now)
+    missing = {r.task_id for r in requests} - {r.id for r in rows}
+    existing = (
+        set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
+        if missing
+        else set()
+    )
+    return previous, existing
 
 
 def _claim_rows(

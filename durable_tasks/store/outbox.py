@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from ..immutable import immutable
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
 from . import sql
-from .engine import is_postgres
+from .engine import autocommit, is_postgres
 
 __all__ = [
     "ClaimedDelivery",
@@ -70,10 +70,10 @@ def claim_batch(
     rows; SQLite runs the same UPDATE … RETURNING inside ``BEGIN IMMEDIATE``.
     """
     token = str(uuid.uuid4())
-    with engine.begin() as conn:
-        if is_postgres(conn):
-            # One statement: lease the rows and read their tasks (UPDATE … FROM dt_tasks …
-            # RETURNING); it also turns off the wait for the WAL flush at commit (see the SQL).
+    if is_postgres(engine):
+        # One statement, its own transaction: lease the rows and read their tasks (UPDATE …
+        # FROM dt_tasks … RETURNING); it turns off the wait for the WAL flush itself (see the SQL).
+        with autocommit(engine).connect() as conn:
             params = {
                 "namespace": namespace,
                 "now": now,
@@ -83,7 +83,8 @@ def claim_batch(
                 "watermark": watermark or 0,
             }
             claimed = conn.exec_driver_sql(sql.postgres()["claim_outbox"], params).all()
-        else:
+    else:
+        with engine.begin() as conn:
             claimed = _claim_sqlite(conn, namespace, token, now=now, lease=lease, limit=limit, watermark=watermark)
     return [
         ClaimedDelivery(
@@ -171,6 +172,9 @@ def settle_batch(
     are PENDING again, are claimed again, and the enqueue script's dedup key turns their
     republish into a no-op; any later durable commit (a result, a submit) flushes it anyway.
     """
+    if is_postgres(engine) and sent and not (dead or retry or held):  # the usual pass
+        with autocommit(engine).connect() as conn:  # one statement, its own transaction
+            return mark_sent(conn, sent, now=now)
     with engine.begin() as conn:
         if is_postgres(conn) and not sent:  # mark_sent's statement does it without a round trip
             conn.exec_driver_sql(_ASYNC_COMMIT)

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
-from .engine import is_postgres
+from .engine import autocommit, is_postgres
 from .execution import ExecutionClaim, fence_arrays, fenced_rows
 from .locking import lock_tasks_in_order
 from .submit import insert_outbox
@@ -61,6 +61,10 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
     (HOOK_FAILED with ``hook_error`` when an on-commit hook raised: that task is rolled back)."""
     plain = [w for w in writes if w.hook is None or w.claim.shadow]
     hooked = [w for w in writes if not (w.hook is None or w.claim.shadow)]
+    if not hooked and is_postgres(engine):  # one statement: the writes and their attempts
+        with autocommit(engine).connect() as conn:
+            _commit_plain(conn, plain, now)
+        return
     with engine.begin() as conn:
         if hooked:  # several statements: take every row's lock first, in id order
             lock_tasks_in_order(conn, [w.claim.task_id for w in writes])

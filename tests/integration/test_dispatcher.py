@@ -14,6 +14,7 @@ from sqlmodel import Session
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.records import OutboxState, outbox_table
 from durable_tasks.store import outbox as outbox_store
+from durable_tasks.store import sql
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import QueueKeys
 from durable_tasks.transport.messages import OutgoingMessage
@@ -201,23 +202,31 @@ async def test_notify_wakes_the_dispatcher_before_the_poll_interval(make_app: Ca
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)  # a PostgreSQL setting
-async def test_the_dispatchers_transactions_do_not_wait_for_the_wal_flush(make_app: Callable[..., App]) -> None:
-    """Its lease and its mark-SENT commit asynchronously (a loss is a deduplicated republish);
-    the statements turn that on themselves, without a SET LOCAL round trip of their own."""
+async def test_the_dispatchers_statements_do_not_wait_for_the_wal_flush(make_app: Callable[..., App]) -> None:
+    """The lease and the mark-SENT each run as one statement, their own transaction, and turn
+    off the wait for the WAL flush themselves (a lost lease or mark is a deduplicated
+    republish). Run inside a transaction here, so that the setting can be read after them."""
     app = make_app()
     register(app)
     submit_many(app, 3)
-    at_commit: list[str] = []
-
-    @sa.event.listens_for(app.engine, "commit")
-    def record_setting(conn: sa.Connection) -> None:
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        at_commit.append(driver.execute("SHOW synchronous_commit").fetchone()[0])
-
-    assert await app.dispatch_once() == 3  # one claim transaction, one settle transaction
-    sa.event.remove(app.engine, "commit", record_setting)
-    assert at_commit == ["off", "off"]
+    now = app.clock()
+    with app.engine.begin() as conn:
+        params = {"namespace": app.settings.namespace, "now": now, "lease_until": now + timedelta(seconds=30),
+                  "token": "t", "limit": 10, "watermark": 0}  # fmt: skip
+        assert len(conn.exec_driver_sql(sql.postgres()["claim_outbox"], params).all()) == 3
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
+        conn.rollback()
+    rows = outbox_store.claim_batch(
+        app.engine, app.settings.namespace, now=now, lease=timedelta(seconds=30), limit=10, watermark=None
+    )
+    with app.engine.begin() as conn:
+        assert outbox_store.mark_sent(conn, [(row, "1-0", None) for row in rows], now=now) == 3
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
+        conn.rollback()
+    sent = outbox_store.settle_batch(
+        app.engine, sent=[(row, "1-0", None) for row in rows], dead=[], retry=[], held=[], now=now, release_at=now
+    )
+    assert sent == 3
     assert outbox_states(app) == [OutboxState.SENT] * 3
-    with app.engine.connect() as conn:  # and it never leaks into the next transaction
+    with app.engine.connect() as conn:  # the setting never outlives its transaction
         assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
