@@ -40,8 +40,8 @@ def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
 def _ping_when_idle(engine: sa.Engine) -> None:
     """Ping a pooled connection before reuse only if it sat idle for ``PING_IF_IDLE_S``.
 
-    ``pool_pre_ping`` pings on every checkout: one more round trip per transaction, which on
-    the latency path (four transactions per task) cost more than any statement. A connection
+    ``pool_pre_ping`` pings on every checkout: one more round trip for every transaction,
+    and on a busy machine each round trip waits to be scheduled at both ends. A connection
     back in the pool within the last second was alive then; one that fails anyway raises a
     disconnect error, which makes SQLAlchemy invalidate the whole pool, and every caller of a
     hot path treats a database error as transient (the entry stays pending, the row keeps its
