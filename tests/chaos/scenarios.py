@@ -586,7 +586,11 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
     SIGKILLed and the replica thawed. The cluster promotes it on its own (node timeout 1 s);
     ``CLUSTER FAILOVER TAKEOVER`` forces it if that has not happened within 10 s."""
     run = _Run(ctx, "cluster_master_kill")
-    n, rate, rng = max(250, ctx.size.share("cluster_master_kill")), 100.0, ctx.rng
+    # At least 6 s of submissions: the cut comes only after the workers are paused. With 250
+    # tasks (2.5 s) a slow machine failed 1 run in 4, before and after the same day's changes,
+    # with no entry reaching the victim in the loss window NOR after the failover: the
+    # submitter had run out before the cut. 600 passed 5 runs in 5 there.
+    n, rate, rng = max(600, ctx.size.share("cluster_master_kill")), 100.0, ctx.rng
     workdir = ctx.workdir / run.name
     nodes = start_cluster(workdir / "redis-cluster")
     try:
