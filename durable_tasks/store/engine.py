@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +98,16 @@ def read_only(engine: sa.Engine) -> sa.Engine:
     return engine.execution_options(**{_SQLITE_READ: True})
 
 
-def autocommit(engine: sa.Engine) -> sa.Engine:
-    """The same engine (PostgreSQL), each statement its own transaction.
+@contextmanager
+def autocommit(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection of ``engine`` (PostgreSQL) on which each statement is its own transaction.
 
     For the hot paths whose transaction is ONE statement (a batch claim, a group commit, a
     dispatcher lease, a mark-SENT): psycopg would send BEGIN, the statement and COMMIT, three
-    round trips; alone, the statement commits as it ends, with the same atomicity.
+    round trips; alone, the statement commits as it ends, with the same atomicity. The level is
+    set on the connection (the pool resets it on return): ``engine.execution_options()`` would
+    build a new engine object per call, ~100 µs on the benchmark machine.
     """
-    return engine.execution_options(isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn

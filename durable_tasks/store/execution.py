@@ -132,7 +132,7 @@ def claim_batch(
     if is_postgres(engine):
         # One statement claims and opens the attempts, its own transaction (one round trip);
         # the rare follow-ups (re-runs, missing rows) are idempotent and atomic on their own.
-        with autocommit(engine).connect() as conn:
+        with autocommit(engine) as conn:
             rows = _claim_and_open_pg(
                 conn, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=lease_until
             )

@@ -73,7 +73,7 @@ def claim_batch(
     if is_postgres(engine):
         # One statement, its own transaction: lease the rows and read their tasks (UPDATE …
         # FROM dt_tasks … RETURNING); it turns off the wait for the WAL flush itself (see the SQL).
-        with autocommit(engine).connect() as conn:
+        with autocommit(engine) as conn:
             params = {
                 "namespace": namespace,
                 "now": now,
@@ -173,7 +173,7 @@ def settle_batch(
     republish into a no-op; any later durable commit (a result, a submit) flushes it anyway.
     """
     if is_postgres(engine) and sent and not (dead or retry or held):  # the usual pass
-        with autocommit(engine).connect() as conn:  # one statement, its own transaction
+        with autocommit(engine) as conn:  # one statement, its own transaction
             return mark_sent(conn, sent, now=now)
     with engine.begin() as conn:
         if is_postgres(conn) and not sent:  # mark_sent's statement does it without a round trip

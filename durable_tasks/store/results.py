@@ -62,7 +62,7 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
     plain = [w for w in writes if w.hook is None or w.claim.shadow]
     hooked = [w for w in writes if not (w.hook is None or w.claim.shadow)]
     if not hooked and is_postgres(engine):  # one statement: the writes and their attempts
-        with autocommit(engine).connect() as conn:
+        with autocommit(engine) as conn:
             _commit_plain(conn, plain, now)
         return
     with engine.begin() as conn:
