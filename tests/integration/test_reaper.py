@@ -22,13 +22,12 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Session
 
-from durable_tasks import App, FrozenClock, Task, TaskContext, TaskState
+from durable_tasks import App, FrozenClock, Task, TaskContext, TaskInfo, TaskState
 from durable_tasks.records import outbox_table
 from durable_tasks.store.engine import read_only
-from durable_tasks.store.execution import mark_solo
 from durable_tasks.transport.keys import CONSUMER_GROUP
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
-from tests.helpers import claim_entry
+from tests.helpers import claim_entry, die_running_alone
 
 pytestmark = pytest.mark.anyio
 
@@ -103,6 +102,18 @@ def _history(app: App, task_id: str) -> list[tuple[int, str | None]]:
     return [(a.attempt, a.outcome) for a in app.get_task(task_id).attempts]
 
 
+async def _runs_to_success(app: App, task_id: str, result: int, history: list[tuple[int, str | None]]) -> TaskInfo:
+    """Dispatch the task's pending delivery, run it, and check it succeeded with ``result``
+    after ``history``; returns its state."""
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=10) == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.SUCCEEDED
+    assert info.result == result
+    assert _history(app, task_id) == history
+    return info
+
+
 @asynccontextmanager
 async def _opened(app: App) -> AsyncIterator[App]:
     try:
@@ -145,12 +156,7 @@ async def test_worker_lost_after_claim_is_redelivered_and_completes(app: App) ->
     assert (again.redelivered, again.reconciled) == (0, 0)
     assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
 
-    assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
-    info = app.get_task(task_id)
-    assert info.state == TaskState.SUCCEEDED
-    assert info.result == 42
-    assert _history(app, task_id) == [(1, "lost"), (2, "succeeded")]
+    info = await _runs_to_success(app, task_id, 42, [(1, "lost"), (2, "succeeded")])
     assert info.attempts[1].delivery == 1
     assert info.attempts[1].worker_id != "dead-worker"
     assert _outbox(app, task_id) == [(0, "SENT"), (1, "SENT")]
@@ -177,12 +183,7 @@ async def test_entry_read_but_never_claimed_is_redelivered(make_app: Callable[..
         assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
         assert await _pending(app) == 0
 
-        assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=10) == 1
-        info = app.get_task(task_id)
-        assert info.state == TaskState.SUCCEEDED
-        assert info.result == 10
-        assert _history(app, task_id) == [(1, "succeeded")]
+        await _runs_to_success(app, task_id, 10, [(1, "succeeded")])
         assert await _pending(app) == 0
 
 
@@ -271,10 +272,8 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "oom-killed-2")
         assert parse_delivery(entry.fields).delivery == 1
-        claim = claim_entry(app, entry, "oom-killed-2")
-        assert claim is not None
-        assert claim.reclaims == 1  # a suspect: the worker runs it alone
-        mark_solo(app.engine, claim)
+        claim = die_running_alone(app, entry, "oom-killed-2")
+        assert claim.reclaims == 1  # a suspect: the worker runs it alone, and this one dies
         await anyio.sleep(_lease_wait(app))
         report = await app.reap_once()
         assert (report.redelivered, report.dead_lettered) == (0, 1)
@@ -431,12 +430,7 @@ async def test_reconciler_redispatches_when_redis_lost_the_stream(app: App) -> N
     assert (info.delivery, info.reclaims) == (1, 0)  # Redis's loss is not counted against the task
     assert _outbox(app, task_id) == [(0, "SENT"), (1, "PENDING")]
 
-    assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
-    info = app.get_task(task_id)
-    assert info.state == TaskState.SUCCEEDED
-    assert info.result == 14
-    assert _history(app, task_id) == [(1, "succeeded")]
+    await _runs_to_success(app, task_id, 14, [(1, "succeeded")])
     assert await _pending(app) == 0
 
     report = await app.reap_once()
@@ -517,9 +511,7 @@ async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..
         s.commit()
     await app.dispatch_once()
     [entry] = await _read(app, "dies")
-    claim = claim_entry(app, entry, "dies")
-    assert claim is not None
-    mark_solo(app.engine, claim)  # it died running alone: its own loss
+    die_running_alone(app, entry, "dies")  # it died running alone: its own loss
     await anyio.sleep(_lease_wait(app))
     assert (await app.reap_once()).dead_lettered == 1
     assert app.get_task(task_id).state == TaskState.DEAD
