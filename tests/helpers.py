@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from typing import Any
+
+import anyio
 
 from durable_tasks import App
 from durable_tasks.store.execution import ExecutionClaim, claim_execution, mark_solo
@@ -48,3 +51,25 @@ def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doomed-wor
     assert claim is not None
     mark_solo(app.engine, claim)
     return claim
+
+
+async def run_until_quiet(app: App, timeout: float = 60) -> None:
+    """Run a dispatcher and a worker until nothing is left to do, twice in a row: no pending
+    outbox row, no task waiting in a stream, no unacknowledged entry.
+
+    A loop of short ``work(timeout=...)`` calls is not a drain: a call that times out cancels
+    the tasks still running and leaves their entries pending for a reaper, so on a loaded
+    machine the loop could stop with work left. Here the worker runs until the queues are
+    quiet and then stops the way a deployment does (in-flight tasks finish).
+    """
+    stop = anyio.Event()
+    with anyio.fail_after(timeout):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(app.run, reaper=False, stop=stop))
+            quiet = 0
+            while quiet < 2:
+                await anyio.sleep(0.1)
+                stats = (await app.stats()).values()
+                busy = any(s.outbox_backlog or s.pel_size or s.stream_lag or s.queue_delay_s for s in stats)
+                quiet = 0 if busy else quiet + 1
+            stop.set()

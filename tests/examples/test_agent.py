@@ -33,6 +33,7 @@ from examples.agent.app import (
 )
 from examples.agent.openai_adapter import INVALID_JSON_KEY, OpenAIChatModel, ReplayCompletions
 from examples.agent.run import main as run_main
+from tests.helpers import run_until_quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -62,13 +63,6 @@ async def make_agent(make_app: Callable[..., App]) -> AsyncIterator[Callable[...
     yield make
     for app in apps:
         await app.aclose()
-
-
-async def drain(app: App, rounds: int = 40) -> None:
-    for _ in range(rounds):
-        if await app.dispatch_once() == 0 and await app.work(max_tasks=1, timeout=0.3) == 0:
-            return
-        await app.work(max_tasks=50, timeout=0.5)
 
 
 def start(agent: Agent, question: str = QUESTION) -> str:
@@ -138,7 +132,7 @@ async def test_the_scripted_run_answers_from_every_tool_result(make_agent: Calla
     model = scripted_model()
     app, agent = make_agent(model)
     run_id = start(agent)
-    await drain(app)
+    await run_until_quiet(app)
 
     run = agent.get_run(run_id)
     assert (run.state, run.output) == ("DONE", EXPECTED_ANSWER)
@@ -179,7 +173,7 @@ async def test_a_division_by_zero_is_reported_to_the_model_not_retried(
 
     app, agent = make_agent(ScriptedModel(script))
     run_id = start(agent, "what is 1 / 0?")
-    await drain(app)
+    await run_until_quiet(app)
 
     assert agent.get_run(run_id).state == "DONE"
     assert seen["div"] == {"error": "ZeroDivisionError: division by zero"}
@@ -262,7 +256,7 @@ async def test_a_run_over_recorded_openai_responses_completes(make_agent: Callab
     replay = ReplayCompletions(FIXTURE)
     app, agent = make_agent(OpenAIChatModel(replay))
     run_id = start(agent, "What is 12 * 3.5?")
-    await drain(app)
+    await run_until_quiet(app)
 
     run = agent.get_run(run_id)
     assert (run.state, run.output) == ("DONE", "12 * 3.5 = 42.")
@@ -288,7 +282,7 @@ async def test_invalid_json_arguments_become_a_tool_error_not_a_crash(
     replay = ReplayCompletions(fixture)
     app, agent = make_agent(OpenAIChatModel(replay))
     run_id = start(agent, "What is 12 * 3.5?")
-    await drain(app)
+    await run_until_quiet(app)
 
     run = agent.get_run(run_id)
     assert (run.state, run.output) == ("DONE", "Sorry, my arguments were malformed.")

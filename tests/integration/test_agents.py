@@ -12,6 +12,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.agents import Agent, ModelTurn, RunInfo, ScriptedModel, ToolCall
+from tests.helpers import run_until_quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -71,19 +72,12 @@ def build(app: App, model: ScriptedModel, executed: list[str]) -> Agent:
     return agent
 
 
-async def drain(app: App, rounds: int = 30) -> None:
-    for _ in range(rounds):
-        if await app.dispatch_once() == 0 and await app.work(max_tasks=1, timeout=0.3) == 0:
-            return
-        await app.work(max_tasks=50, timeout=0.5)
-
-
 async def run_to_end(app: App, agent: Agent, question: str) -> RunInfo:
     """Start a run (committed), work until nothing is left, and return what it became."""
     with Session(app.engine) as s:
         run_id = agent.start(s, question)
         s.commit()
-    await drain(app)
+    await run_until_quiet(app)
     return agent.get_run(run_id)
 
 
@@ -117,7 +111,7 @@ async def test_retry_from_a_turn_fences_out_the_old_branch(make_app: Callable[..
     with Session(app.engine) as s:
         assert agent.retry_from(s, run_id, 0) == 1
         s.commit()
-    await drain(app)
+    await run_until_quiet(app)
     run = agent.get_run(run_id)
     assert (run.state, run.generation) == ("DONE", 1)
     assert model.calls == 3  # turn 0 twice (once per generation), then the answer
