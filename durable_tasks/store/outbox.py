@@ -75,7 +75,7 @@ def claim_batch(
         # FROM dt_tasks … RETURNING); it turns off the wait for the WAL flush itself (see the SQL).
         with autocommit(engine) as conn:
             params = {
-                "namespace": namespace,
+                "namespaces": [namespace],  # one element: see the SQL
                 "now": now,
                 "lease_until": now + lease,
                 "token": token,
@@ -86,23 +86,38 @@ def claim_batch(
     else:
         with engine.begin() as conn:
             claimed = _claim_sqlite(conn, namespace, token, now=now, lease=lease, limit=limit, watermark=watermark)
+    # Unpacked by position (the SELECT/RETURNING order): a Row's attribute access costs ~0.4 us
+    # a column, a fifth of this function's CPU at 500 rows.
     return [
         ClaimedDelivery(
-            outbox_id=c.id,
+            outbox_id=outbox_id,
             claim_token=token,
-            task_id=c.task_id,
-            name=c.name,
-            queue=c.queue,
-            generation=c.generation,
-            delivery=c.delivery,
-            attempts=c.attempts,
-            shadow=c.shadow,
-            payload_json=c.payload,
-            traceparent=c.traceparent,
-            created_at=c.created_at,
-            partition_key=c.partition_key,
+            task_id=task_id,
+            name=name,
+            queue=queue,
+            generation=generation,
+            delivery=delivery,
+            attempts=attempts,
+            shadow=shadow,
+            payload_json=payload,
+            traceparent=traceparent,
+            created_at=created_at,
+            partition_key=partition_key,
         )
-        for c in sorted(claimed, key=lambda r: r.id)
+        for (
+            outbox_id,
+            task_id,
+            queue,
+            generation,
+            delivery,
+            attempts,
+            shadow,
+            created_at,
+            name,
+            payload,
+            traceparent,
+            partition_key,
+        ) in sorted(claimed)  # by outbox id, the first column (unique)
     ]
 
 

@@ -158,24 +158,34 @@ SELECT count(*) FROM sent;
 -- Commits without waiting for the WAL flush, as mark_sent does: a lease lost with a crash
 -- only means the rows are claimed (and deduplicated) again.
 -- Lease up to %(limit)s due PENDING outbox rows (oldest first; rows another dispatcher holds
--- are skipped) and read what publishing needs from their tasks. ix_dt_outbox_pending keeps
--- this to the PENDING rows, however many SENT ones wait for prune.
+-- are skipped) and read what publishing needs from their tasks.
+-- The plan is pinned by the statement's shape, not left to the statistics:
+-- * The namespace is matched with = ANY(%(namespaces)s) (one element) and the rows are
+--   ordered by (namespace, id). With a plain equality the planner drops the namespace from
+--   the ordering, and the primary key then yields id order too; after an ANALYZE that saw the
+--   outbox mostly PENDING (a backlog) it prefers the primary key, and every claim walks past
+--   all the rows already SENT (O(backlog) per pass). An = ANY on the leading column keeps the
+--   ordering, which only ix_dt_outbox_pending provides: the claim reads ~%(limit)s index
+--   entries however many SENT rows wait for prune.
+-- * The leased ids go to the UPDATE as an array (= ANY(ARRAY(...))), which the primary key
+--   looks up; an IN (subquery) was planned as a hash semi-join over a sequential scan of the
+--   whole outbox.
 UPDATE dt_outbox AS o
 SET lease_expires_at = %(lease_until)s,
     claim_token = %(token)s
 FROM dt_tasks AS t
-WHERE o.id IN (
+WHERE o.id = ANY(ARRAY(
     SELECT d.id
     FROM dt_outbox AS d
-    WHERE d.namespace = %(namespace)s
+    WHERE d.namespace = ANY(%(namespaces)s)
       AND d.state = 'PENDING'
       AND d.id >= %(watermark)s
       AND d.next_attempt_at <= %(now)s
       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= %(now)s)
-    ORDER BY d.id
+    ORDER BY d.namespace, d.id
     LIMIT %(limit)s
     FOR UPDATE OF d SKIP LOCKED
-)
+))
   AND t.id = o.task_id
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
