@@ -134,7 +134,9 @@ WITH sent AS (
         lease_expires_at = NULL
     FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(stream_ids)s::text[], %(partitions)s::int[])
          AS s (id, token, stream_id, part)
-    WHERE o.id = s.id AND o.claim_token = s.token AND o.state = 'PENDING'
+    WHERE o.id = ANY(%(ids)s::bigint[])  -- found by primary key (joined on s.id alone, a hash
+      AND o.id = s.id                     -- join over a scan of the whole outbox was planned)
+      AND o.claim_token = s.token AND o.state = 'PENDING'
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
     RETURNING o.id
 ), locked AS MATERIALIZED (
