@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
-from .engine import autocommit, is_postgres
+from .engine import autocommit, execute_alone, is_postgres
 
 __all__ = [
     "ClaimRefused",
@@ -137,11 +137,14 @@ def claim_batch(
     if is_postgres(engine):
         # One statement claims and opens the attempts, its own transaction (one round trip);
         # the rare follow-ups (re-runs, missing rows) are idempotent and atomic on their own.
-        with autocommit(engine) as conn:
-            rows = _claim_and_open_pg(
-                conn, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=lease_until
-            )
-            previous, existing = _after_claim(conn, namespace, requests, rows, now)
+        rows = _claim_and_open_pg(
+            engine, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=lease_until
+        )
+        if _follow_ups_needed(requests, rows):
+            with autocommit(engine) as conn:
+                previous, existing = _after_claim(conn, namespace, requests, rows, now)
+        else:
+            previous, existing = {}, set()
     else:
         with engine.begin() as conn:
             rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=lease_until)
@@ -164,6 +167,11 @@ def claim_batch(
         else:
             out.append(ClaimRefused.NO_TASK)
     return out
+
+
+def _follow_ups_needed(requests: Sequence[ClaimRequest], rows: Sequence[_Claimed]) -> bool:
+    """Whether :func:`_after_claim` has anything to do: a re-run, or a request not claimed."""
+    return any(r.attempt > 1 or r.generation > 0 for r in rows) or len({r.task_id for r in requests}) > len(rows)
 
 
 def _after_claim(
@@ -213,7 +221,7 @@ def _claim_rows(
 
 
 def _claim_and_open_pg(
-    conn: sa.Connection,
+    engine: sa.Engine,
     namespace: str,
     keys: list[tuple[str, int, int]],
     traceparents: dict[str, str | None],
@@ -234,7 +242,7 @@ def _claim_and_open_pg(
         "now": now,
         "lease_until": lease_until,
     }
-    return [_Claimed._make(row) for row in conn.exec_driver_sql(sql.postgres()["claim_executions"], params)]
+    return [_Claimed._make(row) for row in execute_alone(engine, sql.postgres()["claim_executions"], params)]
 
 
 def _open_attempts(

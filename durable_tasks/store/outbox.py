@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from ..immutable import immutable
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
 from . import sql
-from .engine import autocommit, is_postgres
+from .engine import execute_alone, is_postgres
 
 __all__ = [
     "ClaimedDelivery",
@@ -73,16 +73,15 @@ def claim_batch(
     if is_postgres(engine):
         # One statement, its own transaction: lease the rows and read their tasks (UPDATE …
         # FROM dt_tasks … RETURNING); it turns off the wait for the WAL flush itself (see the SQL).
-        with autocommit(engine) as conn:
-            params = {
-                "namespaces": [namespace],  # one element: see the SQL
-                "now": now,
-                "lease_until": now + lease,
-                "token": token,
-                "limit": limit,
-                "watermark": watermark or 0,
-            }
-            claimed = conn.exec_driver_sql(sql.postgres()["claim_outbox"], params).all()
+        params = {
+            "namespaces": [namespace],  # one element: see the SQL
+            "now": now,
+            "lease_until": now + lease,
+            "token": token,
+            "limit": limit,
+            "watermark": watermark or 0,
+        }
+        claimed: Sequence[Any] = execute_alone(engine, sql.postgres()["claim_outbox"], params)
     else:
         with engine.begin() as conn:
             claimed = _claim_sqlite(conn, namespace, token, now=now, lease=lease, limit=limit, watermark=watermark)
@@ -187,9 +186,8 @@ def settle_batch(
     are PENDING again, are claimed again, and the enqueue script's dedup key turns their
     republish into a no-op; any later durable commit (a result, a submit) flushes it anyway.
     """
-    if is_postgres(engine) and sent and not (dead or retry or held):  # the usual pass
-        with autocommit(engine) as conn:  # one statement, its own transaction
-            return mark_sent(conn, sent, now=now)
+    if is_postgres(engine) and sent and not (dead or retry or held):  # the usual pass: one statement
+        return int(execute_alone(engine, sql.postgres()["mark_sent"], _mark_sent_params(sent, now))[0][0])
     with engine.begin() as conn:
         if is_postgres(conn) and not sent:  # mark_sent's statement does it without a round trip
             conn.exec_driver_sql(_ASYNC_COMMIT)
@@ -211,17 +209,7 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, in
     if not sent:
         return 0
     if is_postgres(conn):
-        params = {
-            "ids": [row.outbox_id for row, _, _ in sent],
-            "tokens": [row.claim_token for row, _, _ in sent],
-            "stream_ids": [stream_id for _, stream_id, _ in sent],
-            "partitions": [partition for _, _, partition in sent],
-            "task_ids": [row.task_id for row, _, _ in sent],
-            "generations": [row.generation for row, _, _ in sent],
-            "deliveries": [row.delivery for row, _, _ in sent],
-            "now": now,
-        }
-        return int(conn.exec_driver_sql(sql.postgres()["mark_sent"], params).scalar_one())
+        return int(conn.exec_driver_sql(sql.postgres()["mark_sent"], _mark_sent_params(sent, now)).scalar_one())
     marked = conn.execute(
         sa.update(outbox_table)
         .where(_FENCE)
@@ -244,6 +232,19 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, in
         .values(state=TaskState.ENQUEUED, enqueued_at=now)
     )
     return int(marked)
+
+
+def _mark_sent_params(sent: Sequence[tuple[ClaimedDelivery, str, int | None]], now: datetime) -> dict[str, Any]:
+    return {
+        "ids": [row.outbox_id for row, _, _ in sent],
+        "tokens": [row.claim_token for row, _, _ in sent],
+        "stream_ids": [stream_id for _, stream_id, _ in sent],
+        "partitions": [partition for _, _, partition in sent],
+        "task_ids": [row.task_id for row, _, _ in sent],
+        "generations": [row.generation for row, _, _ in sent],
+        "deliveries": [row.delivery for row, _, _ in sent],
+        "now": now,
+    }
 
 
 def mark_dead(conn: sa.Connection, rows: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> None:

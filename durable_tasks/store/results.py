@@ -12,12 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from typing import Any
 
 import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
-from .engine import autocommit, is_postgres
+from .engine import execute_alone, is_postgres
 from .execution import ExecutionClaim, fence_arrays, fenced_rows
 from .locking import lock_tasks_in_order
 from .submit import insert_outbox
@@ -62,8 +63,8 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
     plain = [w for w in writes if w.hook is None or w.claim.shadow]
     hooked = [w for w in writes if not (w.hook is None or w.claim.shadow)]
     if not hooked and is_postgres(engine):  # one statement: the writes and their attempts
-        with autocommit(engine) as conn:
-            _commit_plain(conn, plain, now)
+        rows = execute_alone(engine, sql.postgres()["commit_results"], _results_params(plain, now))
+        _set_outcomes(plain, {task_id for (task_id,) in rows})
         return
     with engine.begin() as conn:
         if hooked:  # several statements: take every row's lock first, in id order
@@ -77,7 +78,10 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
 
 
 def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
-    committed = (_write_results_pg if is_postgres(conn) else _write_results)(conn, writes, now)
+    _set_outcomes(writes, (_write_results_pg if is_postgres(conn) else _write_results)(conn, writes, now))
+
+
+def _set_outcomes(writes: Sequence[FinalWrite], committed: set[str]) -> None:
     for w in writes:
         w.outcome = CommitOutcome.COMMITTED if w.claim.task_id in committed else CommitOutcome.FENCED_OUT
 
@@ -99,13 +103,16 @@ def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datet
 
 def _write_results_pg(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
     """One statement: the fenced writes and their attempts' outcomes."""
-    params = {
+    return set(conn.exec_driver_sql(sql.postgres()["commit_results"], _results_params(writes, now)).scalars())
+
+
+def _results_params(writes: Sequence[FinalWrite], now: datetime) -> dict[str, Any]:
+    return {
         **fence_arrays([w.claim for w in writes]),
         "namespace": writes[0].claim.namespace,
         "results": [w.result_json for w in writes],
         "now": now,
     }
-    return set(conn.exec_driver_sql(sql.postgres()["commit_results"], params).scalars())
 
 
 def _commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:

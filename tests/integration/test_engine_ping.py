@@ -75,3 +75,42 @@ def test_autocommit_is_one_connections_setting_and_goes_back_with_it(engine: sa.
     with engine.connect() as conn:  # the same pooled connection, transactional again
         assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() == pid
         assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
+
+
+def test_execute_alone_commits_one_statement_and_returns_plain_rows(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS dt_alone (v int) ON COMMIT PRESERVE ROWS")
+    # temp tables are per connection: the pool hands the same one back when nothing else holds it
+    rows = engine_module.execute_alone(
+        engine, "INSERT INTO dt_alone SELECT g FROM generate_series(1, %(n)s) g RETURNING v, pg_backend_pid()", {"n": 2}
+    )
+    assert [type(r) for r in rows] == [tuple, tuple]
+    pid = rows[0][1]
+    assert [v for v, _ in rows] == [1, 2]
+    with engine.connect() as conn:  # committed as it ended, and the connection is transactional again
+        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() == pid
+        assert conn.exec_driver_sql("SELECT count(*) FROM dt_alone").scalar_one() == 2
+        assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
+    assert engine_module.execute_alone(engine, "DELETE FROM dt_alone", {}) == []  # no result set: no rows
+
+
+def test_execute_alone_raises_sqlalchemy_errors_and_discards_the_connection(
+    engine: sa.Engine, postgres_url: str
+) -> None:
+    """Callers treat SQLAlchemyError as an outage: a bad statement and a dead connection both
+    come out as one, and the connection they came from never serves again."""
+    first = engine_module.execute_alone(engine, "SELECT pg_backend_pid()", {})[0][0]
+    with pytest.raises(sa.exc.ProgrammingError):
+        engine_module.execute_alone(engine, "SELECT no_such_column FROM pg_class", {})
+    second = engine_module.execute_alone(engine, "SELECT pg_backend_pid()", {})[0][0]
+    assert second != first
+    admin = sa.create_engine(postgres_url)
+    try:
+        with admin.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({second}, 5000)").scalar_one()
+    finally:
+        admin.dispose()
+    with pytest.raises(sa.exc.OperationalError) as raised:  # reused at once: no ping, the statement fails
+        engine_module.execute_alone(engine, "SELECT 1", {})
+    assert raised.value.connection_invalidated
+    assert engine_module.execute_alone(engine, "SELECT 1", {}) == [(1,)]  # a new connection
