@@ -78,14 +78,16 @@ WITH locked AS MATERIALIZED (
         finished_at = %(now)s,
         result = f.result
     FROM fenced AS f
-    WHERE t.id = f.id AND f.current
+    WHERE t.id = ANY(%(ids)s::text[])  -- by primary key: joined on f alone, the planner hashed
+      AND t.id = f.id AND f.current    -- a scan of the whole table (6 of 23 ms at 20,000 rows)
     RETURNING t.id
 ), closed AS (
     UPDATE dt_attempts AS a
     SET outcome = CASE WHEN f.current THEN 'succeeded' ELSE 'fenced_out' END,
         finished_at = %(now)s
     FROM fenced AS f
-    WHERE a.task_id = f.id AND a.generation = f.generation AND a.attempt = f.attempt
+    WHERE a.task_id = ANY(%(ids)s::text[])  -- by ix_dt_attempts_task, not a scan of the table
+      AND a.task_id = f.id AND a.generation = f.generation AND a.attempt = f.attempt
 )
 SELECT id FROM written;
 
