@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
+from durable_tasks import dispatcher as dispatcher_module
 from durable_tasks.records import OutboxState, outbox_table
 from durable_tasks.store import outbox as outbox_store
 from durable_tasks.store import sql
@@ -230,3 +231,32 @@ async def test_the_dispatchers_statements_do_not_wait_for_the_wal_flush(make_app
     assert outbox_states(app) == [OutboxState.SENT] * 3
     with app.engine.connect() as conn:  # the setting never outlives its transaction
         assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
+
+
+async def test_a_pass_that_was_not_full_lets_the_worker_claim_before_it_marks(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a low rate (a pass that found fewer rows than batch_size) the mark-SENT waits a head
+    start, so the worker the entry woke takes the task row before the mark locks it; a full
+    pass (a backlog) marks at once."""
+    waits: list[float] = []
+    real_sleep = anyio.sleep
+
+    async def recorded_sleep(delay: float) -> None:
+        waits.append(delay)
+        await real_sleep(delay)
+
+    monkeypatch.setattr(anyio, "sleep", recorded_sleep)  # the module the dispatcher calls it through
+    small = make_app(batch_size=10)
+    register(small)
+    submit_many(small, 2)
+    assert await small.dispatch_once() == 2
+    assert waits == [dispatcher_module._CLAIM_HEAD_START_S]
+    assert outbox_states(small) == [OutboxState.SENT] * 2
+
+    full = make_app(batch_size=2)
+    register(full)
+    submit_many(full, 2, start=2)  # the same namespace: new idempotency keys
+    assert await full.dispatch_once() == 2
+    assert waits == [dispatcher_module._CLAIM_HEAD_START_S]  # no second wait
+    assert outbox_states(full) == [OutboxState.SENT] * 4
