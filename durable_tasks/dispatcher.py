@@ -37,8 +37,8 @@ _PASSES_IN_FLIGHT = 2
 #: the worker the entry woke claims the task row first; otherwise its claim queues behind the
 #: mark's lock on the same row. The mark then finds the task RUNNING and leaves it, as it
 #: would anyway, and a crash in between only means a deduplicated republish. At 200 tasks/s
-#: (docs/performance.md) the worker's claim -> handler p50 fell by ~20 % and the end-to-end
-#: p99 by 2-25 % in every alternating pair; the end-to-end p50 moved within the noise.
+#: (docs/performance.md) the worker's claim -> handler p50 fell by 13-31 % and the end-to-end
+#: p99 by 2-28 % in every alternating pair; the end-to-end p50 moved within the noise.
 _CLAIM_HEAD_START_S = 0.003
 
 logger = logging.getLogger(__name__)
