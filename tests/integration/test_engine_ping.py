@@ -25,6 +25,16 @@ def _backend_pid(eng: sa.Engine) -> int:
         return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
 
 
+def _terminate_backend(postgres_url: str, pid: int) -> None:
+    """Kill one server process from another connection; waits (up to 5 s) until it is gone."""
+    admin = sa.create_engine(postgres_url)
+    try:
+        with admin.connect() as conn:
+            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid}, 5000)").scalar_one()
+    finally:
+        admin.dispose()
+
+
 def _count_pings(eng: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     pings: list[int] = []
     real = eng.dialect.do_ping
@@ -56,13 +66,7 @@ def test_a_dead_idle_connection_is_replaced_before_use(
     engine: sa.Engine, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = _backend_pid(engine)
-    admin = sa.create_engine(postgres_url)
-    try:
-        with admin.connect() as conn:
-            # waits (up to 5 s) until the backend is gone
-            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({first}, 5000)").scalar_one()
-    finally:
-        admin.dispose()
+    _terminate_backend(postgres_url, first)
     monkeypatch.setattr(engine_module, "PING_IF_IDLE_S", 0.0)
     second = _backend_pid(engine)  # no error reaches the caller: the pool reconnected
     assert second != first
@@ -104,12 +108,7 @@ def test_execute_alone_raises_sqlalchemy_errors_and_discards_the_connection(
         engine_module.execute_alone(engine, "SELECT no_such_column FROM pg_class", {})
     second = engine_module.execute_alone(engine, "SELECT pg_backend_pid()", {})[0][0]
     assert second != first
-    admin = sa.create_engine(postgres_url)
-    try:
-        with admin.connect() as conn:
-            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({second}, 5000)").scalar_one()
-    finally:
-        admin.dispose()
+    _terminate_backend(postgres_url, second)
     with pytest.raises(sa.exc.OperationalError) as raised:  # reused at once: no ping, the statement fails
         engine_module.execute_alone(engine, "SELECT 1", {})
     assert raised.value.connection_invalidated
