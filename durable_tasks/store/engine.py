@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-__all__ = ["autocommit", "create_engine", "execute_alone", "is_postgres", "read_only"]
+__all__ = ["create_engine", "execute_alone", "is_postgres", "read_only"]
 
 #: Execution option that opens a SQLite transaction with plain BEGIN (readers only).
 _SQLITE_READ = "dt_sqlite_read"
@@ -98,32 +97,18 @@ def read_only(engine: sa.Engine) -> sa.Engine:
     return engine.execution_options(**{_SQLITE_READ: True})
 
 
-@contextmanager
-def autocommit(engine: sa.Engine) -> Iterator[sa.Connection]:
-    """A connection of ``engine`` (PostgreSQL) on which each statement is its own transaction.
-
-    For the hot paths whose transaction is ONE statement (a batch claim, a group commit, a
-    dispatcher lease, a mark-SENT): psycopg would send BEGIN, the statement and COMMIT, three
-    round trips; alone, the statement commits as it ends, with the same atomicity. The level is
-    set on the connection (the pool resets it on return): ``engine.execution_options()`` would
-    build a new engine object per call, ~100 µs on the benchmark machine.
-    """
-    with engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        yield conn
-
-
 def execute_alone(engine: sa.Engine, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """Run ONE statement on a pooled PostgreSQL connection as its own transaction (as
-    :func:`autocommit` does) and return its rows as plain tuples.
+    """Run ONE statement on a pooled PostgreSQL connection as its own transaction (autocommit)
+    and return its rows as plain tuples.
 
     For the hot paths that run one statement a call (a dispatcher's lease and mark-SENT, a
-    worker's batch claim and group commit): the statement goes to psycopg directly, past
-    SQLAlchemy's Connection, isolation-level switching and result layers, which cost about
-    250 µs of CPU a call, a fifth of a one-row dispatch pass on the benchmark machine. The
-    pool, its checkout ping and its events are kept. Errors come out as SQLAlchemy's DBAPIError
-    family, as from a Connection (every caller handles those as an outage); the connection
-    an error came from is discarded rather than checked for health.
+    worker's batch claim and group commit): psycopg would send BEGIN, the statement and COMMIT,
+    three round trips; alone, the statement commits as it ends, with the same atomicity. It
+    goes to psycopg directly, past SQLAlchemy's Connection, isolation-level switching and
+    result layers, which cost about 250 µs of CPU a call, a fifth of a one-row dispatch pass on
+    the benchmark machine. The pool, its checkout ping and its events are kept. Errors come out
+    as SQLAlchemy's DBAPIError family, as from a Connection (every caller handles those as an
+    outage); the connection an error came from is discarded rather than checked for health.
     """
     dialect = engine.dialect
     dbapi_error: type[Exception] = dialect.loaded_dbapi.Error

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
-from .engine import autocommit, execute_alone, is_postgres
+from .engine import execute_alone, is_postgres
 
 __all__ = [
     "ClaimRefused",
@@ -135,21 +135,21 @@ def claim_batch(
     traceparents = {r.task_id: r.traceparent for r in requests}
     lease_until = now + lease
     if is_postgres(engine):
-        # One statement claims and opens the attempts, its own transaction (one round trip);
-        # the rare follow-ups (re-runs, missing rows) are idempotent and atomic on their own.
+        # One statement claims and opens the attempts, its own transaction (one round trip).
         rows = _claim_and_open_pg(
             engine, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=lease_until
         )
-        if _follow_ups_needed(requests, rows):
-            with autocommit(engine) as conn:
-                previous, existing = _after_claim(conn, namespace, requests, rows, now)
-        else:
-            previous, existing = {}, set()
+        reruns, missing = _follow_ups(requests, rows)
+        previous: dict[str, str | None] = {}
+        existing: set[str] = set()
+        if reruns or missing:  # rare, and idempotent: a transaction of their own
+            with engine.begin() as conn:
+                previous, existing = _after_claim(conn, namespace, reruns, missing, now)
     else:
         with engine.begin() as conn:
             rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=lease_until)
             _open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
-            previous, existing = _after_claim(conn, namespace, requests, rows, now)
+            previous, existing = _after_claim(conn, namespace, *_follow_ups(requests, rows), now)
     claimed = {r.id: r for r in rows}
     out: list[ExecutionClaim | ClaimRefused] = []
     handed_out: set[str] = set()
@@ -169,18 +169,17 @@ def claim_batch(
     return out
 
 
-def _follow_ups_needed(requests: Sequence[ClaimRequest], rows: Sequence[_Claimed]) -> bool:
-    """Whether :func:`_after_claim` has anything to do: a re-run, or a request not claimed."""
-    return any(r.attempt > 1 or r.generation > 0 for r in rows) or len({r.task_id for r in requests}) > len(rows)
+def _follow_ups(requests: Sequence[ClaimRequest], rows: Sequence[_Claimed]) -> tuple[list[_Claimed], set[str]]:
+    """What a claim leaves to do: its re-runs, and the requested task ids it did not claim."""
+    return [r for r in rows if r.attempt > 1 or r.generation > 0], {r.task_id for r in requests} - {r.id for r in rows}
 
 
 def _after_claim(
-    conn: sa.Connection, namespace: str, requests: Sequence[ClaimRequest], rows: Sequence[_Claimed], now: datetime
+    conn: sa.Connection, namespace: str, reruns: Sequence[_Claimed], missing: set[str], now: datetime
 ) -> tuple[dict[str, str | None], set[str]]:
     """After a claim: the previous attempts' trace contexts of re-runs (closing what lost
-    workers left open), and which unclaimed requests name an existing task (STALE, not NO_TASK)."""
-    previous = _reopened(conn, [r for r in rows if r.attempt > 1 or r.generation > 0], now)
-    missing = {r.task_id for r in requests} - {r.id for r in rows}
+    workers left open), and which unclaimed task ids name an existing task (STALE, not NO_TASK)."""
+    previous = _reopened(conn, reruns, now)
     existing = (
         set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
         if missing

@@ -1,5 +1,5 @@
 """The Postgres engine: pings a pooled connection only after it sat idle, replaces a dead one,
-and hands out autocommit connections that go back to the pool transactional."""
+and runs the hot one-statement transactions on a pooled connection that goes back transactional."""
 
 from __future__ import annotations
 
@@ -70,15 +70,6 @@ def test_a_dead_idle_connection_is_replaced_before_use(
     monkeypatch.setattr(engine_module, "PING_IF_IDLE_S", 0.0)
     second = _backend_pid(engine)  # no error reaches the caller: the pool reconnected
     assert second != first
-
-
-def test_autocommit_is_one_connections_setting_and_goes_back_with_it(engine: sa.Engine) -> None:
-    with engine_module.autocommit(engine) as conn:
-        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        assert conn.connection.driver_connection.autocommit is True  # type: ignore[union-attr]
-    with engine.connect() as conn:  # the same pooled connection, transactional again
-        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() == pid
-        assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
 
 
 def test_execute_alone_commits_one_statement_and_returns_plain_rows(engine: sa.Engine) -> None:
