@@ -69,10 +69,10 @@ def bulk(n: int, batch: int, setup_sql: list[str]) -> None:
             for statement in setup_sql:
                 conn.exec_driver_sql(statement)
         submit_many(app, n)
-        anyio.run(app.dispatch_once)  # connections, scripts, prepared statements: not measured
+        warm = anyio.run(app.dispatch_once)  # connections, scripts, prepared statements: not measured
         CALLS.clear()
         PUBLISHES.clear()
-        sent = n - batch
+        sent = n - warm
         servers, machine = server_cpu(), machine_busy()
         wall, cpu = time.perf_counter(), time.process_time()
         anyio.run(dispatch_all, app)
