@@ -276,19 +276,19 @@ def worker_main() -> None:
 def log_result_commits(path: Path) -> None:
     """Append "task_id epoch_seconds" when each group commit returns (the latency run's
     "result committed"; the finished_at column is stamped before the transaction starts)."""
-    from durable_tasks.store import results
+    from durable_tasks.store.aio import LoopStore
 
-    commit = results.commit_results
+    commit = LoopStore.commit_results
     out = path.open("a", encoding="ascii")
 
     @functools.wraps(commit)
-    def logged(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: datetime) -> None:
-        commit(engine, writes, now=now)
+    async def logged(self: LoopStore, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+        await commit(self, writes, now=now)
         done = time.time()
         out.writelines(f"{w.claim.task_id} {done:.6f}\n" for w in writes)
         out.flush()
 
-    results.commit_results = logged
+    LoopStore.commit_results = logged  # type: ignore[method-assign]
 
 
 def dispatcher_main() -> None:

@@ -7,10 +7,11 @@ Submits and dispatches N tasks (fresh schema and namespace, like bench_dt), then
 Worker until all are settled and prints the rate, the process CPU per task, how busy the
 machine was, the CPU the local Postgres (by role: backend, walwriter, ...) and Redis processes
 used per task (read from /proc: the servers share the machine), the HOT updates, and how long
-the claim and group-commit transactions took (wall and their own thread's CPU). --setup-sql
+the claim and group-commit transactions took (wall, and the CPU of the thread they ran on:
+the loop's on PostgreSQL, where other work interleaves). --setup-sql
 runs statements after the schema exists, for A/B trials of schema changes. With --profile,
-pyinstrument samples the event loop thread and writes its text report (the database calls
-run in worker threads: their share shows up in the claim/commit lines, not in the report).
+pyinstrument samples the event loop thread and writes its text report (on PostgreSQL the
+claim and commit statements run on the loop's own connections; on SQLite in worker threads).
 This is the harness the optimizations in docs/performance.md were measured with.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
 import os
 import pstats
 import time
@@ -29,26 +31,41 @@ from typing import Any
 import anyio
 
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
-from durable_tasks.store import execution, results
+from durable_tasks.store.aio import LoopStore
 from durable_tasks.worker import Worker
 
 #: name -> [(items, wall s, thread CPU s)] per call
 CALLS: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
 
 
-def timed(module: Any, name: str, items: Callable[[tuple[Any, ...]], int]) -> None:
-    """Wrap ``module.name`` to record each call's size, wall time and its thread's CPU."""
-    fn = getattr(module, name)
+def timed(owner: Any, name: str, items: Callable[[tuple[Any, ...]], int]) -> None:
+    """Wrap ``owner.name`` (a function, or a coroutine method of a class) to record each call's
+    size, wall time and its thread's CPU. A coroutine runs on the event loop thread: its CPU
+    then includes whatever else the loop ran meanwhile, so it means something only when calls
+    run one at a time (profile_dispatch --one-row)."""
+    fn = getattr(owner, name)
+    wrapper: Callable[..., Any]
+    if inspect.iscoroutinefunction(fn):
 
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            CALLS[name].append((items(args), time.perf_counter() - wall, time.thread_time() - cpu))
+        @wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                CALLS[name].append((items(args), time.perf_counter() - wall, time.thread_time() - cpu))
 
-    setattr(module, name, wrapper)
+    else:
+
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                CALLS[name].append((items(args), time.perf_counter() - wall, time.thread_time() - cpu))
+
+    setattr(owner, name, wrapper)
 
 
 def _role(pid: str, server: str) -> str:
@@ -111,8 +128,8 @@ def main() -> None:
         "--setup-sql", action="append", default=[], help="run this SQL after the schema exists (A/B trials)"
     )
     args = ap.parse_args()
-    timed(execution, "claim_batch", lambda a: len(a[2]))
-    timed(results, "commit_results", lambda a: len(a[1]))
+    timed(LoopStore, "claim_executions", lambda a: len(a[2]))  # (self, namespace, requests)
+    timed(LoopStore, "commit_results", lambda a: len(a[1]))  # (self, writes)
     with bench_app(batch_size=500) as (app, _db, _ns):
         with app.engine.begin() as conn:
             for statement in args.setup_sql:

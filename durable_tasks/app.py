@@ -36,6 +36,7 @@ from .reaper import Reaper, ReapReport
 from .settings import NAME_PATTERN, Settings
 from .store import queries, retention
 from .store import submit as submit_store
+from .store.aio import LoopStore
 from .store.engine import create_engine, read_only
 from .store.retention import PruneReport
 from .tasks import Task, TaskContext, TaskHandle
@@ -94,6 +95,7 @@ class App:
         # The transport of the event loop that made it (redis.asyncio clients are bound to one loop;
         # the loop object, not its id, is kept: a new loop may reuse a dead one's id).
         self._transport: tuple[asyncio.AbstractEventLoop, RedisStreamsTransport] | None = None
+        self._store: tuple[asyncio.AbstractEventLoop, LoopStore] | None = None  # the same rule
 
     # -- declaring tasks -----------------------------------------------------------------
 
@@ -298,6 +300,17 @@ class App:
         self._transport = (loop, found)  # one loop at a time; a finished loop's client is dropped
         return found
 
+    def store(self) -> LoopStore:
+        """The dispatcher's and worker's hot database paths, for the running event loop."""
+        loop = asyncio.get_running_loop()
+        if self._store is not None and self._store[0] is loop:
+            return self._store[1]
+        if self._store is not None:  # a finished loop's connections: closing them sends nothing
+            self._store[1].close()
+        found = LoopStore(self.engine)
+        self._store = (loop, found)
+        return found
+
     def transport_for(self, queue: str) -> RedisStreamsTransport | None:
         """The transport serving ``queue``, or None while the queue is paused."""
         return None if queue in self.paused_queues else self.transport()
@@ -347,10 +360,14 @@ class App:
         return stop_valkey(self.settings.data_dir)
 
     async def aclose(self) -> None:
-        """Close the Redis client of this event loop and dispose of the engine's connections."""
+        """Close the Redis client of this event loop, the loops' database connections, and the
+        engine's pool."""
         held, self._transport = self._transport, None
         if held is not None and held[0] is asyncio.get_running_loop():
             await held[1].client.aclose()  # a finished loop's client cannot be closed from this one
+        store, self._store = self._store, None
+        if store is not None:
+            store[1].close()
         if self._engine is not None:
             self._engine.dispose()
 

@@ -10,17 +10,14 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio import to_thread
 
 from . import failpoints
 from .codec import decode_payload
 from .errors import PayloadValidationError
 from .policy import backoff_delay
-from .store import outbox as outbox_store
 from .store.outbox import ClaimedDelivery
 from .transport.keys import partition_for
 from .transport.messages import OutgoingMessage
@@ -62,16 +59,8 @@ class Dispatcher:
 
     async def _claim(self) -> list[ClaimedDelivery]:
         app, s = self.app, self.app.settings
-        return await to_thread.run_sync(
-            partial(
-                outbox_store.claim_batch,
-                app.engine,
-                s.namespace,
-                now=app.clock(),
-                lease=s.claim_lease,
-                limit=s.batch_size,
-                watermark=s.cutover_watermark,
-            )
+        return await app.store().lease_outbox(
+            s.namespace, now=app.clock(), lease=s.claim_lease, limit=s.batch_size, watermark=s.cutover_watermark
         )
 
     async def _dispatch(self, rows: list[ClaimedDelivery]) -> None:
@@ -107,17 +96,8 @@ class Dispatcher:
         if sent and len(rows) < s.batch_size:
             await anyio.sleep(_CLAIM_HEAD_START_S)
         retry = [(row, now + self._backoff(row.attempts + 1), err) for row, err in failed]
-        await to_thread.run_sync(
-            partial(
-                outbox_store.settle_batch,
-                app.engine,
-                sent=sent,
-                dead=dead,
-                retry=retry,
-                held=held,
-                now=now,
-                release_at=now + s.poll_interval,
-            )
+        await app.store().settle_outbox(
+            sent=sent, dead=dead, retry=retry, held=held, now=now, release_at=now + s.poll_interval
         )
         self._record(sent, dead, retry, held, now)
 

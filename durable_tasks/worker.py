@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -32,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import failpoints
 from .attempt import LeaseKeeper, run_attempt
 from .batching import Coalescer
-from .store import execution, results
+from .store import execution
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .telemetry import link_to, traceparent_of
@@ -293,16 +292,12 @@ class Worker:
             return
         requests = [ClaimRequest(d.task_id, d.generation, d.delivery, traceparent_of(span)) for _, d, span in batch]
         try:
-            claims = await to_thread.run_sync(
-                partial(
-                    execution.claim_batch,
-                    app.engine,
-                    app.settings.namespace,
-                    requests,
-                    worker_id=self.worker_id,
-                    now=app.clock(),
-                    lease=app.settings.lease_timeout,
-                )
+            claims = await app.store().claim_executions(
+                app.settings.namespace,
+                requests,
+                worker_id=self.worker_id,
+                now=app.clock(),
+                lease=app.settings.lease_timeout,
             )
         except SQLAlchemyError as exc:
             logger.warning("cannot reach the database to claim %d entries (%s); they stay pending", len(batch), exc)
@@ -403,7 +398,7 @@ class Worker:
         (committed or fenced out); a failed XACK leaves them pending for the reaper."""
         app = self.app
         writes = [item.write for item in items]
-        await to_thread.run_sync(partial(results.commit_results, app.engine, writes, now=app.clock()))
+        await app.store().commit_results(writes, now=app.clock())
         if failpoints.ENABLED:
             failpoints.hit("worker.after_commit")
         settled = [item for item in items if item.write.outcome in _ACKED_OUTCOMES]

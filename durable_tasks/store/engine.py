@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-__all__ = ["create_engine", "execute_alone", "is_postgres", "read_only"]
+__all__ = ["create_engine", "execute_alone", "is_postgres", "read_only", "wrapped_error"]
 
 #: Execution option that opens a SQLite transaction with plain BEGIN (readers only).
 _SQLITE_READ = "dt_sqlite_read"
@@ -115,7 +115,7 @@ def execute_alone(engine: sa.Engine, statement: str, params: Mapping[str, Any]) 
     try:
         pooled = engine.raw_connection()
     except dbapi_error as exc:
-        raise _wrapped(dialect, statement, params, exc, invalidated=False) from exc
+        raise wrapped_error(dialect, statement, params, exc, invalidated=False) from exc
     back_to_transactional = False
     try:
         driver = pooled.driver_connection
@@ -128,16 +128,17 @@ def execute_alone(engine: sa.Engine, statement: str, params: Mapping[str, Any]) 
         back_to_transactional = True
         return rows
     except dbapi_error as exc:
-        raise _wrapped(dialect, statement, params, exc, invalidated=True) from exc
+        raise wrapped_error(dialect, statement, params, exc, invalidated=True) from exc
     finally:
         if not back_to_transactional:  # failed, or interrupted: never reuse it in autocommit
             pooled.invalidate()
         pooled.close()
 
 
-def _wrapped(
+def wrapped_error(
     dialect: sa.Dialect, statement: str, params: Mapping[str, Any], exc: Exception, *, invalidated: bool
 ) -> sa.exc.StatementError:
+    """A driver error as SQLAlchemy's Connection would raise it (the DBAPIError family)."""
     return sa.exc.DBAPIError.instance(
         statement,
         dict(params),

@@ -8,9 +8,11 @@ deliveries it holds; each delivery is still fenced on its own (generation, deliv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime, timedelta
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -18,14 +20,23 @@ import sqlalchemy as sa
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
-from .engine import execute_alone, is_postgres
+from .engine import is_postgres
+from .statement import OneStatement, Rows
 
 __all__ = [
+    "NOTHING_KNOWN",
     "ClaimRefused",
     "ClaimRequest",
+    "ClaimedRow",
     "ExecutionClaim",
+    "FollowUps",
+    "Known",
+    "after_claim",
     "claim_batch",
     "claim_execution",
+    "claim_follow_ups",
+    "claim_statement",
+    "claims_for",
     "close_open_attempts",
     "fence_arrays",
     "fenced_rows",
@@ -89,7 +100,7 @@ class ClaimRequest:
     traceparent: str | None = None
 
 
-class _Claimed(NamedTuple):
+class ClaimedRow(NamedTuple):
     """A claimed task row, in the order both claim statements return its columns (read
     positionally: a SQLAlchemy Row's attribute access costs ~0.4 us a column)."""
 
@@ -110,7 +121,7 @@ class _Claimed(NamedTuple):
     reclaims: int
 
 
-_RETURNED = tuple(t[name] for name in _Claimed._fields)
+_RETURNED = tuple(t[name] for name in ClaimedRow._fields)
 
 
 def claim_batch(
@@ -131,25 +142,87 @@ def claim_batch(
     """
     if not requests:
         return []
+    if is_postgres(engine):
+        rows = claim_statement(namespace, requests, worker_id=worker_id, now=now, lease=lease).run(engine)
+        follow_ups = claim_follow_ups(requests, rows)
+        known = after_claim(engine, namespace, follow_ups, now) if follow_ups else NOTHING_KNOWN
+        return claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
     keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
     traceparents = {r.task_id: r.traceparent for r in requests}
-    lease_until = now + lease
-    if is_postgres(engine):
-        # One statement claims and opens the attempts, its own transaction (one round trip).
-        rows = _claim_and_open_pg(
-            engine, namespace, keys, traceparents, worker_id=worker_id, now=now, lease_until=lease_until
-        )
-        reruns, missing = _follow_ups(requests, rows)
-        previous: dict[str, str | None] = {}
-        existing: set[str] = set()
-        if reruns or missing:  # rare, and idempotent: a transaction of their own
-            with engine.begin() as conn:
-                previous, existing = _after_claim(conn, namespace, reruns, missing, now)
-    else:
-        with engine.begin() as conn:
-            rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=lease_until)
-            _open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
-            previous, existing = _after_claim(conn, namespace, *_follow_ups(requests, rows), now)
+    with engine.begin() as conn:
+        rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease)
+        _open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
+        follow_ups = claim_follow_ups(requests, rows)
+        known = _after_claim(conn, namespace, follow_ups, now) if follow_ups else NOTHING_KNOWN
+    return claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
+
+
+def claim_statement(
+    namespace: str, requests: Sequence[ClaimRequest], *, worker_id: str, now: datetime, lease: timedelta
+) -> OneStatement[list[ClaimedRow]]:
+    """PostgreSQL's batch claim as ONE statement, its own transaction: it claims the tasks and
+    opens their attempts (one round trip). Then :func:`claim_follow_ups`."""
+    keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
+    traceparents = {r.task_id: r.traceparent for r in requests}
+    ids, generations, deliveries = zip(*keys, strict=True)
+    params = {
+        "namespace": namespace,
+        "ids": list(ids),
+        "generations": list(generations),
+        "deliveries": list(deliveries),
+        "trace_ids": list(traceparents),
+        "traceparents": list(traceparents.values()),
+        "worker_id": worker_id,
+        "now": now,
+        "lease_until": now + lease,
+    }
+    return OneStatement(sql.postgres()["claim_executions"], params, _claimed_rows)
+
+
+def _claimed_rows(rows: Rows) -> list[ClaimedRow]:
+    return [ClaimedRow._make(row) for row in rows]
+
+
+class FollowUps(NamedTuple):
+    """What a claim leaves to do (rare): its re-runs, and the requested ids it did not claim."""
+
+    reruns: list[ClaimedRow]
+    missing: set[str]
+
+
+class Known(NamedTuple):
+    """What the follow-ups found: re-runs' previous trace contexts; unclaimed ids that exist."""
+
+    previous: Mapping[str, str | None]
+    existing: AbstractSet[str]
+
+
+#: The follow-ups' answer when there were none (read-only: shared by every such claim).
+NOTHING_KNOWN = Known(MappingProxyType({}), frozenset())
+
+
+def claim_follow_ups(requests: Sequence[ClaimRequest], rows: Sequence[ClaimedRow]) -> FollowUps | None:
+    """The claim's follow-ups, or None when there are none (the usual case: no I/O left)."""
+    reruns = [r for r in rows if r.attempt > 1 or r.generation > 0]
+    missing = {r.task_id for r in requests} - {r.id for r in rows}
+    return FollowUps(reruns, missing) if reruns or missing else None
+
+
+def after_claim(engine: sa.Engine, namespace: str, follow_ups: FollowUps, now: datetime) -> Known:
+    """Run a claim's follow-ups in a transaction of their own (they are idempotent)."""
+    with engine.begin() as conn:
+        return _after_claim(conn, namespace, follow_ups, now)
+
+
+def claims_for(
+    requests: Sequence[ClaimRequest],
+    rows: Sequence[ClaimedRow],
+    known: Known,
+    *,
+    namespace: str,
+    worker_id: str,
+) -> list[ExecutionClaim | ClaimRefused]:
+    """Each request's answer, in request order: its claim, STALE, or NO_TASK."""
     claimed = {r.id: r for r in rows}
     out: list[ExecutionClaim | ClaimRefused] = []
     handed_out: set[str] = set()
@@ -161,31 +234,25 @@ def claim_batch(
             and (row.generation, row.delivery) == (r.generation, r.delivery)
         ):
             handed_out.add(r.task_id)  # a second copy of the same delivery is stale
-            out.append(_claim_from(row, namespace, worker_id, previous.get(row.id)))
-        elif row is not None or r.task_id in existing:
+            out.append(_claim_from(row, namespace, worker_id, known.previous.get(row.id)))
+        elif row is not None or r.task_id in known.existing:
             out.append(ClaimRefused.STALE)
         else:
             out.append(ClaimRefused.NO_TASK)
     return out
 
 
-def _follow_ups(requests: Sequence[ClaimRequest], rows: Sequence[_Claimed]) -> tuple[list[_Claimed], set[str]]:
-    """What a claim leaves to do: its re-runs, and the requested task ids it did not claim."""
-    return [r for r in rows if r.attempt > 1 or r.generation > 0], {r.task_id for r in requests} - {r.id for r in rows}
-
-
-def _after_claim(
-    conn: sa.Connection, namespace: str, reruns: Sequence[_Claimed], missing: set[str], now: datetime
-) -> tuple[dict[str, str | None], set[str]]:
+def _after_claim(conn: sa.Connection, namespace: str, follow_ups: FollowUps, now: datetime) -> Known:
     """After a claim: the previous attempts' trace contexts of re-runs (closing what lost
     workers left open), and which unclaimed task ids name an existing task (STALE, not NO_TASK)."""
+    reruns, missing = follow_ups
     previous = _reopened(conn, reruns, now)
     existing = (
         set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
         if missing
         else set()
     )
-    return previous, existing
+    return Known(previous, existing)
 
 
 def _claim_rows(
@@ -196,7 +263,7 @@ def _claim_rows(
     worker_id: str,
     now: datetime,
     lease_until: datetime,
-) -> list[_Claimed]:
+) -> list[ClaimedRow]:
     rows = conn.execute(
         sa.update(tasks_table)
         .where(
@@ -216,38 +283,13 @@ def _claim_rows(
         )
         .returning(*_RETURNED)
     )
-    return [_Claimed._make(row) for row in rows]
-
-
-def _claim_and_open_pg(
-    engine: sa.Engine,
-    namespace: str,
-    keys: list[tuple[str, int, int]],
-    traceparents: dict[str, str | None],
-    *,
-    worker_id: str,
-    now: datetime,
-    lease_until: datetime,
-) -> list[_Claimed]:
-    ids, generations, deliveries = zip(*keys, strict=True)
-    params = {
-        "namespace": namespace,
-        "ids": list(ids),
-        "generations": list(generations),
-        "deliveries": list(deliveries),
-        "trace_ids": list(traceparents),
-        "traceparents": list(traceparents.values()),
-        "worker_id": worker_id,
-        "now": now,
-        "lease_until": lease_until,
-    }
-    return [_Claimed._make(row) for row in execute_alone(engine, sql.postgres()["claim_executions"], params)]
+    return [ClaimedRow._make(row) for row in rows]
 
 
 def _open_attempts(
     conn: sa.Connection,
     namespace: str,
-    rows: Sequence[_Claimed],
+    rows: Sequence[ClaimedRow],
     traceparents: dict[str, str | None],
     *,
     worker_id: str,
@@ -273,7 +315,7 @@ def _open_attempts(
     )
 
 
-def _reopened(conn: sa.Connection, rows: Sequence[_Claimed], now: datetime) -> dict[str, str | None]:
+def _reopened(conn: sa.Connection, rows: Sequence[ClaimedRow], now: datetime) -> dict[str, str | None]:
     """For re-run tasks: close attempts their lost workers left open, and return the last
     attempt's trace context (the new attempt's span links to it)."""
     if not rows:
@@ -294,7 +336,7 @@ def _reopened(conn: sa.Connection, rows: Sequence[_Claimed], now: datetime) -> d
     return latest
 
 
-def _claim_from(row: _Claimed, namespace: str, worker_id: str, previous: str | None) -> ExecutionClaim:
+def _claim_from(row: ClaimedRow, namespace: str, worker_id: str, previous: str | None) -> ExecutionClaim:
     return ExecutionClaim(
         namespace=namespace,
         task_id=row.id,

@@ -18,12 +18,13 @@ import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
 from . import sql
-from .engine import execute_alone, is_postgres
+from .engine import is_postgres
 from .execution import ExecutionClaim, fence_arrays, fenced_rows
 from .locking import lock_tasks_in_order
+from .statement import OneStatement
 from .submit import insert_outbox
 
-__all__ = ["CommitOutcome", "FinalWrite", "commit_results", "record_failure"]
+__all__ = ["CommitOutcome", "FinalWrite", "commit_results", "commit_statement", "record_failure"]
 
 t = tasks_table.c
 a = attempts_table.c
@@ -60,12 +61,11 @@ _SUCCEEDED = {
 def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: datetime) -> None:
     """Commit several results in ONE transaction, each fenced on its own; sets each ``outcome``
     (HOOK_FAILED with ``hook_error`` when an on-commit hook raised: that task is rolled back)."""
-    plain = [w for w in writes if w.hook is None or w.claim.shadow]
-    hooked = [w for w in writes if not (w.hook is None or w.claim.shadow)]
-    if not hooked and is_postgres(engine):  # one statement: the writes and their attempts
-        rows = execute_alone(engine, sql.postgres()["commit_results"], _results_params(plain, now))
-        _set_outcomes(plain, {task_id for (task_id,) in rows})
+    if is_postgres(engine) and (alone := commit_statement(writes, now=now)):
+        alone.run(engine)
         return
+    plain = [w for w in writes if _plain(w)]
+    hooked = [w for w in writes if not _plain(w)]
     with engine.begin() as conn:
         if hooked:  # several statements: take every row's lock first, in id order
             lock_tasks_in_order(conn, [w.claim.task_id for w in writes])
@@ -75,6 +75,23 @@ def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: date
             _commit_hooked(conn, w, now)
         # On Postgres the plain writes' statement closed their attempts too.
         _finish_attempts(conn, hooked if is_postgres(conn) else writes, now)
+
+
+def commit_statement(writes: Sequence[FinalWrite], *, now: datetime) -> OneStatement[None] | None:
+    """A group without on-commit hooks as ONE PostgreSQL statement, its own transaction: the
+    fenced writes and their attempts' outcomes; reading its rows sets each ``outcome``. None
+    when a hook needs :func:`commit_results`' transaction (savepoints)."""
+    if not all(_plain(w) for w in writes):
+        return None
+    return OneStatement(
+        sql.postgres()["commit_results"],
+        _results_params(writes, now),
+        lambda rows: _set_outcomes(writes, {task_id for (task_id,) in rows}),
+    )
+
+
+def _plain(w: FinalWrite) -> bool:
+    return w.hook is None or w.claim.shadow  # a shadow run's hook never runs
 
 
 def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:

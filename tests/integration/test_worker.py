@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from sqlmodel import Field, Session, SQLModel
 
 from durable_tasks import App, TaskContext, TaskState
-from durable_tasks.store import execution
+from durable_tasks.store.aio import LoopStore
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import OutgoingMessage
@@ -351,7 +351,7 @@ async def test_an_unexpected_error_while_claiming_stops_the_worker_instead_of_va
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("claim exploded")
 
-    monkeypatch.setattr(execution, "claim_batch", explode)
+    monkeypatch.setattr(LoopStore, "claim_executions", explode)
     with pytest.raises(ExceptionGroup) as raised:  # from the worker's task group
         await Worker(app).run(max_tasks=1, timeout=timedelta(seconds=10))
     assert raised.group_contains(RuntimeError, match="claim exploded")

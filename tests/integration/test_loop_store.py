@@ -1,0 +1,134 @@
+"""The loops' async PostgreSQL connections: one statement, its own transaction, no thread;
+errors as SQLAlchemy errors; a connection that failed never serves again; a dead idle one is
+replaced; a statement once sent finishes even if its caller is cancelled; one loop's
+connections never serve another loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import sqlalchemy as sa
+
+from durable_tasks.store import aio
+from durable_tasks.store import engine as engine_module
+from durable_tasks.store.statement import OneStatement, Rows
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def engine(postgres_url: str, tmp_path: Path) -> Iterator[sa.Engine]:
+    eng = engine_module.create_engine(postgres_url, tmp_path)
+    with eng.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS dt_test_loop_store (v int)")
+        conn.exec_driver_sql("TRUNCATE dt_test_loop_store")
+    yield eng
+    with eng.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE dt_test_loop_store")
+    eng.dispose()
+
+
+@pytest.fixture
+async def connections(engine: sa.Engine) -> AsyncIterator[aio.AsyncConnections]:
+    pool = aio.AsyncConnections(engine)
+    yield pool
+    pool.close()
+
+
+def rows(sql: str, **params: object) -> OneStatement[Rows]:
+    return OneStatement(sql, params, list)
+
+
+def backend_pid() -> OneStatement[int]:
+    return OneStatement("SELECT pg_backend_pid()", {}, lambda r: int(r[0][0]))
+
+
+def committed_values(engine: sa.Engine) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.exec_driver_sql("SELECT v FROM dt_test_loop_store ORDER BY v").scalars())
+
+
+def terminate(engine: sa.Engine, pid: int) -> None:
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid}, 5000)").scalar_one()
+
+
+async def test_a_statement_commits_alone_and_its_rows_are_read_by_its_reader(
+    connections: aio.AsyncConnections, engine: sa.Engine
+) -> None:
+    inserted = OneStatement(
+        "INSERT INTO dt_test_loop_store SELECT unnest(%(vs)s::int[]) RETURNING v",
+        {"vs": [3, 1, 2]},
+        lambda r: sorted(v for (v,) in r),
+    )
+    assert await connections.run(inserted) == [1, 2, 3]
+    assert committed_values(engine) == [1, 2, 3]  # seen from another connection: committed
+    first = await connections.run(backend_pid())
+    assert await connections.run(backend_pid()) == first  # the connection is reused
+
+
+async def test_errors_are_sqlalchemy_errors_and_the_connection_is_not_reused(
+    connections: aio.AsyncConnections, engine: sa.Engine
+) -> None:
+    """The loops treat SQLAlchemyError as an outage (entries stay pending, rows keep their
+    lease): a bad statement and a dead connection both come out as one."""
+    first = await connections.run(backend_pid())
+    with pytest.raises(sa.exc.ProgrammingError):
+        await connections.run(rows("SELECT no_such_column FROM pg_class"))
+    second = await connections.run(backend_pid())
+    assert second != first
+    terminate(engine, second)
+    with pytest.raises(sa.exc.OperationalError) as raised:  # reused at once: no ping, it fails
+        await connections.run(rows("SELECT 1"))
+    assert raised.value.connection_invalidated
+    assert await connections.run(rows("SELECT 1")) == [(1,)]  # a new connection
+
+
+async def test_a_dead_idle_connection_is_replaced_before_use(
+    connections: aio.AsyncConnections, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = await connections.run(backend_pid())
+    terminate(engine, first)
+    monkeypatch.setattr(aio, "PING_IF_IDLE_S", 0.0)
+    assert await connections.run(backend_pid()) != first  # no error reached the caller
+
+
+async def test_a_statement_sent_finishes_when_its_caller_is_cancelled(
+    connections: aio.AsyncConnections, engine: sa.Engine
+) -> None:
+    """As a statement in a worker thread did: the caller's cancellation waits for the outcome,
+    so a claim or commit never ends in an unknown state on a connection still in use."""
+    slow = rows("INSERT INTO dt_test_loop_store SELECT 7 FROM pg_sleep(0.3) RETURNING v")
+    got: Rows = []
+    with anyio.move_on_after(0.05) as scope:
+        got = await connections.run(slow)
+    assert scope.cancel_called
+    assert got == [(7,)]
+    assert committed_values(engine) == [7]
+    assert await connections.run(rows("SELECT 1")) == [(1,)]  # and its connection serves again
+
+
+def test_a_loop_never_uses_the_connections_of_a_finished_loop(engine: sa.Engine) -> None:
+    """App.store() keeps one LoopStore per event loop; a new loop gets new connections and
+    the old loop's idle ones are closed."""
+    from durable_tasks import App
+
+    app = App(engine.url.render_as_string(hide_password=False), "redis://127.0.0.1:1/0", "loopstore")
+    seen: list[tuple[aio.LoopStore, int]] = []
+
+    async def use() -> None:
+        store = app.store()
+        assert store.connections is not None
+        seen.append((store, await store.connections.run(backend_pid())))
+
+    anyio.run(use)
+    anyio.run(use)
+    (first, first_pid), (second, second_pid) = seen
+    assert second is not first
+    assert second_pid != first_pid
+    assert first.connections is not None
+    assert first.connections.idle == 0  # closed when the second loop took over
+    anyio.run(app.aclose)
