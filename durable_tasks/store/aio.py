@@ -92,6 +92,9 @@ class AsyncConnections:
             except psycopg.Error as exc:
                 logger.info("an idle database connection was dead (%s); opening another", exc)
                 await conn.close()
+            except BaseException:  # cancelled mid-ping: its state is unknown, never reuse it
+                await conn.close()
+                raise
         try:
             return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
