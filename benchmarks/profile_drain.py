@@ -95,10 +95,11 @@ def machine_busy() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def server_cpu() -> dict[str, float]:
-    """CPU seconds (user + system) used so far by every local postgres and redis/valkey process."""
+def server_cpu() -> dict[tuple[str, str], float]:
+    """CPU seconds (user + system) used so far by every local postgres and redis/valkey
+    process, by (role, pid)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    used: dict[str, float] = defaultdict(float)
+    used: dict[tuple[str, str], float] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii") as f:
@@ -109,7 +110,17 @@ def server_cpu() -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2 :].split()
         for server in ("postgres", "redis", "valkey"):
             if name.startswith(server):
-                used[f"{server} {_role(pid, server)}".strip()] += (int(fields[11]) + int(fields[12])) / ticks
+                used[(f"{server} {_role(pid, server)}".strip(), pid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
+def server_cpu_since(before: dict[tuple[str, str], float]) -> dict[str, float]:
+    """CPU seconds each role used since ``before``, summed over the processes alive now (a
+    process that exited meanwhile, e.g. a connection of an earlier event loop, is left out
+    rather than subtracted)."""
+    used: dict[str, float] = defaultdict(float)
+    for (role, pid), seconds in server_cpu().items():
+        used[role] += seconds - before.get((role, pid), 0.0)
     return used
 
 
@@ -159,7 +170,7 @@ def main() -> None:
             deterministic.disable()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         (busy_after, total_after), (busy_before, total_before) = machine_busy(), machine
-        servers = {name: used - servers.get(name, 0.0) for name, used in server_cpu().items()}
+        servers_used = server_cpu_since(servers)
         with app.engine.connect() as conn:
             hot = (
                 conn.exec_driver_sql(
@@ -177,7 +188,7 @@ def main() -> None:
     print(f"machine: {(busy_after - busy_before) / (total_after - total_before):.0%} of {os.cpu_count()} cores busy")
     for table, updated, hot_updated in hot:
         print(f"{table}: {updated} updates, {hot_updated} HOT (cumulative, incl. submit/dispatch)")
-    for name, used in sorted(servers.items()):
+    for name, used in sorted(servers_used.items()):
         print(f"{name} processes: CPU {used / done * 1e6:.0f} us/task ({used / wall:.0%} of a core)")
     for name, calls in CALLS.items():
         items = sum(c[0] for c in calls)
