@@ -175,7 +175,9 @@ class LoopStore:
         lease: timedelta,
     ) -> list[execution.ExecutionClaim | execution.ClaimRefused]:
         """Take the execution fence for a read batch (:func:`.execution.claim_batch`)."""
-        if self.connections is None or not requests:
+        if not requests:
+            return []
+        if self.connections is None:
             return await to_thread.run_sync(
                 partial(
                     execution.claim_batch, self.engine, namespace, requests, worker_id=worker_id, now=now, lease=lease

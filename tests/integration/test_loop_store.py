@@ -6,15 +6,19 @@ connections never serve another loop."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
 import pytest
 import sqlalchemy as sa
+from sqlmodel import Session
 
+from durable_tasks import App, TaskContext
 from durable_tasks.store import aio
 from durable_tasks.store import engine as engine_module
 from durable_tasks.store.statement import OneStatement, Rows
+from durable_tasks.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
@@ -114,8 +118,6 @@ async def test_a_statement_sent_finishes_when_its_caller_is_cancelled(
 def test_a_loop_never_uses_the_connections_of_a_finished_loop(engine: sa.Engine) -> None:
     """App.store() keeps one LoopStore per event loop; a new loop gets new connections and
     the old loop's idle ones are closed."""
-    from durable_tasks import App
-
     app = App(engine.url.render_as_string(hide_password=False), "redis://127.0.0.1:1/0", "loopstore")
     seen: list[tuple[aio.LoopStore, int]] = []
 
@@ -132,3 +134,25 @@ def test_a_loop_never_uses_the_connections_of_a_finished_loop(engine: sa.Engine)
     assert first.connections is not None
     assert first.connections.idle == 0  # closed when the second loop took over
     anyio.run(app.aclose)
+
+
+async def test_the_dispatcher_and_worker_send_their_statements_on_the_loops_connections(app: App) -> None:
+    """On PostgreSQL the lease, mark-SENT, claim and group commit go through the event loop's
+    own connections (none of them through a thread); on SQLite there are none to use."""
+
+    @app.task(name="loop-store.double", queue="jobs")
+    async def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    with Session(app.engine) as s:
+        task_id = app.submit(s, "loop-store.double", 21).id
+        s.commit()
+    assert await app.dispatch_once() == 1
+    assert await Worker(app).run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    assert app.get_task(task_id).result == 42
+    store = app.store()
+    if app.engine.dialect.name == "postgresql":
+        assert store.connections is not None
+        assert store.connections.idle >= 1  # used, and kept for the next statement
+    else:
+        assert store.connections is None
