@@ -305,7 +305,7 @@ class App:
         loop = asyncio.get_running_loop()
         if self._store is not None and self._store[0] is loop:
             return self._store[1]
-        if self._store is not None:  # a finished loop's connections: closing them sends nothing
+        if self._store is not None:  # a finished loop's connections: closing does not wait on the server
             self._store[1].close()
         found = LoopStore(self.engine)
         self._store = (loop, found)

@@ -106,7 +106,7 @@ class AsyncConnections:
         return len(self._idle)
 
     def close(self) -> None:
-        """Close the idle connections; callable from any thread or loop (closing sends nothing)."""
+        """Close the idle connections; callable from any thread or loop (closing does not wait on the server)."""
         idle, self._idle = self._idle, []
         for conn, _ in idle:
             conn.pgconn.finish()
