@@ -22,7 +22,7 @@ from . import failpoints
 from .codec import decode_payload, encode_result
 from .errors import PayloadValidationError, ResultNotSerializableError
 from .policy import FailureDecision, backoff_delay, decide_after_failure
-from .store import execution, results
+from .store import leases, results
 from .store.execution import ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .tasks import Task, TaskContext, session_hooks
@@ -145,7 +145,7 @@ class LeaseKeeper:
             try:
                 alive = await to_thread.run_sync(
                     partial(
-                        execution.renew_leases,
+                        leases.renew_leases,
                         app.engine,
                         [claim for claim, _ in held],
                         now=app.clock(),
@@ -165,7 +165,7 @@ async def _beat(app: App, claim: ExecutionClaim) -> bool:
     now = app.clock()
     try:
         return await to_thread.run_sync(
-            lambda: execution.heartbeat(app.engine, claim, now=now, lease=app.settings.lease_timeout)
+            lambda: leases.heartbeat(app.engine, claim, now=now, lease=app.settings.lease_timeout)
         )
     except SQLAlchemyError as exc:
         logger.warning("heartbeat of %s failed: %s", claim.task_id, exc)

@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import failpoints
 from .attempt import LeaseKeeper, run_attempt
 from .batching import Coalescer
-from .store import execution
+from .store import leases
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .telemetry import link_to, traceparent_of
@@ -370,7 +370,7 @@ class Worker:
                 )
                 if claim.reclaims > 0:  # a suspect: it runs alone
                     async with self._gate.alone(hold=lambda: self._leases.hold(claim, None)):
-                        await to_thread.run_sync(execution.mark_solo, app.engine, claim)
+                        await to_thread.run_sync(leases.mark_solo, app.engine, claim)
                         outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
                 else:
                     await self._gate.join()

@@ -9,7 +9,8 @@ from typing import Any
 import anyio
 
 from durable_tasks import App
-from durable_tasks.store.execution import ExecutionClaim, claim_execution, mark_solo
+from durable_tasks.store.execution import ExecutionClaim, claim_execution
+from durable_tasks.store.leases import mark_solo
 from durable_tasks.transport.keys import QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
 

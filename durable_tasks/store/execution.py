@@ -1,9 +1,11 @@
-"""The worker's SQL for claiming: the execution fence (in batches) and heartbeats.
+"""The worker's SQL for claiming: the execution fence, in batches (the running attempts'
+leases and heartbeats are in :mod:`.leases`).
 
 The attempt number handed out by :func:`claim_batch` is the fencing token: every later write
 of that execution names it, and the database refuses the write once a newer attempt or
-generation exists. One batch is one transaction and a few statements, however many
-deliveries it holds; each delivery is still fenced on its own (generation, delivery, state).
+generation exists. One batch is one statement on PostgreSQL (one transaction on SQLite),
+however many deliveries it holds; each delivery is still fenced on its own (generation,
+delivery, state).
 """
 
 from __future__ import annotations
@@ -40,9 +42,6 @@ __all__ = [
     "close_open_attempts",
     "fence_arrays",
     "fenced_rows",
-    "heartbeat",
-    "mark_solo",
-    "renew_leases",
 ]
 
 t = tasks_table.c
@@ -392,22 +391,6 @@ def close_open_attempts(conn: sa.Connection, task_id: str, generation: int, now:
     )
 
 
-def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> set[str]:
-    """Extend the leases of many running attempts in one statement; returns the task ids
-    still held (the others have been fenced out)."""
-    if not claims:
-        return set()
-    with engine.begin() as conn:
-        if is_postgres(conn):
-            params = {**fence_arrays(claims), "namespace": claims[0].namespace, "lease_until": now + lease}
-            return set(conn.exec_driver_sql(sql.postgres()["renew_leases"], params).scalars())
-        return set(
-            conn.execute(
-                sa.update(tasks_table).where(fenced_rows(claims)).values(lease_expires_at=now + lease).returning(t.id)
-            ).scalars()
-        )
-
-
 def fenced_rows(claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
     """:meth:`ExecutionClaim.fence` for many executions at once (each row RUNNING under its own
     generation and attempt); ``claims`` share one namespace. SQLite's: Postgres runs the named
@@ -426,18 +409,3 @@ def fence_arrays(claims: Sequence[ExecutionClaim]) -> dict[str, list[Any]]:
         "generations": [c.generation for c in claims],
         "attempts": [c.attempt for c in claims],
     }
-
-
-def mark_solo(engine: sa.Engine, claim: ExecutionClaim) -> None:
-    """Record that this attempt runs alone: if its worker dies now, the loss is its own."""
-    with engine.begin() as conn:
-        conn.execute(sa.update(tasks_table).where(claim.fence()).values(solo_attempt=claim.attempt))
-
-
-def heartbeat(engine: sa.Engine, claim: ExecutionClaim, *, now: datetime, lease: timedelta) -> bool:
-    """Extend the lease; False means this execution has been fenced out."""
-    with engine.begin() as conn:
-        updated = conn.execute(
-            sa.update(tasks_table).where(claim.fence()).values(lease_expires_at=now + lease)
-        ).rowcount
-    return bool(updated)

@@ -13,7 +13,8 @@ from sqlmodel import Session
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.batching import Coalescer
 from durable_tasks.records import tasks_table
-from durable_tasks.store.execution import ExecutionClaim, claim_execution, renew_leases
+from durable_tasks.store.execution import ExecutionClaim, claim_execution
+from durable_tasks.store.leases import renew_leases
 from durable_tasks.store.results import CommitOutcome, FinalWrite, commit_results
 
 pytestmark = pytest.mark.anyio
