@@ -223,8 +223,10 @@ def settle_statement(
 ) -> OneStatement[int] | None:
     """The usual pass's outcomes (every row published) as ONE PostgreSQL statement, its own
     transaction; None when the pass needs :func:`settle_batch`'s transaction."""
-    if not sent or dead or retry or held:
-        return None
+    return None if not sent or dead or retry or held else _mark_sent_statement(sent, now)
+
+
+def _mark_sent_statement(sent: Sequence[tuple[ClaimedDelivery, str, int | None]], now: datetime) -> OneStatement[int]:
     return OneStatement(sql.postgres()["mark_sent"], _mark_sent_params(sent, now), _first_int)
 
 
@@ -243,7 +245,7 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, in
     if not sent:
         return 0
     if is_postgres(conn):
-        return int(conn.exec_driver_sql(sql.postgres()["mark_sent"], _mark_sent_params(sent, now)).scalar_one())
+        return _mark_sent_statement(sent, now).run_on(conn)
     marked = conn.execute(
         sa.update(outbox_table)
         .where(_FENCE)

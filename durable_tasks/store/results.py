@@ -81,8 +81,11 @@ def commit_statement(writes: Sequence[FinalWrite], *, now: datetime) -> OneState
     """A group without on-commit hooks as ONE PostgreSQL statement, its own transaction: the
     fenced writes and their attempts' outcomes; reading its rows sets each ``outcome``. None
     when a hook needs :func:`commit_results`' transaction (savepoints)."""
-    if not all(_plain(w) for w in writes):
-        return None
+    return _results_statement(writes, now) if all(_plain(w) for w in writes) else None
+
+
+def _results_statement(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[None]:
+    """PostgreSQL's fenced writes of plain results and their attempts' outcomes, one statement."""
     return OneStatement(
         sql.postgres()["commit_results"],
         _results_params(writes, now),
@@ -95,7 +98,10 @@ def _plain(w: FinalWrite) -> bool:
 
 
 def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
-    _set_outcomes(writes, (_write_results_pg if is_postgres(conn) else _write_results)(conn, writes, now))
+    if is_postgres(conn):
+        _results_statement(writes, now).run_on(conn)
+    else:
+        _set_outcomes(writes, _write_results(conn, writes, now))
 
 
 def _set_outcomes(writes: Sequence[FinalWrite], committed: set[str]) -> None:
@@ -116,11 +122,6 @@ def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datet
             .returning(t.id)
         ).scalars()
     )
-
-
-def _write_results_pg(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
-    """One statement: the fenced writes and their attempts' outcomes."""
-    return set(conn.exec_driver_sql(sql.postgres()["commit_results"], _results_params(writes, now)).scalars())
 
 
 def _results_params(writes: Sequence[FinalWrite], now: datetime) -> dict[str, Any]:
