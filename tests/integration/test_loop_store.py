@@ -105,6 +105,7 @@ async def test_a_statement_sent_finishes_when_its_caller_is_cancelled(
 ) -> None:
     """As a statement in a worker thread did: the caller's cancellation waits for the outcome,
     so a claim or commit never ends in an unknown state on a connection still in use."""
+    await connections.run(rows("SELECT 1"))  # connected: the cancellation below finds the statement sent
     slow = rows("INSERT INTO dt_test_loop_store SELECT 7 FROM pg_sleep(0.3) RETURNING v")
     got: Rows = []
     with anyio.move_on_after(0.05) as scope:
