@@ -52,6 +52,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
+from durable_tasks.process import tune_gc
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.results import FinalWrite
 
@@ -255,6 +256,8 @@ def run_child(app: App, *, dispatcher: bool = True, worker: bool = True) -> None
         deadline = time.monotonic() + READY_TIMEOUT * 2
         while not Path(barrier, "go").exists() and time.monotonic() < deadline:
             time.sleep(0.005)
+
+    tune_gc(app.settings)  # as the CLI's worker and dispatcher do
 
     async def main() -> None:
         await app.check_connections()

@@ -8,7 +8,9 @@ Worker until all are settled and prints the rate, the process CPU per task, how 
 machine was, the CPU the local Postgres (by role: backend, walwriter, ...) and Redis processes
 used per task (read from /proc: the servers share the machine), the HOT updates, and how long
 the claim and group-commit transactions took (wall, and the CPU of the thread they ran on:
-the loop's on PostgreSQL, where other work interleaves). --setup-sql
+the loop's on PostgreSQL, where other work interleaves), and the garbage collector's runs per
+generation (the worker's collector is tuned as the CLI's is; DT_GC_YOUNG_THRESHOLD=0 keeps
+Python's defaults). --setup-sql
 runs statements after the schema exists, for A/B trials of schema changes. With --profile,
 pyinstrument samples the event loop thread and writes its text report (on PostgreSQL the
 claim and commit statements run on the loop's own connections; on SQLite in worker threads).
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import inspect
 import os
 import pstats
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,6 +35,7 @@ from typing import Any
 import anyio
 
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
+from durable_tasks.process import tune_gc
 from durable_tasks.store.aio import LoopStore
 from durable_tasks.worker import Worker
 
@@ -85,6 +90,37 @@ def _role(pid: str, server: str) -> str:
     if "(" in rest:
         return "backend"
     return rest.split()[0]
+
+
+class CollectorPauses:
+    """How often each generation of the garbage collector ran and how long each run took
+    (``gc.callbacks``); a run stops the event loop, and every task in flight with it."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = defaultdict(list)
+        self._started = 0.0
+
+    def __enter__(self) -> CollectorPauses:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._observe)
+
+    def _observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append(time.perf_counter() - self._started)
+
+    def report(self) -> None:
+        young, older, oldest = gc.get_threshold()
+        print(f"garbage collector: thresholds {young}/{older}/{oldest}, {gc.get_freeze_count():,} objects frozen")
+        for generation, pauses in sorted(self.pauses.items()):
+            print(
+                f"  generation {generation}: {len(pauses)} runs, {statistics.median(pauses) * 1e3:.2f} ms median, "
+                f"{max(pauses) * 1e3:.2f} ms longest, {sum(pauses) * 1e3:.0f} ms in all"
+            )
 
 
 def machine_busy() -> tuple[float, float]:
@@ -148,6 +184,7 @@ def main() -> None:
         submit_many(app, args.n)
         anyio.run(dispatch_all, app)
         worker = Worker(app, concurrency=args.concurrency)
+        tune_gc(app.settings)  # as the CLI's worker process does (DT_GC_YOUNG_THRESHOLD=0: Python's defaults)
 
         async def drain() -> int:
             return await worker.run(max_tasks=args.n)
@@ -165,7 +202,8 @@ def main() -> None:
         servers = server_cpu()
         machine = machine_busy()
         wall, cpu = time.perf_counter(), time.process_time()
-        done = anyio.run(drain)
+        with CollectorPauses() as collector:
+            done = anyio.run(drain)
         if deterministic is not None:
             deterministic.disable()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -190,6 +228,7 @@ def main() -> None:
         print(f"{table}: {updated} updates, {hot_updated} HOT (cumulative, incl. submit/dispatch)")
     for name, used in sorted(servers_used.items()):
         print(f"{name} processes: CPU {used / done * 1e6:.0f} us/task ({used / wall:.0%} of a core)")
+    collector.report()
     for name, calls in CALLS.items():
         items = sum(c[0] for c in calls)
         print(

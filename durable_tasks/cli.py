@@ -20,6 +20,7 @@ from rich.table import Table
 from . import dlq
 from .app import App
 from .errors import DurableTasksError
+from .process import tune_gc
 from .views import QueueStats
 
 __all__ = ["load_app", "main"]
@@ -76,6 +77,7 @@ async def _serve(app: App, *, dispatcher: bool, worker: bool, reaper: bool, queu
 
 def _run(app: App, **components: bool) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_gc(app.settings)  # this process is the runtime's own
     try:
         anyio.run(lambda: _serve(app, queues=None, **components))
     except DurableTasksError as exc:

@@ -83,6 +83,14 @@ class Settings(BaseSettings):
     commit_batch_max: int = Field(default=512, ge=1, description="Results per group-commit transaction.")
     commit_window: Duration = Field(default=timedelta(0), description="Extra wait to fill a group commit.")
 
+    # the processes the CLI starts (run, worker, dispatcher, reaper); see durable_tasks.process
+    gc_young_threshold: int = Field(
+        default=5_000,
+        ge=0,
+        description="Net allocations between young-generation garbage collections in the processes the "
+        "CLI starts, which also freeze what startup left (Python's default: 700); 0 leaves the collector alone.",
+    )
+
     # reaper
     reaper_interval: Duration = timedelta(seconds=10)
     visibility_timeout: Duration = timedelta(minutes=30)
