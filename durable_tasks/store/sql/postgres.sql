@@ -2,7 +2,10 @@
 --
 -- Each works on a whole batch through parallel arrays (unnest), so a batch costs one
 -- statement and one round trip however many rows it holds, and the statement text never
--- changes (psycopg prepares it after a few runs). Parameters are psycopg's %(name)s.
+-- changes (psycopg prepares it after a few runs). Parameters are psycopg's %(name)s; the
+-- arrays are %(name)b, sent in binary: as text, psycopg quotes a list element by element
+-- (a regular-expression test of every string), a fifth of the client CPU of a 500-row claim or
+-- group commit (docs/performance.md, sixth round).
 -- Every multi-row write of dt_tasks first locks its rows ORDER BY id (see store/locking.py)
 -- in a MATERIALIZED CTE that finds them by primary key alone, and then tests state, fence and
 -- namespace on those locked rows, never in a WHERE the planner could answer from
@@ -21,13 +24,13 @@
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.delivery, c.lease_expires_at
     FROM dt_tasks AS c
-    WHERE c.id = ANY(%(ids)s::text[])
+    WHERE c.id = ANY(%(ids)b::text[])
     ORDER BY c.id
     FOR UPDATE OF c
 ), claimable AS MATERIALIZED (
     SELECT DISTINCT l.id
     FROM locked AS l
-    JOIN unnest(%(ids)s::text[], %(generations)s::int[], %(deliveries)s::int[]) AS d (id, generation, delivery)
+    JOIN unnest(%(ids)b::text[], %(generations)b::int[], %(deliveries)b::int[]) AS d (id, generation, delivery)
       ON d.id = l.id AND d.generation = l.generation AND d.delivery = l.delivery
     WHERE l.namespace = %(namespace)s
       AND (l.state IN ('PENDING', 'ENQUEUED', 'RETRYING')
@@ -47,7 +50,7 @@ WITH locked AS MATERIALIZED (
     INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, traceparent)
     SELECT %(namespace)s, c.id, c.generation, c.attempt, c.delivery, %(worker_id)s, %(now)s, p.traceparent
     FROM claimed AS c
-    LEFT JOIN unnest(%(trace_ids)s::text[], %(traceparents)s::text[]) AS p (id, traceparent) ON p.id = c.id
+    LEFT JOIN unnest(%(trace_ids)b::text[], %(traceparents)b::text[]) AS p (id, traceparent) ON p.id = c.id
 )
 SELECT * FROM claimed;
 
@@ -59,14 +62,14 @@ SELECT * FROM claimed;
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.attempt
     FROM dt_tasks AS c
-    WHERE c.id = ANY(%(ids)s::text[])
+    WHERE c.id = ANY(%(ids)b::text[])
     ORDER BY c.id
     FOR UPDATE OF c
 ), fenced AS MATERIALIZED (
     SELECT r.id, r.generation, r.attempt, r.result,
            coalesce(l.state = 'RUNNING' AND l.generation = r.generation AND l.attempt = r.attempt
                     AND l.namespace = %(namespace)s, false) AS current
-    FROM unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(results)s::text[])
+    FROM unnest(%(ids)b::text[], %(generations)b::int[], %(attempts)b::int[], %(results)b::text[])
          AS r (id, generation, attempt, result)
     LEFT JOIN locked AS l ON l.id = r.id
 ), written AS (
@@ -78,7 +81,7 @@ WITH locked AS MATERIALIZED (
         finished_at = %(now)s,
         result = f.result
     FROM fenced AS f
-    WHERE t.id = ANY(%(ids)s::text[])  -- by primary key: joined on f alone, the planner hashed
+    WHERE t.id = ANY(%(ids)b::text[])  -- by primary key: joined on f alone, the planner hashed
       AND t.id = f.id AND f.current    -- a scan of the whole table (6 of 23 ms at 20,000 rows)
     RETURNING t.id
 ), closed AS (
@@ -86,7 +89,7 @@ WITH locked AS MATERIALIZED (
     SET outcome = CASE WHEN f.current THEN 'succeeded' ELSE 'fenced_out' END,
         finished_at = %(now)s
     FROM fenced AS f
-    WHERE a.task_id = ANY(%(ids)s::text[])  -- by ix_dt_attempts_task, not a scan of the table
+    WHERE a.task_id = ANY(%(ids)b::text[])  -- by ix_dt_attempts_task, not a scan of the table
       AND a.task_id = f.id AND a.generation = f.generation AND a.attempt = f.attempt
 )
 SELECT id FROM written;
@@ -97,14 +100,14 @@ SELECT id FROM written;
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.attempt
     FROM dt_tasks AS c
-    WHERE c.id = ANY(%(ids)s::text[])
+    WHERE c.id = ANY(%(ids)b::text[])
     ORDER BY c.id
     FOR UPDATE OF c
 )
 UPDATE dt_tasks AS t
 SET lease_expires_at = %(lease_until)s
 FROM locked AS l
-JOIN unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[]) AS f (id, generation, attempt)
+JOIN unnest(%(ids)b::text[], %(generations)b::int[], %(attempts)b::int[]) AS f (id, generation, attempt)
   ON f.id = l.id AND f.generation = l.generation AND f.attempt = l.attempt
 WHERE t.id = l.id
   AND l.state = 'RUNNING'
@@ -115,7 +118,7 @@ RETURNING t.id;
 -- Close attempts with their outcomes: arrays ids (task ids), generations, attempts, outcomes.
 UPDATE dt_attempts AS a
 SET outcome = f.outcome, finished_at = %(now)s
-FROM unnest(%(ids)s::text[], %(generations)s::int[], %(attempts)s::int[], %(outcomes)s::text[])
+FROM unnest(%(ids)b::text[], %(generations)b::int[], %(attempts)b::int[], %(outcomes)b::text[])
      AS f (task_id, generation, attempt, outcome)
 WHERE a.task_id = f.task_id AND a.generation = f.generation AND a.attempt = f.attempt;
 
@@ -134,9 +137,9 @@ WITH sent AS (
         "partition" = s.part,
         sent_at = %(now)s,
         lease_expires_at = NULL
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(stream_ids)s::text[], %(partitions)s::int[])
+    FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(stream_ids)b::text[], %(partitions)b::int[])
          AS s (id, token, stream_id, part)
-    WHERE o.id = ANY(%(ids)s::bigint[])  -- found by primary key (joined on s.id alone, a hash
+    WHERE o.id = ANY(%(ids)b::bigint[])  -- found by primary key (joined on s.id alone, a hash
       AND o.id = s.id                     -- join over a scan of the whole outbox was planned)
       AND o.claim_token = s.token AND o.state = 'PENDING'
       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
@@ -144,14 +147,14 @@ WITH sent AS (
 ), locked AS MATERIALIZED (
     SELECT c.id, c.state, c.generation, c.delivery
     FROM dt_tasks AS c
-    WHERE c.id = ANY(%(task_ids)s::text[])
+    WHERE c.id = ANY(%(task_ids)b::text[])
     ORDER BY c.id
     FOR UPDATE OF c
 ), enqueued AS (
     UPDATE dt_tasks AS t
     SET state = 'ENQUEUED', enqueued_at = %(now)s
     FROM locked AS l
-    JOIN unnest(%(task_ids)s::text[], %(generations)s::int[], %(deliveries)s::int[]) AS d (id, generation, delivery)
+    JOIN unnest(%(task_ids)b::text[], %(generations)b::int[], %(deliveries)b::int[]) AS d (id, generation, delivery)
       ON d.id = l.id AND d.generation = l.generation AND d.delivery = l.delivery
     WHERE t.id = l.id
       AND l.state IN ('PENDING', 'RETRYING')
