@@ -4,8 +4,8 @@
 -- statement and one round trip however many rows it holds, and the statement text never
 -- changes (psycopg prepares it after a few runs). Parameters are psycopg's %(name)s; the
 -- arrays are %(name)b, sent in binary: as text, psycopg quotes a list element by element
--- (a regular-expression test of every string): a fifth to a third of the client CPU of a 500-row claim or
--- group commit (docs/performance.md, sixth round).
+-- (a regular-expression test of every string), a fifth to a third of the client CPU of a
+-- 500-row claim or group commit (docs/performance.md, sixth round).
 -- Every multi-row write of dt_tasks first locks its rows ORDER BY id (see store/locking.py)
 -- in a MATERIALIZED CTE that finds them by primary key alone, and then tests state, fence and
 -- namespace on those locked rows, never in a WHERE the planner could answer from
