@@ -14,6 +14,7 @@ from ..records import tasks_table
 from . import sql
 from .engine import is_postgres
 from .execution import ExecutionClaim, fence_arrays, fenced_rows
+from .statement import OneStatement, Rows
 
 __all__ = ["heartbeat", "mark_solo", "renew_leases"]
 
@@ -25,15 +26,19 @@ def renew_leases(engine: sa.Engine, claims: Sequence[ExecutionClaim], *, now: da
     still held (the others have been fenced out)."""
     if not claims:
         return set()
+    if is_postgres(engine):  # one statement, its own transaction, like the other hot statements
+        params = {**fence_arrays(claims), "namespace": claims[0].namespace, "lease_until": now + lease}
+        return OneStatement(sql.postgres()["renew_leases"], params, _task_ids).run(engine)
     with engine.begin() as conn:
-        if is_postgres(conn):
-            params = {**fence_arrays(claims), "namespace": claims[0].namespace, "lease_until": now + lease}
-            return set(conn.exec_driver_sql(sql.postgres()["renew_leases"], params).scalars())
         return set(
             conn.execute(
                 sa.update(tasks_table).where(fenced_rows(claims)).values(lease_expires_at=now + lease).returning(t.id)
             ).scalars()
         )
+
+
+def _task_ids(rows: Rows) -> set[str]:
+    return {row[0] for row in rows}
 
 
 def mark_solo(engine: sa.Engine, claim: ExecutionClaim) -> None:
