@@ -80,6 +80,13 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
 
 
+def quarter_medians(pairs: list[tuple[float, float]]) -> list[float]:
+    """Medians of the values in each quarter of the (time, value) pairs, in time order."""
+    ordered = [v for _, v in sorted(pairs)]
+    parts = [ordered[q * len(ordered) // 4 : (q + 1) * len(ordered) // 4] for q in range(4)]
+    return [round(statistics.median(part), 2) for part in parts if part]
+
+
 def seconds(d: datetime) -> float:
     """Epoch seconds of a stored timestamp (SQLite may hand back naive UTC)."""
     from datetime import UTC
@@ -480,6 +487,7 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
         commit_to_commit = [(float(committed[i]) - at) * 1000 for i, at in submitted.items() if i in committed]
         start, result = [], []
         # Stages of the commit -> commit path; their p50s need not add up to its p50.
+        stamped: dict[str, list[tuple[float, float]]] = {}  # the same, with each sample's submit time
         stages: dict[str, list[float]] = {
             "submit->sent": [],  # from the submit call, as the peers' figures start
             "submit commit->sent": [],  # NOTIFY, the dispatcher's lease statement, the publish
@@ -502,6 +510,9 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
             stages["sent->claimed"].append((seconds(claimed) - seconds(sent)) * 1000)
             stages["claimed->handler"].append((ran - seconds(claimed)) * 1000)
             stages["handler->committed"].append((seconds(finished) - ran) * 1000)
+            for name, values in stages.items():
+                if values and len(stamped.setdefault(name, [])) < len(values):
+                    stamped[name].append((ts, values[-1]))
         extra = {
             "n": len(start),
             "rate": rate,
@@ -538,6 +549,21 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
             "ms",
             metric="latency_stages",
             stages={k: [round(statistics.median(v), 2), round(pct(v, 99), 2)] for k, v in stages.items()},
+            **extra,
+        )
+        # The stages' p50 in each quarter of the run, by submit time: a drift from the first
+        # quarter to the last is a cost that grows with the tasks already done.
+        record(
+            "latency stages p50 by quarter of the run",
+            None,
+            "ms",
+            metric="latency_stages_by_quarter",
+            stages={
+                "submit commit->result commit": quarter_medians(
+                    [(at, (float(committed[i]) - at) * 1000) for i, at in submitted.items() if i in committed]
+                ),
+                **{name: quarter_medians(pairs) for name, pairs in stamped.items()},
+            },
             **extra,
         )
         record(

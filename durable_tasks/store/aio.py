@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from anyio import to_thread
 
 from . import execution, outbox, results
-from .engine import PING_IF_IDLE_S, is_postgres, wrapped_error
+from .engine import PING_IF_IDLE_S, is_postgres, runtime_conninfo, wrapped_error
 from .statement import OneStatement, Rows
 
 __all__ = ["AsyncConnections", "LoopStore"]
@@ -52,7 +52,7 @@ class AsyncConnections:
 
     def __init__(self, engine: sa.Engine, *, max_size: int = MAX_CONNECTIONS) -> None:
         self._dialect = engine.dialect
-        self._conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._conninfo = runtime_conninfo(engine.url)  # keyed plans, whatever the statistics
         self._idle: list[tuple[psycopg.AsyncConnection[Any], float]] = []
         self._slots = anyio.Semaphore(max_size)
 

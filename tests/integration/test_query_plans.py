@@ -10,15 +10,20 @@ ANALYZE: nothing is executed).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.store import sql
+from durable_tasks.store.engine import runtime_conninfo
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -156,3 +161,105 @@ def test_the_outbox_claim_reads_the_pending_index_after_a_backlog_was_analyzed(m
     assert due == ["ix_dt_outbox_pending"], due
     leased = [node["Node Type"] for node in plan if node.get("Alias") == "o" and node["Node Type"].endswith("Scan")]
     assert leased == ["Index Scan"], leased
+
+
+@pytest.fixture
+def empty_tables(database_url: str, tmp_path: Path) -> Iterator[App]:
+    """An App on a schema of its own whose tables were just created (nothing in them, never
+    analyzed): what a new deployment's processes plan their statements against."""
+    url = sa.engine.make_url(database_url)
+    schema = f"dt_empty_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(url)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    app = App(
+        url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False),
+        "redis://127.0.0.1:1/0",  # never used: nothing here talks to Redis
+        "plans",
+        data_dir=tmp_path,
+    )
+    try:
+        app.create_all()
+        yield app
+    finally:
+        app.engine.dispose()
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_tables(empty_tables: App) -> None:
+    """A prepared statement keeps the generic plan it got when it was prepared. Planned while
+    the tables were small, the lease and the mark-SENT scanned all of dt_outbox and dt_tasks on
+    every pass as they grew (docs/performance.md, seventh round). On the runtime's own
+    connections no hot statement may plan a sequential scan of a runtime table, even on tables
+    that are empty and were never analyzed."""
+    app = empty_tables
+    now = app.clock()
+    later = now + timedelta(seconds=30)
+    ids = [f"task-{i}" for i in range(3)]
+    params: dict[str, dict[str, Any]] = {
+        "claim_outbox": {
+            "namespaces": ["plans"],
+            "now": now,
+            "lease_until": later,
+            "token": "t",
+            "limit": 500,
+            "watermark": 0,
+        },
+        "mark_sent": {
+            "now": now,
+            "ids": [1, 2, 3],
+            "tokens": ["t"] * 3,
+            "stream_ids": ["1-0"] * 3,
+            "partitions": [0] * 3,
+            "task_ids": ids,
+            "generations": [0] * 3,
+            "deliveries": [0] * 3,
+        },
+        "claim_executions": {
+            "namespace": "plans",
+            "now": now,
+            "ids": ids,
+            "generations": [0] * 3,
+            "deliveries": [0] * 3,
+            "trace_ids": [],
+            "traceparents": [],
+            "lease_until": later,
+            "worker_id": "w",
+        },
+        "commit_results": {
+            "namespace": "plans",
+            "now": now,
+            "ids": ids,
+            "generations": [0] * 3,
+            "attempts": [1] * 3,
+            "results": ["null"] * 3,
+        },
+        "renew_leases": {
+            "namespace": "plans",
+            "ids": ids,
+            "generations": [0] * 3,
+            "attempts": [1] * 3,
+            "lease_until": later,
+        },
+    }
+    ours = {"dt_tasks", "dt_outbox", "dt_attempts"}
+    with psycopg.connect(runtime_conninfo(app.engine.url), autocommit=True) as conn:
+        for name, values in params.items():
+            (doc,) = conn.execute("EXPLAIN (FORMAT JSON) " + sql.postgres()[name], values).fetchone() or (None,)
+            plan = list(nodes(doc[0]["Plan"]))
+            scanned = {node.get("Relation Name") for node in plan} & ours
+            assert scanned, f"{name} reads none of the runtime's tables?"
+            seq = [node["Relation Name"] for node in plan if node["Node Type"] == "Seq Scan"]
+            assert not seq, f"{name} plans a sequential scan of {seq} on the runtime's connection"
+
+
+def test_runtime_conninfo_keeps_the_urls_own_options(database_url: str) -> None:
+    """The runtime's planner settings are added to the URL's options (the tests' search_path),
+    never in their place."""
+    url = sa.engine.make_url(database_url).update_query_dict({"options": "-csearch_path=elsewhere"})
+    options = psycopg.conninfo.conninfo_to_dict(runtime_conninfo(url))["options"]
+    assert isinstance(options, str)
+    assert "-csearch_path=elsewhere" in options
+    assert "enable_seqscan=off" in options
