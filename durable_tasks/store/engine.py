@@ -10,17 +10,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-__all__ = ["create_engine", "execute_alone", "is_postgres", "read_only", "runtime_conninfo", "wrapped_error"]
+__all__ = ["create_engine", "execute_alone", "is_postgres", "read_only", "wrapped_error"]
 
 #: Execution option that opens a SQLite transaction with plain BEGIN (readers only).
 _SQLITE_READ = "dt_sqlite_read"
 
 #: A pooled Postgres connection idle this long is pinged before it is handed out.
 PING_IF_IDLE_S = 1.0
-
-#: Planner settings of the runtime's own Postgres connections (the loops' connections, see
-#: :func:`runtime_conninfo`), never of the pool the application shares.
-RUNTIME_PG_OPTIONS = "-c enable_seqscan=off"
 
 
 def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
@@ -40,28 +36,6 @@ def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
         _configure_sqlite(engine)
         return engine
     return sa.create_engine(url)
-
-
-def runtime_conninfo(url: sa.URL) -> str:
-    """libpq connection string for the runtime's own connections to ``url``: its options
-    plus :data:`RUNTIME_PG_OPTIONS`.
-
-    Every hot statement finds its rows by key (an array of ids, or ix_dt_outbox_pending from
-    the oldest PENDING row), and a prepared statement keeps the generic plan it got when
-    psycopg prepared it, until the next ANALYZE. A queue's tables are small when its
-    processes start (a new deployment, a new namespace, the benchmark's fresh schema): the
-    planner then prefers sequential scans, and the lease and the mark-SENT kept scanning the
-    whole of dt_outbox and dt_tasks on every pass as the tables grew (`bench_dt latency`,
-    8,000 tasks at 200/s: 60 million dt_tasks rows read by sequential scans, the lease
-    0.47 -> 2.25 ms and the submit -> result p50 2.2 -> 4.6 ms from the first quarter of
-    the run to the last; docs/performance.md, seventh round). With sequential scans priced
-    out, the plan is the keyed one whatever the statistics say, on any table size.
-    """
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    params = conninfo_to_dict(url.set(drivername="postgresql").render_as_string(hide_password=False))
-    params["options"] = f"{params.get('options', '')} {RUNTIME_PG_OPTIONS}".strip()
-    return make_conninfo("", **params)
 
 
 def _ping_when_idle(engine: sa.Engine) -> None:
@@ -149,8 +123,8 @@ def execute_alone(engine: sa.Engine, statement: str, params: Mapping[str, Any]) 
         driver.autocommit = True
         with driver.cursor() as cursor:
             # Planned on each call (never prepared): the pool is the application's, so its
-            # planner settings stay as they are (see runtime_conninfo), and a generic plan
-            # made while the tables were small would be kept as they grow.
+            # planner settings stay as they are (see aio.RUNTIME_SESSION_SQL), and a generic
+            # plan made while the tables were small would be kept as they grew.
             cursor.execute(statement, params, prepare=False)
             rows: list[tuple[Any, ...]] = cursor.fetchall() if cursor.description else []
         driver.autocommit = False  # the pool's next borrower expects a transactional connection

@@ -16,14 +16,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
-from durable_tasks.store import sql
-from durable_tasks.store.engine import runtime_conninfo
+from durable_tasks.store import aio, sql
+from durable_tasks.store.statement import OneStatement
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -188,12 +187,13 @@ def empty_tables(database_url: str, tmp_path: Path) -> Iterator[App]:
         admin.dispose()
 
 
-def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_tables(empty_tables: App) -> None:
+@pytest.mark.anyio
+async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_tables(empty_tables: App) -> None:
     """A prepared statement keeps the generic plan it got when it was prepared. Planned while
     the tables were small, the lease and the mark-SENT scanned all of dt_outbox and dt_tasks on
-    every pass as they grew (docs/performance.md, seventh round). On the runtime's own
-    connections no hot statement may plan a sequential scan of a runtime table, even on tables
-    that are empty and were never analyzed."""
+    every pass as they grew (docs/performance.md, seventh round). On the loops' own connections
+    no hot statement may plan a sequential scan of a runtime table, even on tables that are
+    empty and were never analyzed; the application's pool keeps its own planner settings."""
     app = empty_tables
     now = app.clock()
     later = now + timedelta(seconds=30)
@@ -245,21 +245,16 @@ def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_tables(
         },
     }
     ours = {"dt_tasks", "dt_outbox", "dt_attempts"}
-    with psycopg.connect(runtime_conninfo(app.engine.url), autocommit=True) as conn:
+    connections = aio.AsyncConnections(app.engine)
+    try:
         for name, values in params.items():
-            (doc,) = conn.execute("EXPLAIN (FORMAT JSON) " + sql.postgres()[name], values).fetchone() or (None,)
-            plan = list(nodes(doc[0]["Plan"]))
+            explain = OneStatement("EXPLAIN (FORMAT JSON) " + sql.postgres()[name], values, lambda r: r[0][0])
+            plan = list(nodes((await connections.run(explain))[0]["Plan"]))
             scanned = {node.get("Relation Name") for node in plan} & ours
             assert scanned, f"{name} reads none of the runtime's tables?"
             seq = [node["Relation Name"] for node in plan if node["Node Type"] == "Seq Scan"]
             assert not seq, f"{name} plans a sequential scan of {seq} on the runtime's connection"
-
-
-def test_runtime_conninfo_keeps_the_urls_own_options(database_url: str) -> None:
-    """The runtime's planner settings are added to the URL's options (the tests' search_path),
-    never in their place."""
-    url = sa.engine.make_url(database_url).update_query_dict({"options": "-csearch_path=elsewhere"})
-    options = psycopg.conninfo.conninfo_to_dict(runtime_conninfo(url))["options"]
-    assert isinstance(options, str)
-    assert "-csearch_path=elsewhere" in options
-    assert "enable_seqscan=off" in options
+    finally:
+        connections.close()
+    with app.engine.connect() as conn:  # the application's pool: untouched
+        assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "on"
