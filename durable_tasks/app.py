@@ -37,7 +37,7 @@ from .settings import NAME_PATTERN, Settings
 from .store import queries, retention
 from .store import submit as submit_store
 from .store.aio import LoopStore
-from .store.engine import create_engine, read_only
+from .store.engine import create_engine, read_only, runtime_plans
 from .store.retention import PruneReport
 from .tasks import Task, TaskContext, TaskHandle
 from .telemetry import Redactor, Telemetry, traceparent_of
@@ -91,6 +91,7 @@ class App:
         self.registry: dict[str, Task[Any, Any]] = {}
         self.paused_queues: set[str] = set()
         self._engine: sa.Engine | None = None
+        self._runtime_engine: tuple[sa.Engine, sa.Engine] | None = None  # (engine, its runtime_plans view)
         self._redis_url: str | None = self.settings.redis_url
         # The transport of the event loop that made it (redis.asyncio clients are bound to one loop;
         # the loop object, not its id, is kept: a new loop may reuse a dead one's id).
@@ -146,6 +147,18 @@ class App:
         if self._engine is None:
             self._engine = create_engine(self.settings.database_url, self.settings.data_dir)
         return self._engine
+
+    @property
+    def runtime_engine(self) -> sa.Engine:
+        """The same engine and pool, for the runtime's own periodic transactions that run no
+        application code (heartbeats, the reaper's reads): on PostgreSQL they plan with
+        sequential scans priced out, for that transaction only
+        (:func:`.store.engine.runtime_plans`). Transactions that run hooks stay on
+        :attr:`engine`: a hook's statements are the application's, planned as it plans them."""
+        engine = self.engine
+        if self._runtime_engine is None or self._runtime_engine[0] is not engine:
+            self._runtime_engine = (engine, runtime_plans(engine))
+        return self._runtime_engine[1]
 
     @property
     def read_engine(self) -> sa.Engine:

@@ -146,7 +146,7 @@ class LeaseKeeper:
                 alive = await to_thread.run_sync(
                     partial(
                         leases.renew_leases,
-                        app.engine,
+                        app.engine,  # one statement in autocommit, never prepared (execute_alone)
                         [claim for claim, _ in held],
                         now=app.clock(),
                         lease=app.settings.lease_timeout,
@@ -165,7 +165,7 @@ async def _beat(app: App, claim: ExecutionClaim) -> bool:
     now = app.clock()
     try:
         return await to_thread.run_sync(
-            lambda: leases.heartbeat(app.engine, claim, now=now, lease=app.settings.lease_timeout)
+            lambda: leases.heartbeat(app.runtime_engine, claim, now=now, lease=app.settings.lease_timeout)
         )
     except SQLAlchemyError as exc:
         logger.warning("heartbeat of %s failed: %s", claim.task_id, exc)
@@ -197,7 +197,7 @@ async def _fail(
     recorded = await to_thread.run_sync(
         partial(
             results.record_failure,
-            app.engine,
+            app.engine,  # runs the on_failure hooks: the application's statements
             claim,
             now=now,
             error_type=type(exc).__qualname__,

@@ -88,7 +88,7 @@ class Reaper:
                     await transport.dead_letter_malformed(queue, stream, entry_id, fields, str(exc))
                     report.dead_lettered += 1
             task_ids = [d.task_id for _, d in parsed]
-            views = await to_thread.run_sync(partial(recovery.lease_views, app.engine, s.namespace, task_ids))
+            views = await to_thread.run_sync(partial(recovery.lease_views, app.runtime_engine, s.namespace, task_ids))
             for entry_id, d in parsed:
                 await self._settle_entry(queue, stream, entry_id, d, views.get(d.task_id), min_idle, report)
             cursor = page.cursor
@@ -180,7 +180,7 @@ class Reaper:
         return await to_thread.run_sync(
             partial(
                 action,
-                app.engine,
+                app.engine,  # may run on_failure hooks: the application's statements
                 app.settings.namespace,
                 task_id=task_id,
                 generation=generation,
@@ -233,7 +233,7 @@ class Reaper:
         now = app.clock()
         pending = await to_thread.run_sync(
             lambda: recovery.unconfirmed_deliveries(
-                app.engine, s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
+                app.runtime_engine, s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
             )
         )
         by_stream: dict[str, list[recovery.UnconfirmedDelivery]] = defaultdict(list)

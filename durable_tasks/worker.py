@@ -370,7 +370,7 @@ class Worker:
                 )
                 if claim.reclaims > 0:  # a suspect: it runs alone
                     async with self._gate.alone(hold=lambda: self._leases.hold(claim, None)):
-                        await to_thread.run_sync(leases.mark_solo, app.engine, claim)
+                        await to_thread.run_sync(leases.mark_solo, app.runtime_engine, claim)
                         outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
                 else:
                     await self._gate.join()

@@ -28,28 +28,14 @@ import sqlalchemy as sa
 from anyio import to_thread
 
 from . import execution, outbox, results
-from .engine import PING_IF_IDLE_S, is_postgres, wrapped_error
+from .engine import PING_IF_IDLE_S, RUNTIME_SESSION_SQL, is_postgres, wrapped_error
 from .statement import OneStatement, Rows
 
-__all__ = ["RUNTIME_SESSION_SQL", "AsyncConnections", "LoopStore"]
+__all__ = ["AsyncConnections", "LoopStore"]
 
 R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
-
-#: Run once on each of the loops' connections as it opens (never on the application's pool).
-#: Every hot statement finds its rows by key (arrays of ids, or ix_dt_outbox_pending from the
-#: oldest PENDING row), and a prepared statement keeps the generic plan it got when psycopg
-#: prepared it, until the next ANALYZE. A queue's tables are small when its processes start (a
-#: new deployment, a new namespace, the benchmark's fresh schema): the planner then preferred
-#: sequential scans, and the lease and the mark-SENT went on scanning all of dt_outbox and
-#: dt_tasks on every pass as the tables grew (`bench_dt latency`, 200 tasks/s: 60 million
-#: dt_tasks rows read by sequential scans in 5,600 tasks, the commit -> commit p50 2.2 -> 4.6 ms
-#: from the first quarter of an 8,000-task run to the last; docs/performance.md, seventh round).
-#: With sequential scans priced out, the keyed plan is the cheapest on any table size, with or
-#: without statistics. A SET rather than a startup ``options`` parameter: poolers such as
-#: PgBouncer refuse (or drop) that parameter.
-RUNTIME_SESSION_SQL = "SET enable_seqscan = off"
 
 #: Statements in flight at once on one loop's connections (the worker has two claims and two
 #: group commits in flight, the dispatcher two passes, lease renewals come on top).

@@ -10,13 +10,42 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-__all__ = ["create_engine", "execute_alone", "is_postgres", "read_only", "wrapped_error"]
+__all__ = [
+    "RUNTIME_SESSION_SQL",
+    "create_engine",
+    "execute_alone",
+    "is_postgres",
+    "read_only",
+    "runtime_plans",
+    "wrapped_error",
+]
 
 #: Execution option that opens a SQLite transaction with plain BEGIN (readers only).
 _SQLITE_READ = "dt_sqlite_read"
 
 #: A pooled Postgres connection idle this long is pinged before it is handed out.
 PING_IF_IDLE_S = 1.0
+
+#: Execution option marking the runtime's own transactions on the application's pool.
+_RUNTIME_PLANS = "dt_runtime_plans"
+
+#: The planner setting of every runtime statement on PostgreSQL: run once on each of the
+#: loops' own connections as it opens (store.aio), and as SET LOCAL at the start of each of the
+#: runtime's transactions on the application's pool (:func:`runtime_plans`), whose connections
+#: thus keep their own settings.
+#: Every runtime statement finds its rows by key or through an index (arrays of ids,
+#: ix_dt_outbox_pending, ix_dt_tasks_state), and a prepared statement keeps the generic plan it
+#: got when psycopg prepared it, until the next ANALYZE. A queue's tables are small when its
+#: processes start (a new deployment, a new namespace, the benchmark's fresh schema): the
+#: planner then preferred sequential scans, and the lease and the mark-SENT went on scanning
+#: all of dt_outbox and dt_tasks on every pass as the tables grew (`bench_dt latency`, 200
+#: tasks/s: 60 million dt_tasks rows read by sequential scans in 5,600 tasks, the commit ->
+#: commit p50 2.2 -> 4.6 ms from the first quarter of an 8,000-task run to the last;
+#: docs/performance.md, seventh round). With sequential scans priced out, the keyed plan is the
+#: cheapest on any table size, with or without statistics. A SET rather than a startup
+#: ``options`` parameter: poolers such as PgBouncer refuse (or drop) that parameter.
+RUNTIME_SESSION_SQL = "SET enable_seqscan = off"
+_RUNTIME_TRANSACTION_SQL = "SET LOCAL enable_seqscan = off"
 
 
 def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
@@ -30,12 +59,30 @@ def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
             url = url.set(drivername="postgresql+psycopg")
         engine = sa.create_engine(url, pool_size=10, max_overflow=20)
         _ping_when_idle(engine)
+        _plan_runtime_transactions(engine)
         return engine
     if url.get_backend_name() == "sqlite":
         engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
     return sa.create_engine(url)
+
+
+def runtime_plans(engine: sa.Engine) -> sa.Engine:
+    """The same engine and pool, for the runtime's own transactions: on PostgreSQL each starts
+    with ``SET LOCAL enable_seqscan = off`` (see :data:`RUNTIME_SESSION_SQL`), which ends with
+    the transaction; the application's transactions on the pool never see it."""
+    return engine.execution_options(**{_RUNTIME_PLANS: True})
+
+
+def _plan_runtime_transactions(engine: sa.Engine) -> None:
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        if conn.get_execution_options().get(_RUNTIME_PLANS):
+            # On the driver's connection: psycopg opens the transaction with this statement.
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            driver.execute(_RUNTIME_TRANSACTION_SQL)
 
 
 def _ping_when_idle(engine: sa.Engine) -> None:
@@ -122,9 +169,9 @@ def execute_alone(engine: sa.Engine, statement: str, params: Mapping[str, Any]) 
         assert driver is not None
         driver.autocommit = True
         with driver.cursor() as cursor:
-            # Planned on each call (never prepared): the pool is the application's, so its
-            # planner settings stay as they are (see aio.RUNTIME_SESSION_SQL), and a generic
-            # plan made while the tables were small would be kept as they grew.
+            # Planned on each call (never prepared): in autocommit there is no transaction for
+            # SET LOCAL (see RUNTIME_SESSION_SQL), and a generic plan made while the tables were
+            # small would be kept as they grew.
             cursor.execute(statement, params, prepare=False)
             rows: list[tuple[Any, ...]] = cursor.fetchall() if cursor.description else []
         driver.autocommit = False  # the pool's next borrower expects a transactional connection

@@ -258,3 +258,25 @@ async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_t
         connections.close()
     with app.engine.connect() as conn:  # the application's pool: untouched
         assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "on"
+
+
+def test_the_runtimes_transactions_on_the_shared_pool_price_sequential_scans_out_for_themselves_only(
+    make_app: Callable[..., App],
+) -> None:
+    """Heartbeats and the reaper's reads run on the application's pool: each of their
+    transactions starts with SET LOCAL enable_seqscan = off, and a transaction of the
+    application on the same pooled connection right after still plans as it always did."""
+    app = make_app()
+    app.engine.dispose()
+    pids: set[int] = set()
+    for _ in range(2):
+        with app.runtime_engine.connect() as conn:
+            pids.add(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+            assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "off"
+            conn.commit()
+            assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "off"  # the next one too
+        with app.engine.connect() as conn:
+            pids.add(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+            assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "on"
+    assert len(pids) == 1  # one pooled connection served both kinds: the setting did not stay
+    assert app.runtime_engine is app.runtime_engine  # one view per engine, not one per call
