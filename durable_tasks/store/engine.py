@@ -82,7 +82,11 @@ def _plan_runtime_transactions(engine: sa.Engine) -> None:
             # On the driver's connection: psycopg opens the transaction with this statement.
             driver = conn.connection.driver_connection
             assert driver is not None
-            driver.execute(_RUNTIME_TRANSACTION_SQL)
+            try:
+                driver.execute(_RUNTIME_TRANSACTION_SQL)
+            except conn.dialect.loaded_dbapi.Error as exc:  # as from any statement: never reused
+                conn.invalidate()
+                raise wrapped_error(conn.dialect, _RUNTIME_TRANSACTION_SQL, {}, exc, invalidated=True) from exc
 
 
 def _ping_when_idle(engine: sa.Engine) -> None:

@@ -104,3 +104,19 @@ def test_execute_alone_raises_sqlalchemy_errors_and_discards_the_connection(
         engine_module.execute_alone(engine, "SELECT 1", {})
     assert raised.value.connection_invalidated
     assert engine_module.execute_alone(engine, "SELECT 1", {}) == [(1,)]  # a new connection
+
+
+def test_a_runtime_transaction_on_a_dead_connection_raises_a_sqlalchemy_error_and_the_next_one_works(
+    engine: sa.Engine, postgres_url: str
+) -> None:
+    """The runtime's transactions on the pool start with a SET LOCAL (store.engine.runtime_plans);
+    on a connection that died it fails as any statement would, with an error of SQLAlchemy's
+    family (heartbeats and the reaper treat those as an outage), and the pool replaces it."""
+    runtime = engine_module.runtime_plans(engine)
+    pid = _backend_pid(runtime)
+    _terminate_backend(postgres_url, pid)
+    with pytest.raises(sa.exc.OperationalError), runtime.begin() as conn:  # reused at once: no ping
+        conn.exec_driver_sql("SELECT 1")
+    with runtime.begin() as conn:
+        assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "off"
+        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != pid
