@@ -344,6 +344,10 @@ def print_summary(
             if r.get("system") == DT and r.get("metric") == "latency_stages":
                 stages = ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in r["stages"].items())
                 print(f"   latency stages, round {r.get('round')}, p50/p99 ms: {stages}")
+            if r.get("system") == DT and r.get("metric") == "latency_stages_by_quarter":
+                drift = r["stages"].get("submit commit->result commit", [])
+                quarters = " / ".join(f"{v:g}" for v in drift)
+                print(f"   commit->commit p50 by quarter of the run, round {r.get('round')}: {quarters} ms")
 
 
 # -- main ------------------------------------------------------------------------------------
