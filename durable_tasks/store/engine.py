@@ -44,8 +44,9 @@ _RUNTIME_PLANS = "dt_runtime_plans"
 #: docs/performance.md, seventh round). With sequential scans priced out, the keyed plan is the
 #: cheapest on any table size, with or without statistics. A SET rather than a startup
 #: ``options`` parameter: poolers such as PgBouncer refuse (or drop) that parameter.
-RUNTIME_SESSION_SQL = "SET enable_seqscan = off"
-_RUNTIME_TRANSACTION_SQL = "SET LOCAL enable_seqscan = off"
+_RUNTIME_PLANNER_SETTING = "enable_seqscan = off"
+RUNTIME_SESSION_SQL = f"SET {_RUNTIME_PLANNER_SETTING}"
+_RUNTIME_TRANSACTION_SQL = f"SET LOCAL {_RUNTIME_PLANNER_SETTING}"
 
 
 def create_engine(database_url: str | None, data_dir: Path) -> sa.Engine:
