@@ -80,6 +80,10 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
 
 
+def p50_p99(values: list[float]) -> list[float]:
+    return [round(statistics.median(values), 2), round(pct(values, 99), 2)]
+
+
 def quarter_medians(pairs: list[tuple[float, float]]) -> list[float]:
     """Medians of the values in each quarter of the (time, value) pairs, in time order."""
     ordered = [v for _, v in sorted(pairs)]
@@ -484,11 +488,12 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
             ).all()
         committed = dict(line.split() for line in commit_log.read_text(encoding="ascii").splitlines())
         shutil.rmtree(commit_log.parent, ignore_errors=True)
-        commit_to_commit = [(float(committed[i]) - at) * 1000 for i, at in submitted.items() if i in committed]
+        # (submit time, ms) pairs: the time orders them into quarters of the run
+        commit_pairs = [(at, (float(committed[i]) - at) * 1000) for i, at in submitted.items() if i in committed]
+        commit_to_commit = [ms for _, ms in commit_pairs]
         start, result = [], []
         # Stages of the commit -> commit path; their p50s need not add up to its p50.
-        stamped: dict[str, list[tuple[float, float]]] = {}  # the same, with each sample's submit time
-        stages: dict[str, list[float]] = {
+        stages: dict[str, list[tuple[float, float]]] = {  # (submit time, ms) per stage
             "submit->sent": [],  # from the submit call, as the peers' figures start
             "submit commit->sent": [],  # NOTIFY, the dispatcher's lease statement, the publish
             "sent->claimed": [],  # the worker's read; claimed = when its claim statement was sent
@@ -503,16 +508,13 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
             ran = json.loads(res)
             start.append((ran - ts) * 1000)
             result.append((seconds(finished) - ts) * 1000)
-            stages["submit->sent"].append((seconds(sent) - ts) * 1000)
+            stages["submit->sent"].append((ts, (seconds(sent) - ts) * 1000))
             if task_id in submitted and task_id in committed:
-                stages["submit commit->sent"].append((seconds(sent) - submitted[task_id]) * 1000)
-                stages["committed->result commit"].append((float(committed[task_id]) - seconds(finished)) * 1000)
-            stages["sent->claimed"].append((seconds(claimed) - seconds(sent)) * 1000)
-            stages["claimed->handler"].append((ran - seconds(claimed)) * 1000)
-            stages["handler->committed"].append((seconds(finished) - ran) * 1000)
-            for name, values in stages.items():
-                if values and len(stamped.setdefault(name, [])) < len(values):
-                    stamped[name].append((ts, values[-1]))
+                stages["submit commit->sent"].append((ts, (seconds(sent) - submitted[task_id]) * 1000))
+                stages["committed->result commit"].append((ts, (float(committed[task_id]) - seconds(finished)) * 1000))
+            stages["sent->claimed"].append((ts, (seconds(claimed) - seconds(sent)) * 1000))
+            stages["claimed->handler"].append((ts, (ran - seconds(claimed)) * 1000))
+            stages["handler->committed"].append((ts, (seconds(finished) - ran) * 1000))
         extra = {
             "n": len(start),
             "rate": rate,
@@ -548,7 +550,7 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
             None,
             "ms",
             metric="latency_stages",
-            stages={k: [round(statistics.median(v), 2), round(pct(v, 99), 2)] for k, v in stages.items()},
+            stages={k: p50_p99([ms for _, ms in pairs]) for k, pairs in stages.items()},
             **extra,
         )
         # The stages' p50 in each quarter of the run, by submit time: a drift from the first
@@ -559,10 +561,8 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
             "ms",
             metric="latency_stages_by_quarter",
             stages={
-                "submit commit->result commit": quarter_medians(
-                    [(at, (float(committed[i]) - at) * 1000) for i, at in submitted.items() if i in committed]
-                ),
-                **{name: quarter_medians(pairs) for name, pairs in stamped.items()},
+                "submit commit->result commit": quarter_medians(commit_pairs),
+                **{name: quarter_medians(pairs) for name, pairs in stages.items()},
             },
             **extra,
         )
