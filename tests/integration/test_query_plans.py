@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,45 @@ def plan_of(app: App, name: str, params: dict[str, Any]) -> list[dict[str, Any]]
     with app.engine.connect() as conn:
         (doc,) = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql.postgres()[name], params).scalar_one()
     return list(nodes(doc["Plan"]))
+
+
+def statement_params(name: str, namespace: str, now: datetime, ids: list[str]) -> dict[str, Any]:
+    """A hot statement's parameters for the tasks ``ids`` (generation 0, delivery 0, first
+    attempt; mark_sent with one outbox row), shaped as the runtime sends them."""
+    n, later = len(ids), now + timedelta(seconds=30)
+    common = {"namespace": namespace, "now": now}
+    return {
+        "claim_outbox": {
+            "namespaces": [namespace],
+            "now": now,
+            "lease_until": later,
+            "token": "t",
+            "limit": 500,
+            "watermark": 0,
+        },
+        "mark_sent": common
+        | {
+            "ids": [1],
+            "tokens": ["t"],
+            "stream_ids": ["1-0"],
+            "partitions": [0],
+            "task_ids": ids,
+            "generations": [0] * n,
+            "deliveries": [0] * n,
+        },
+        "claim_executions": common
+        | {
+            "ids": ids,
+            "generations": [0] * n,
+            "deliveries": [0] * n,
+            "trace_ids": [],
+            "traceparents": [],
+            "lease_until": later,
+            "worker_id": "w",
+        },
+        "commit_results": common | {"ids": ids, "generations": [0] * n, "attempts": [1] * n, "results": ["null"] * n},
+        "renew_leases": common | {"ids": ids, "generations": [0] * n, "attempts": [1] * n, "lease_until": later},
+    }[name]
 
 
 def stale_statistics(app: App, n: int, running: int) -> tuple[list[str], list[str]]:
@@ -66,60 +105,16 @@ def stale_statistics(app: App, n: int, running: int) -> tuple[list[str], list[st
 def test_hot_statements_never_scan_by_state_with_stale_statistics(make_app: Callable[..., App]) -> None:
     app = make_app()
     running, enqueued = stale_statistics(app, 4000, running=3000)
-    now = app.clock()
-    common = {"namespace": app.settings.namespace, "now": now}
+    now, ns = app.clock(), app.settings.namespace
     batch = running[::15]  # 200 results among 3,000 running tasks
     plans = {
-        "commit_results": plan_of(
-            app,
-            "commit_results",
-            common
-            | {
-                "ids": batch,
-                "generations": [0] * len(batch),
-                "attempts": [1] * len(batch),
-                "results": ["null"] * len(batch),
-            },
-        ),
-        "claim_executions": plan_of(
-            app,
-            "claim_executions",
-            common
-            | {
-                "ids": enqueued[:200],
-                "generations": [0] * 200,
-                "deliveries": [0] * 200,
-                "trace_ids": [],
-                "traceparents": [],
-                "lease_until": now + timedelta(seconds=30),
-                "worker_id": "w",
-            },
-        ),
-        "renew_leases": plan_of(
-            app,
-            "renew_leases",
-            common
-            | {
-                "ids": running[:1000],
-                "generations": [0] * 1000,
-                "attempts": [1] * 1000,
-                "lease_until": now + timedelta(seconds=30),
-            },
-        ),
-        "mark_sent": plan_of(
-            app,
-            "mark_sent",
-            common
-            | {
-                "ids": [1],
-                "tokens": ["t"],
-                "stream_ids": ["1-0"],
-                "partitions": [0],
-                "task_ids": enqueued[:200],
-                "generations": [0] * 200,
-                "deliveries": [0] * 200,
-            },
-        ),
+        name: plan_of(app, name, statement_params(name, ns, now, ids))
+        for name, ids in {
+            "commit_results": batch,
+            "claim_executions": enqueued[:200],
+            "renew_leases": running[:1000],
+            "mark_sent": enqueued[:200],
+        }.items()
     }
     for name, plan in plans.items():
         by_state = [node for node in plan if node.get("Index Name") == "ix_dt_tasks_state"]
@@ -153,9 +148,7 @@ def test_the_outbox_claim_reads_the_pending_index_after_a_backlog_was_analyzed(m
             " (SELECT id FROM dt_outbox WHERE namespace = %(ns)s ORDER BY id LIMIT 15000)",
             {"ns": ns},
         )
-    now = app.clock()
-    params = {"now": now, "lease_until": now + timedelta(seconds=30), "token": "t", "limit": 500, "watermark": 0}
-    plan = plan_of(app, "claim_outbox", params | {"namespaces": [ns]})
+    plan = plan_of(app, "claim_outbox", statement_params("claim_outbox", ns, app.clock(), []))
     due = [node.get("Index Name") for node in plan if node.get("Alias") == "d" and node["Node Type"].endswith("Scan")]
     assert due == ["ix_dt_outbox_pending"], due
     leased = [node["Node Type"] for node in plan if node.get("Alias") == "o" and node["Node Type"].endswith("Scan")]
@@ -195,60 +188,14 @@ async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_t
     no hot statement may plan a sequential scan of a runtime table, even on tables that are
     empty and were never analyzed; the application's pool keeps its own planner settings."""
     app = empty_tables
-    now = app.clock()
-    later = now + timedelta(seconds=30)
-    ids = [f"task-{i}" for i in range(3)]
-    params: dict[str, dict[str, Any]] = {
-        "claim_outbox": {
-            "namespaces": ["plans"],
-            "now": now,
-            "lease_until": later,
-            "token": "t",
-            "limit": 500,
-            "watermark": 0,
-        },
-        "mark_sent": {
-            "now": now,
-            "ids": [1, 2, 3],
-            "tokens": ["t"] * 3,
-            "stream_ids": ["1-0"] * 3,
-            "partitions": [0] * 3,
-            "task_ids": ids,
-            "generations": [0] * 3,
-            "deliveries": [0] * 3,
-        },
-        "claim_executions": {
-            "namespace": "plans",
-            "now": now,
-            "ids": ids,
-            "generations": [0] * 3,
-            "deliveries": [0] * 3,
-            "trace_ids": [],
-            "traceparents": [],
-            "lease_until": later,
-            "worker_id": "w",
-        },
-        "commit_results": {
-            "namespace": "plans",
-            "now": now,
-            "ids": ids,
-            "generations": [0] * 3,
-            "attempts": [1] * 3,
-            "results": ["null"] * 3,
-        },
-        "renew_leases": {
-            "namespace": "plans",
-            "ids": ids,
-            "generations": [0] * 3,
-            "attempts": [1] * 3,
-            "lease_until": later,
-        },
-    }
+    now, ids = app.clock(), [f"task-{i}" for i in range(3)]
+    names = ("claim_outbox", "mark_sent", "claim_executions", "commit_results", "renew_leases")
     ours = {"dt_tasks", "dt_outbox", "dt_attempts"}
     connections = aio.AsyncConnections(app.engine)
     try:
-        for name, values in params.items():
-            explain = OneStatement("EXPLAIN (FORMAT JSON) " + sql.postgres()[name], values, lambda r: r[0][0])
+        for name in names:
+            params = statement_params(name, "plans", now, ids)
+            explain = OneStatement("EXPLAIN (FORMAT JSON) " + sql.postgres()[name], params, lambda r: r[0][0])
             plan = list(nodes((await connections.run(explain))[0]["Plan"]))
             scanned = {node.get("Relation Name") for node in plan} & ours
             assert scanned, f"{name} reads none of the runtime's tables?"
