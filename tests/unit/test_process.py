@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from durable_tasks import App, ConfigurationError
-from durable_tasks import cli as cli_module
+from durable_tasks.cli import serve as serve_module
 from durable_tasks.process import tune_gc
 from durable_tasks.settings import Settings
 
@@ -53,8 +53,8 @@ def test_the_cli_tunes_the_process_before_it_starts_the_runtime(
     def runtime_would_start(func: Callable[[], Any]) -> None:
         seen.append(gc.get_threshold())
 
-    monkeypatch.setattr("durable_tasks.cli.anyio.run", runtime_would_start)
-    cli_module._run(app, dispatcher=False, worker=True, reaper=False)
+    monkeypatch.setattr("durable_tasks.cli.serve.anyio.run", runtime_would_start)
+    serve_module.serve(app, dispatcher=False, worker=True, reaper=False)
     assert seen == [(2345, *pristine_gc[1:])]
 
 

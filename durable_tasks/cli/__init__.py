@@ -1,0 +1,18 @@
+"""The ``durable-tasks`` command: schema, runtime processes, status, operator actions.
+
+The Typer app lives in :mod:`.base`; each module here adds one group of commands to it.
+"""
+
+from __future__ import annotations
+
+from . import inspect, maintain, serve
+from .base import cli, load_app
+
+__all__ = ["cli", "load_app", "main"]
+
+_COMMAND_MODULES = (inspect, maintain, serve)  # imported for the commands they register
+
+
+def main() -> None:
+    """Entry point of the ``durable-tasks`` script."""
+    cli()

@@ -1,0 +1,137 @@
+"""Reading the system: ``status``, ``tasks``, ``dlq``."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Annotated
+
+import anyio
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from .. import dlq
+from ..app import App
+from ..views import QueueStats
+from .base import AppArg, AppOpt, call, cli, console
+
+__all__: list[str] = []
+
+
+def _stats_table(app: App, stats: dict[str, QueueStats]) -> Table:
+    table = Table(title=f"durable_tasks · namespace {app.settings.namespace}")
+    table.add_column("queue")
+    for column in (f.name for f in fields(QueueStats)):
+        table.add_column(column, justify="right")
+    for queue, s in stats.items():
+        table.add_row(queue, *(f"{v:.3f}" if isinstance(v, float) else str(v) for v in s.as_dict().values()))
+    return table
+
+
+@cli.command()
+def status(
+    app: AppArg,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch")] = 2.0,
+    count: Annotated[int, typer.Option(help="Stop after this many refreshes (0: never)", hidden=True)] = 0,
+) -> None:
+    """Per-queue statistics: outbox backlog and age, PEL, delays, stream lag, DLQ."""
+
+    async def show(the_app: App) -> None:
+        if not watch:
+            console().print(_stats_table(the_app, await the_app.stats()))
+            return
+        with Live(_stats_table(the_app, await the_app.stats()), console=console()) as live:
+            shown = 1
+            while not count or shown < count:
+                await anyio.sleep(interval)
+                live.update(_stats_table(the_app, await the_app.stats()))
+                shown += 1
+
+    call(app, show)
+
+
+tasks_cli = typer.Typer(help="Inspect tasks.", no_args_is_help=True)
+cli.add_typer(tasks_cli, name="tasks")
+
+
+@tasks_cli.command("show")
+def tasks_show(task_id: Annotated[str, typer.Argument(help="The task id")], app: AppOpt) -> None:
+    """The task, its generations and every attempt with its outcome and reason."""
+
+    async def show(the_app: App) -> None:
+        info = the_app.get_task(task_id)
+        out = console()
+        out.print(
+            f"[bold]{info.name}[/] {info.id} · queue {info.queue} · state [bold]{info.state}[/] · "
+            f"generation {info.generation} · attempt {info.attempt} · delivery {info.delivery} · "
+            f"reclaims {info.reclaims}"
+        )
+        if info.error_type:
+            out.print(f"error: {info.error_type}: {info.error_message}")
+        table = Table("generation", "attempt", "delivery", "worker", "started", "finished", "outcome", "reason")
+        for a in info.attempts:
+            reason = a.retry_reason or (f"{a.error_type}: {a.error_message}" if a.error_type else "")
+            table.add_row(
+                str(a.generation),
+                str(a.attempt),
+                str(a.delivery),
+                a.worker_id,
+                f"{a.started_at:%H:%M:%S.%f}",
+                f"{a.finished_at:%H:%M:%S.%f}" if a.finished_at else "",
+                a.outcome or "running",
+                reason,
+            )
+        out.print(table)
+
+    call(app, show)
+
+
+dlq_cli = typer.Typer(help="The dead-letter queue of a queue.", no_args_is_help=True)
+cli.add_typer(dlq_cli, name="dlq")
+QueueArg = Annotated[str, typer.Argument(help="The queue name")]
+EntryOpt = Annotated[list[str] | None, typer.Option("--entry", help="DLQ entry id (repeatable); default all")]
+
+
+@dlq_cli.command("list")
+def dlq_list(queue: QueueArg, app: AppOpt) -> None:
+    """The queue's dead letters: entry, task, reason (never the payload)."""
+
+    async def show(the_app: App) -> None:
+        table = Table("entry", "task", "name", "generation", "reason")
+        for d in await dlq.list_dead_letters(the_app, queue):
+            table.add_row(d.entry_id, d.task_id or "-", d.name or "-", str(d.generation), d.reason)
+        console().print(table)
+
+    call(app, show)
+
+
+@dlq_cli.command("show")
+def dlq_show(queue: QueueArg, entry: Annotated[str, typer.Argument(help="DLQ entry id")], app: AppOpt) -> None:
+    """One dead letter and the task it names."""
+
+    async def show(the_app: App) -> None:
+        found = [d for d in await dlq.list_dead_letters(the_app, queue, count=10_000) if d.entry_id == entry]
+        if not found:
+            raise typer.BadParameter(f"no entry {entry} in the DLQ of {queue}")
+        d = found[0]
+        console().print(f"entry {d.entry_id}: task {d.task_id} ({d.name}) generation {d.generation}: {d.reason}")
+        if d.task_id:
+            info = the_app.get_task(d.task_id)
+            console().print(f"task state {info.state}, attempts {len(info.attempts)}, error {info.error_message}")
+
+    call(app, show)
+
+
+@dlq_cli.command("replay")
+def dlq_replay(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
+    """Run dead-lettered tasks again as a new generation, through the outbox."""
+    rerun = call(app, lambda the_app: dlq.replay(the_app, queue, entry))
+    console().print(f"replayed {len(rerun)} task(s): {', '.join(rerun)}")
+
+
+@dlq_cli.command("purge")
+def dlq_purge(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
+    """Delete dead letters (the tasks stay DEAD in the database)."""
+    removed = call(app, lambda the_app: dlq.purge(the_app, queue, entry))
+    console().print(f"purged {removed} entr{'y' if removed == 1 else 'ies'}")

@@ -1,0 +1,80 @@
+"""The runtime's processes: ``init-db``, ``run``, ``worker``, ``dispatcher``, ``reaper``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import anyio
+
+from ..app import App
+from ..errors import DurableTasksError
+from ..process import tune_gc
+from .base import AppArg, cli, console, fail, load_app
+
+__all__ = ["serve"]
+
+
+async def _serve(app: App, *, dispatcher: bool, worker: bool, reaper: bool, queues: list[str] | None) -> None:
+    stop = anyio.Event()
+
+    async def on_signal() -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                console().print(f"[yellow]{signal.Signals(signum).name}: stopping gracefully[/]")
+                stop.set()
+                return
+
+    try:
+        # Outside the task group: a typed error, not a group.
+        await app.check_connections(wait=app.settings.startup_wait)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(on_signal)
+            await app.run(dispatcher=dispatcher, worker=worker, reaper=reaper, queues=queues, stop=stop)
+            tg.cancel_scope.cancel()
+    finally:
+        await app.aclose()
+
+
+def serve(app: App, **components: bool) -> None:
+    """Run the chosen components in this process until SIGINT/SIGTERM; typed errors exit 2."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_gc(app.settings)  # this process is the runtime's own
+    try:
+        anyio.run(lambda: _serve(app, queues=None, **components))
+    except DurableTasksError as exc:
+        raise fail(exc) from exc
+
+
+@cli.command("init-db")
+def init_db(app: AppArg) -> None:
+    """Create the dt_tasks, dt_outbox and dt_attempts tables."""
+    try:
+        load_app(app).create_all()
+    except DurableTasksError as exc:
+        raise fail(exc) from exc
+    console().print("tables ready")
+
+
+@cli.command()
+def run(app: AppArg) -> None:
+    """Run dispatcher, worker and reaper in one process (Ctrl-C stops gracefully)."""
+    serve(load_app(app), dispatcher=True, worker=True, reaper=True)
+
+
+@cli.command()
+def worker(app: AppArg) -> None:
+    """Run a worker only."""
+    serve(load_app(app), dispatcher=False, worker=True, reaper=False)
+
+
+@cli.command()
+def dispatcher(app: AppArg) -> None:
+    """Run a dispatcher only."""
+    serve(load_app(app), dispatcher=True, worker=False, reaper=False)
+
+
+@cli.command()
+def reaper(app: AppArg) -> None:
+    """Run a reaper (and reconciler) only."""
+    serve(load_app(app), dispatcher=False, worker=False, reaper=True)
