@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import tenacity
 from anyio import to_thread
 from redis.asyncio.cluster import ClusterNode
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlmodel import SQLModel
@@ -359,7 +359,7 @@ class App:
             raise DatabaseUnavailableError(self._db_hint(exc)) from exc
         try:
             await self.transport().client.ping()
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
             raise BrokerUnavailableError(
                 f"cannot reach Redis at {self.redis_url}: {exc}. Start it, or point DT_REDIS_URL at one."
             ) from exc
@@ -461,23 +461,18 @@ class App:
 
 def _cluster_client(url: str) -> aioredis.RedisCluster:
     """A cluster client; ``redis://h1:p1,h2:p2/0`` names several seed nodes, so the loss of
-    one of them does not stop a (re)connect."""
+    one of them does not stop a (re)connect. Everything else in the URL (credentials,
+    ``rediss`` and its ``ssl_*`` options) applies to every node."""
     scheme, _, rest = url.partition("://")
     netloc, slash, path = rest.partition("/")
     userinfo, _, hosts = netloc.rpartition("@")
-    if "," not in hosts:
-        return aioredis.RedisCluster.from_url(url, decode_responses=True, encoding_errors="replace")
     seeds = []
     for hostport in hosts.split(","):
         host, _, port = hostport.rpartition(":")
         seeds.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
+    # The URL with its first seed alone: redis-py parses it as for one node (TLS options
+    # included), and the other seeds join as startup nodes.
     first = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts.split(',')[0]}{slash}{path}"
-    options = aioredis.RedisCluster.from_url(first, decode_responses=True, encoding_errors="replace")
-    return aioredis.RedisCluster(
-        startup_nodes=seeds,
-        decode_responses=True,
-        encoding_errors="replace",
-        username=options.connection_kwargs.get("username"),
-        password=options.connection_kwargs.get("password"),
-        ssl=scheme == "rediss",
+    return aioredis.RedisCluster.from_url(
+        first, startup_nodes=seeds[1:], decode_responses=True, encoding_errors="replace"
     )

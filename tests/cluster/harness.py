@@ -44,7 +44,7 @@ class Cluster:
         return [n for n in self.nodes if n.role == "master" and n.proc.poll() is None]
 
     def start_node(self, role: str) -> Node:
-        port = _cluster_port()
+        port = cluster_port()
         node_dir = self.data_dir / str(port)
         node_dir.mkdir(parents=True)
         proc = subprocess.Popen(
@@ -173,7 +173,7 @@ class Cluster:
         _wait(ok, timeout)
 
 
-def _cluster_port() -> int:
+def cluster_port() -> int:
     """A free port whose cluster bus port (port + 10000) is a valid free port too."""
     for _ in range(200):
         port = free_port()
