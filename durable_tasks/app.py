@@ -42,6 +42,7 @@ from .store.retention import PruneReport
 from .tasks import Task, TaskContext, TaskHandle
 from .telemetry import Redactor, Telemetry, traceparent_of
 from .transport.streams import RedisStreamsTransport
+from .urls import safe_url
 from .views import QueueStats, TaskInfo
 from .worker import Worker
 
@@ -177,7 +178,7 @@ class App:
             raise DatabaseUnavailableError(self._db_hint(exc)) from exc
 
     def _db_hint(self, exc: BaseException) -> str:
-        url = self.engine.url.render_as_string(hide_password=True)
+        url = safe_url(self.engine.url.render_as_string(hide_password=False))
         return f"cannot reach the database at {url}: {exc}. Start it, or point DT_DATABASE_URL at one."
 
     # -- writing intents -----------------------------------------------------------------
@@ -361,7 +362,7 @@ class App:
             await self.transport().client.ping()
         except (RedisError, RedisClusterException, OSError) as exc:
             raise BrokerUnavailableError(
-                f"cannot reach Redis at {self.redis_url}: {exc}. Start it, or point DT_REDIS_URL at one."
+                f"cannot reach Redis at {safe_url(self.redis_url)}: {exc}. Start it, or point DT_REDIS_URL at one."
             ) from exc
 
     def stop_embedded(self) -> bool:
