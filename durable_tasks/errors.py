@@ -12,8 +12,14 @@ Every error the library raises on purpose derives from one root, so callers can 
     │   └── PayloadTooLargeError      over ``max_payload_bytes``
     ├── ResultNotSerializableError    a handler returned something that is not plain JSON
     ├── InvalidIdempotencyKeyError    empty, too long, or with control characters
+    ├── InvalidDelayError             a negative delay, both delay and not_before, a naive datetime
     ├── TaskNotFoundError             no task with that id in this namespace
     ├── TaskDeadLetteredError         given to on_failure hooks when the reaper gives up on a task
+    ├── TaskOutcomeError              a waited-for task ended without a result (.state, .error_type)
+    │   ├── TaskFailedError           FAILED (no attempts left) or DEAD (dead-lettered)
+    │   └── TaskCancelledError        CANCELLED
+    ├── ResultTimeoutError            a result wait's timeout passed first (also a TimeoutError)
+    ├── UnknownScheduleError          no periodic schedule registered under that name
     ├── DatabaseUnavailableError      the database cannot be reached
     └── BrokerUnavailableError        Redis / Valkey cannot be reached
 
@@ -27,14 +33,20 @@ __all__ = [
     "ConfigurationError",
     "DatabaseUnavailableError",
     "DurableTasksError",
+    "InvalidDelayError",
     "InvalidIdempotencyKeyError",
     "PayloadError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "PayloadValidationError",
     "ResultNotSerializableError",
+    "ResultTimeoutError",
+    "TaskCancelledError",
     "TaskDeadLetteredError",
+    "TaskFailedError",
     "TaskNotFoundError",
+    "TaskOutcomeError",
+    "UnknownScheduleError",
     "UnknownTaskError",
 ]
 
@@ -75,12 +87,60 @@ class InvalidIdempotencyKeyError(DurableTasksError):
     """An idempotency key is empty, too long or contains control characters."""
 
 
+class InvalidDelayError(DurableTasksError):
+    """A delay or ``not_before`` cannot say when a task is due (negative, both given, naive)."""
+
+
 class TaskNotFoundError(DurableTasksError):
     """No task with that id exists in this namespace."""
 
 
 class TaskDeadLetteredError(DurableTasksError):
     """The reaper gave up on a task (its workers kept dying): what ``on_failure`` hooks receive."""
+
+
+class TaskOutcomeError(DurableTasksError):
+    """A waited-for task reached a final state other than SUCCEEDED: ``state`` says which,
+    ``error_type`` and ``error_message`` what the database recorded."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_id: str,
+        generation: int,
+        state: str,
+        error_type: str | None = None,
+        error_message: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.generation = generation
+        self.state = state
+        self.error_type = error_type
+        self.error_message = error_message
+
+
+class TaskFailedError(TaskOutcomeError):
+    """The task ended FAILED (its attempts ran out, or its error does not retry) or DEAD (the
+    reaper gave up on it, or its payload was invalid)."""
+
+
+class TaskCancelledError(TaskOutcomeError):
+    """The task was cancelled before it produced a result."""
+
+
+class ResultTimeoutError(DurableTasksError, TimeoutError):
+    """A result wait ended at its timeout; the task goes on (``state``: the last state seen)."""
+
+    def __init__(self, message: str, *, task_id: str, state: str | None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.state = state
+
+
+class UnknownScheduleError(DurableTasksError):
+    """No periodic schedule is registered under that name."""
 
 
 class DatabaseUnavailableError(DurableTasksError):

@@ -14,7 +14,15 @@ from enum import StrEnum
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
-__all__ = ["AttemptOutcome", "AttemptRecord", "OutboxRecord", "OutboxState", "TaskRecord", "TaskState"]
+__all__ = [
+    "AttemptOutcome",
+    "AttemptRecord",
+    "OutboxRecord",
+    "OutboxState",
+    "ScheduleRecord",
+    "TaskRecord",
+    "TaskState",
+]
 
 
 class TaskState(StrEnum):
@@ -147,6 +155,30 @@ class AttemptRecord(SQLModel, table=True):
     traceparent: str | None = Field(default=None, max_length=128)
 
 
+class ScheduleRecord(SQLModel, table=True):
+    """``dt_schedules``: one row per periodic schedule of a namespace.
+
+    What the code declared (``task_name``, ``spec``, ``catch_up``: written by the schedulers,
+    read by listings and the dashboard without the application's code), whether an operator
+    paused it (no deploy needed), and the last tick handled, which schedulers advance with a
+    compare-and-set so that each tick is submitted by one of them.
+    """
+
+    __tablename__ = "dt_schedules"
+
+    namespace: str = Field(primary_key=True, max_length=64)
+    name: str = Field(primary_key=True, max_length=200)
+    task_name: str = Field(max_length=200)
+    spec: str = Field(max_length=300)
+    catch_up: str = Field(max_length=16)
+    paused: bool = False
+    last_tick_at: datetime
+    next_tick_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
 tasks_table: sa.Table = TaskRecord.__table__  # type: ignore[attr-defined]
 outbox_table: sa.Table = OutboxRecord.__table__  # type: ignore[attr-defined]
 attempts_table: sa.Table = AttemptRecord.__table__  # type: ignore[attr-defined]
+schedules_table: sa.Table = ScheduleRecord.__table__  # type: ignore[attr-defined]

@@ -98,6 +98,32 @@ class Settings(BaseSettings):
     reaper_batch: int = Field(default=100, ge=1)
     reconcile_grace: Duration = timedelta(seconds=30)
 
+    # scheduler (periodic tasks)
+    scheduler_grace: Duration = Field(
+        default=timedelta(seconds=30),
+        description="A tick at most this old is on time and always submitted; older ones were missed "
+        "and follow the schedule's catch_up policy.",
+    )
+    scheduler_refresh: Duration = Field(
+        default=timedelta(seconds=5),
+        description="A scheduler re-reads dt_schedules at least this often (pauses, resumes, new schedules).",
+    )
+
+    # waiting for results
+    result_poll_initial: Duration = Field(
+        default=timedelta(seconds=2),
+        description="A result wait that has heard nothing reads its task after this long, then backs off.",
+    )
+    result_poll_max: Duration = Field(
+        default=timedelta(seconds=30), description="The longest gap between two fallback reads of a result wait."
+    )
+    result_inline_bytes: int = Field(
+        default=4096,
+        ge=0,
+        description="Results (or error messages) up to this many characters travel in the announcement "
+        "that wakes result waits; larger ones are read from the database.",
+    )
+
     # observability
     trace_payloads: bool = Field(
         default=False, description="Put payloads and results on spans (through App(redact=...))."

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-__all__ = ["CONSUMER_GROUP", "QueueKeys", "partition_for"]
+__all__ = ["CONSUMER_GROUP", "QueueKeys", "outcome_channel", "partition_for"]
 
 #: One consumer group per stream; workers of one namespace share it.
 CONSUMER_GROUP = "dt-workers"
@@ -67,3 +67,9 @@ def partition_for(key: str, count: int) -> int | None:
     if count <= 1:
         return None
     return zlib.crc32(key.encode()) % count
+
+
+def outcome_channel(namespace: str) -> str:
+    """The pub/sub channel on which settled outcomes of ``namespace`` are announced to result
+    waits (:mod:`durable_tasks.outcome`)."""
+    return f"dt:{{{namespace}}}:outcomes"

@@ -1,0 +1,189 @@
+"""The result hub against real servers: one subscription wakes many waits; without an
+announcement (lost, or Redis away) the waits fall back to batched reads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import anyio
+import pytest
+import redis
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from durable_tasks import App, TaskContext
+from durable_tasks.errors import ResultTimeoutError, TaskNotFoundError
+from durable_tasks.records import TaskState
+from durable_tasks.store.outcomes import read_outcomes
+from durable_tasks.transport.announce import announce_outcomes
+from durable_tasks.transport.keys import outcome_channel
+from durable_tasks.waiting import ResultHub, Subscription, await_outcome, wait_outcome
+
+pytestmark = pytest.mark.anyio
+
+
+def doubling_app(make_app: Callable[..., App]) -> App:
+    app = make_app()
+
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    return app
+
+
+def submit(app: App, n: int) -> list[str]:
+    with Session(app.engine) as session:
+        ids = [app.submit(session, "double", i).id for i in range(n)]
+        session.commit()
+    return ids
+
+
+def hub_for(app: App, connect: Callable[[], Subscription] | None, *, poll: float = 60.0) -> ResultHub:
+    return ResultHub(
+        channel=outcome_channel(app.settings.namespace),
+        connect=connect,
+        read=partial(read_outcomes, app.read_engine, app.settings.namespace),
+        poll_initial=poll,
+        poll_max=poll,
+    )
+
+
+def subscriber(redis_url: str) -> Callable[[], Subscription]:
+    def connect() -> Subscription:
+        pubsub: Subscription = redis.Redis.from_url(redis_url, decode_responses=True).pubsub()  # type: ignore[no-untyped-call]
+        return pubsub
+
+    return connect
+
+
+@contextmanager
+def counting_statements(app: App) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "dt_tasks" in statement:
+            seen.append(statement)  # a read of tasks (not a BEGIN of SQLite's, say)
+
+    sa.event.listen(app.engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", count)
+
+
+async def run_all(app: App, n: int) -> None:
+    while await app.dispatch_once():
+        pass
+    assert await app.work(max_tasks=n, timeout=60) == n
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
+async def test_one_subscription_wakes_every_wait_without_a_second_query(
+    make_app: Callable[..., App], redis_url: str
+) -> None:
+    app = doubling_app(make_app)
+    n = 50
+    ids = submit(app, n)
+    hub = hub_for(app, subscriber(redis_url))
+    results: dict[str, str | None] = {}
+
+    async def wait(task_id: str) -> None:
+        outcome = await await_outcome(hub, read, task_id, 0, timeout=60)
+        results[task_id] = outcome.result_json
+
+    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+
+    with counting_statements(app) as statements:
+        async with anyio.create_task_group() as tg:
+            for task_id in ids:
+                tg.start_soon(wait, task_id)
+            await until(lambda: hub.waiting == n and len(statements) >= n)
+            reads_before_work = len(statements)
+            await run_all(app, n)
+            statements.clear()
+            # What a worker does after its commit (wired in the worker itself).
+            settled = read_outcomes(app.read_engine, app.settings.namespace, ids)
+            await announce_outcomes(
+                app.transport().client, app.settings.namespace, list(settled.values()), inline_bytes=4096
+            )
+    assert results == {task_id: str(2 * i) for i, task_id in enumerate(ids)}
+    assert reads_before_work == n  # one read per wait, when it started
+    assert len(statements) == 1  # the test's own read above: the waits read nothing more
+    assert hub.polls == 0
+    hub.close()
+    await app.aclose()
+
+
+async def test_without_an_announcement_waits_fall_back_to_one_batched_read(
+    make_app: Callable[..., App], redis_url: str
+) -> None:
+    app = doubling_app(make_app)
+    ids = submit(app, 20)
+    hub = hub_for(app, subscriber(redis_url), poll=0.2)
+    got: list[TaskState] = []
+
+    async def wait(task_id: str) -> None:
+        got.append((await await_outcome(hub, read, task_id, 0, 60)).state)
+
+    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+
+    async with anyio.create_task_group() as tg:
+        for task_id in ids:
+            tg.start_soon(wait, task_id)
+        await until(lambda: hub.waiting == len(ids))
+        await run_all(app, len(ids))  # settled, never announced
+    assert got == [TaskState.SUCCEEDED] * len(ids)
+    assert 1 <= hub.polls <= 10  # batched: far fewer reads than waits
+    hub.close()
+    await app.aclose()
+
+
+async def test_waits_work_by_polling_when_redis_is_unreachable(make_app: Callable[..., App]) -> None:
+    app = doubling_app(make_app)
+    (task_id,) = submit(app, 1)
+    hub = hub_for(app, subscriber("redis://127.0.0.1:1/0?socket_connect_timeout=0.2"), poll=0.1)
+    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+    done = threading.Event()
+    outcome: list[object] = []
+
+    def block() -> None:
+        outcome.append(wait_outcome(hub, read, task_id, 0, timeout=60))
+        done.set()
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    await until(lambda: hub.waiting == 1)
+    await run_all(app, 1)
+    await until(done.is_set)
+    thread.join()
+    assert not hub.subscribed
+    assert [getattr(o, "result_json", None) for o in outcome] == ["0"]
+    hub.close()
+    await app.aclose()
+
+
+async def test_a_wait_times_out_with_the_last_state_seen_and_an_unknown_id_is_not_found(
+    make_app: Callable[..., App], redis_url: str
+) -> None:
+    app = doubling_app(make_app)
+    (task_id,) = submit(app, 1)
+    hub = hub_for(app, subscriber(redis_url))
+    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+    with pytest.raises(ResultTimeoutError) as caught:
+        await await_outcome(hub, read, task_id, 0, timeout=0.3)
+    assert caught.value.state == TaskState.PENDING
+    assert isinstance(caught.value, TimeoutError)
+    with pytest.raises(TaskNotFoundError):
+        wait_outcome(hub, read, "no-such-task", 0, timeout=1)
+    assert hub.waiting == 0
+    hub.close()
+    await app.aclose()
