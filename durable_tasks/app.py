@@ -331,7 +331,10 @@ class App:
 
     def outbox_waiter(self) -> OutboxWaiter:
         """How the dispatcher waits between passes (NOTIFY on Postgres)."""
-        return waiter_for(self.engine, self.settings.namespace)
+        s = self.settings
+        return waiter_for(
+            self.engine, s.namespace, listen_url=s.listen_database_url, check_timeout=s.listen_check_timeout
+        )
 
     async def check_connections(self, *, wait: timedelta = timedelta(0)) -> None:
         """Raise DatabaseUnavailableError / BrokerUnavailableError if either cannot be reached.

@@ -18,7 +18,10 @@ from redis.exceptions import ResponseError
 
 from .records import attempts_table, outbox_table, tasks_table
 from .settings import Settings
+from .store.pooler import Pooling, PoolingReport, conninfo, detect_pooling, listen_reaches
+from .store.submit import NOTIFY_CHANNEL
 from .transport.keys import CONSUMER_GROUP
+from .urls import safe_url
 
 if TYPE_CHECKING:
     from .app import App
@@ -62,6 +65,11 @@ class Facts:
     streams_untrimmed: dict[str, int] = field(default_factory=dict)
     #: CREATE INDEX statements for the runtime's indexes the database lacks.
     indexes_missing: list[str] = field(default_factory=list)
+    #: What sits between the runtime and PostgreSQL (None: not PostgreSQL).
+    pooling: PoolingReport | None = None
+    #: Whether a test NOTIFY sent through the application's URL reached a LISTEN on the
+    #: listener's URL (None: not PostgreSQL).
+    listen_reaches: bool | None = None
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -188,6 +196,41 @@ def check_indexes(f: Facts) -> Finding:
     return Finding(Level.OK, "indexes", "every index of dt_tasks, dt_outbox and dt_attempts exists")
 
 
+def check_pooler(f: Facts) -> Finding:
+    """A pooler in transaction mode hands each transaction to any server connection: what is
+    set on a session (LISTEN, SET, prepared statements) does not stay the client's."""
+    if f.pooling is None:
+        return Finding(Level.OK, "pooler", "not PostgreSQL")
+    if f.pooling.pooling is Pooling.TRANSACTION:
+        return Finding(
+            Level.WARNING if not f.listen_reaches else Level.OK,
+            "pooler",
+            f"a pooler in transaction mode between durable_tasks and PostgreSQL ({f.pooling.evidence}): every "
+            "transaction may run on another server connection, so nothing may rely on session state; NOTIFY "
+            "cannot reach a dispatcher's LISTEN through it (point DT_LISTEN_DATABASE_URL at PostgreSQL itself).",
+        )
+    if f.pooling.pooling is Pooling.SESSION:
+        return Finding(Level.OK, "pooler", f"a pooler in session mode ({f.pooling.evidence}): it keeps sessions")
+    return Finding(Level.OK, "pooler", f"a direct connection to PostgreSQL ({f.pooling.evidence})")
+
+
+def check_listen(f: Facts) -> Finding:
+    """Without NOTIFY a dispatcher finds new work only when it polls."""
+    if f.listen_reaches is None:
+        return Finding(Level.OK, "listen", "not PostgreSQL: dispatchers poll")
+    interval = f.settings.poll_interval.total_seconds()
+    url = safe_url(f.settings.listen_database_url or f.settings.database_url or "")
+    if not f.listen_reaches:
+        return Finding(
+            Level.WARNING,
+            "listen",
+            f"a test NOTIFY did not reach a LISTEN on {url} within "
+            f"{f.settings.listen_check_timeout.total_seconds():.1f} s: dispatchers poll every {interval:.1f} s "
+            "instead of waking at each submit. Set DT_LISTEN_DATABASE_URL to a direct connection to PostgreSQL.",
+        )
+    return Finding(Level.OK, "listen", f"a test NOTIFY reached a LISTEN on {url}: dispatchers wake at each submit")
+
+
 CHECKS = (
     check_eviction,
     check_persistence,
@@ -198,6 +241,8 @@ CHECKS = (
     check_dedup_ttl,
     check_trimming,
     check_indexes,
+    check_pooler,
+    check_listen,
 )
 
 
@@ -238,7 +283,7 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         if length - outstanding > untrimmed_threshold:
             untrimmed[stream] = length
     timeouts = {t.name: t.timeout for t in app.registry.values() if t.timeout is not None}
-    return Facts(
+    facts = Facts(
         app.settings,
         info,
         config,
@@ -250,6 +295,20 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         untrimmed,
         missing_indexes(app.engine),
     )
+    if app.engine.dialect.name == "postgresql":
+        facts.pooling, facts.listen_reaches = await gather_pooling(app)
+    return facts
+
+
+async def gather_pooling(app: App) -> tuple[PoolingReport, bool]:
+    """Probe what sits between the runtime and PostgreSQL, and send a test NOTIFY to a LISTEN
+    on the listener's URL through the application's, as a dispatcher does at start."""
+    s = app.settings
+    dsn = conninfo(app.engine.url)
+    listen_dsn = conninfo(s.listen_database_url) if s.listen_database_url else dsn
+    pooling = await detect_pooling(dsn)
+    reaches = await listen_reaches(listen_dsn, dsn, NOTIFY_CHANNEL, timeout=s.listen_check_timeout.total_seconds())
+    return pooling, reaches
 
 
 def missing_indexes(engine: sa.Engine) -> list[str]:

@@ -8,12 +8,18 @@ from typing import Protocol
 
 import anyio
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 
+from .store.pooler import conninfo, notify_reaches
 from .store.submit import NOTIFY_CHANNEL
+from .urls import safe_url
 
 __all__ = ["OutboxWaiter", "PollingWaiter", "PostgresNotifyWaiter", "waiter_for"]
 
 logger = logging.getLogger(__name__)
+
+#: How long a new listener waits for its own test notification.
+_CHECK = timedelta(seconds=2)
 
 
 class OutboxWaiter(Protocol):
@@ -36,19 +42,46 @@ class PollingWaiter:
 
 
 class PostgresNotifyWaiter:
-    """LISTENs on the submit channel; a notification for our namespace ends the wait."""
+    """LISTENs on the submit channel; a notification for our namespace ends the wait.
 
-    def __init__(self, url: sa.URL, namespace: str) -> None:
-        self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    On connecting it checks that a NOTIFY sent as a submit sends it (through ``notify_url``,
+    the application's URL) reaches the listener within ``check_timeout``. Behind a pooler in
+    transaction mode it does not (the LISTEN stays on a server connection the listener no
+    longer holds): the waiter then says so once and polls, which is what it would silently
+    have done anyway. A direct URL for the listener (``DT_LISTEN_DATABASE_URL``) restores
+    immediate wake-ups.
+    """
+
+    def __init__(
+        self, url: sa.URL, namespace: str, *, notify_url: sa.URL | None = None, check_timeout: timedelta = _CHECK
+    ) -> None:
+        self._conninfo = conninfo(url)
+        self._notify_conninfo = conninfo(notify_url or url)
+        self._shown_url = safe_url(conninfo(url))
         self._namespace = namespace
+        self._check_timeout = check_timeout.total_seconds()
         self._conn: object | None = None
+        self._polling = False  # NOTIFY does not reach the listener: poll from now on
+        self._woken = False  # our namespace was notified during the check
 
-    async def _connection(self) -> object:
+    async def _connection(self) -> object | None:
         import psycopg
 
         if self._conn is None:
-            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
-            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True, prepare_threshold=None)
+            try:
+                await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                arrived, others = await notify_reaches(
+                    conn, self._notify_conninfo, NOTIFY_CHANNEL, timeout=self._check_timeout
+                )
+            except BaseException:
+                await conn.close()
+                raise
+            if not arrived:
+                await conn.close()
+                self._polling = True
+                return None
+            self._woken = self._namespace in others
             self._conn = conn
         return self._conn
 
@@ -56,9 +89,24 @@ class PostgresNotifyWaiter:
         """Return on a NOTIFY for this namespace, or after ``timeout``."""
         import psycopg
 
+        if self._polling:
+            await anyio.sleep(timeout.total_seconds())
+            return
         try:
             conn = await self._connection()
+            if conn is None:
+                logger.warning(
+                    "NOTIFY does not reach a LISTEN on %s (a pooler in transaction mode?): polling the outbox "
+                    "every %.1f s instead; set DT_LISTEN_DATABASE_URL to a direct connection to PostgreSQL",
+                    self._shown_url,
+                    timeout.total_seconds(),
+                )
+                await anyio.sleep(timeout.total_seconds())
+                return
             assert isinstance(conn, psycopg.AsyncConnection)
+            if self._woken:
+                self._woken = False
+                return
             deadline = anyio.current_time() + timeout.total_seconds()
             while (remaining := deadline - anyio.current_time()) > 0:
                 async for note in conn.notifies(timeout=remaining, stop_after=1):
@@ -79,8 +127,11 @@ class PostgresNotifyWaiter:
                 await conn.close()
 
 
-def waiter_for(engine: sa.Engine, namespace: str) -> OutboxWaiter:
-    """NOTIFY-driven on PostgreSQL, polling elsewhere."""
+def waiter_for(
+    engine: sa.Engine, namespace: str, *, listen_url: str | None = None, check_timeout: timedelta = _CHECK
+) -> OutboxWaiter:
+    """NOTIFY-driven on PostgreSQL (listening on ``listen_url`` when given), polling elsewhere."""
     if engine.dialect.name == "postgresql":
-        return PostgresNotifyWaiter(engine.url, namespace)
+        listen = make_url(listen_url) if listen_url else engine.url
+        return PostgresNotifyWaiter(listen, namespace, notify_url=engine.url, check_timeout=check_timeout)
     return PollingWaiter()

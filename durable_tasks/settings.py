@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     queue_partitions: dict[str, int] = Field(
         default_factory=dict, description="Queues split into N stream partitions (spread over cluster nodes)."
     )
+    listen_database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL of the dispatcher's LISTEN connection; None: database_url. Behind a pooler "
+        "in transaction mode NOTIFY does not reach a listener: point this at PostgreSQL directly.",
+    )
     data_dir: Path = Field(default=Path(".durable_tasks"), description="Embedded servers' home.")
 
     # dispatcher
@@ -59,6 +64,11 @@ class Settings(BaseSettings):
     backoff_initial: Duration = timedelta(seconds=1)
     backoff_max: Duration = timedelta(seconds=60)
     backoff_jitter: Duration = timedelta(seconds=1)
+    listen_check_timeout: Duration = Field(
+        default=timedelta(seconds=2),
+        description="How long a dispatcher's new LISTEN connection waits for its own test NOTIFY before it "
+        "says NOTIFY does not reach it and polls instead.",
+    )
     cutover_watermark: int | None = Field(
         default=None, description="Outbox ids below this belong to a legacy path: never sent."
     )

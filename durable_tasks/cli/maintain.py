@@ -41,7 +41,8 @@ def prune(
 @cli.command()
 def doctor(app: AppArg) -> None:
     """Check what would lose or duplicate work: eviction, persistence, version, groups, clocks,
-    timeouts, dedup TTL, trimming. Exits 1 on an error-level finding."""
+    timeouts, dedup TTL, trimming, a pooler in front of PostgreSQL, LISTEN/NOTIFY. Exits 1 on an
+    error-level finding."""
     from ..doctor import Level, diagnose, gather_facts
 
     findings = call(app, lambda the_app: _facts_then(the_app, gather_facts, diagnose))
