@@ -20,6 +20,9 @@ Every error the library raises on purpose derives from one root, so callers can 
     │   └── TaskCancelledError        CANCELLED
     ├── ResultTimeoutError            a result wait's timeout passed first (also a TimeoutError)
     ├── UnknownScheduleError          no periodic schedule registered under that name
+    ├── ChildTaskFailedError          a child task a handler waited on ended FAILED, DEAD or CANCELLED
+    ├── JournalFencedOutError         a journal write of an attempt that no longer owns its task
+    ├── SignalError                   a signal names no task, or its payload is not plain JSON
     ├── DatabaseUnavailableError      the database cannot be reached
     └── BrokerUnavailableError        Redis / Valkey cannot be reached
 
@@ -30,17 +33,20 @@ from __future__ import annotations
 
 __all__ = [
     "BrokerUnavailableError",
+    "ChildTaskFailedError",
     "ConfigurationError",
     "DatabaseUnavailableError",
     "DurableTasksError",
     "InvalidDelayError",
     "InvalidIdempotencyKeyError",
+    "JournalFencedOutError",
     "PayloadError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "PayloadValidationError",
     "ResultNotSerializableError",
     "ResultTimeoutError",
+    "SignalError",
     "TaskCancelledError",
     "TaskDeadLetteredError",
     "TaskFailedError",
@@ -141,6 +147,25 @@ class ResultTimeoutError(DurableTasksError, TimeoutError):
 
 class UnknownScheduleError(DurableTasksError):
     """No periodic schedule is registered under that name."""
+class ChildTaskFailedError(DurableTasksError):
+    """A child task the handler waited on did not succeed. Not retried: a replay of the
+    journal returns the same outcome. ``state`` is FAILED, DEAD or CANCELLED."""
+
+    def __init__(self, slot: str, state: str, error_type: str | None, error_message: str | None) -> None:
+        self.slot = slot
+        self.state = state
+        self.error_type = error_type
+        self.error_message = error_message
+        detail = f"{error_type}: {error_message}" if error_type else (error_message or "no reason recorded")
+        super().__init__(f"child {slot} ended {state} ({detail}); rerun the task to try again")
+
+
+class JournalFencedOutError(DurableTasksError):
+    """A journal write was refused: a newer attempt or generation owns the task now."""
+
+
+class SignalError(DurableTasksError):
+    """A signal cannot be delivered: no such task, or a payload that is not plain JSON."""
 
 
 class DatabaseUnavailableError(DurableTasksError):
