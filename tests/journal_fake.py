@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from durable_tasks import App, Task, TaskContext
@@ -108,18 +109,25 @@ async def drive(
     task_id: str = "run-1",
     generation: int = 0,
     signals: Mapping[str, Any] | None = None,
+    resume: bool = False,
     max_attempts: int = 30,
 ) -> Run:
-    """Run ``task`` until it returns, or until it waits for a signal nobody gave."""
+    """Run ``task`` until it returns, or until it waits for a signal nobody gave; ``resume``
+    carries on a run that waited (its first attempt here is not the generation's first)."""
     run = Run()
     given = dict(signals or {})
     key = (task_id, generation)
+    for slot, row in store.rows.get(key, {}).items():  # signals given to a waiting run
+        name = slot.removeprefix("signal:")
+        if not row.done and name in given:
+            store.rows[key][slot] = RecordedStep(slot, row.kind, True, json.dumps(given[name]))
     while run.attempts < max_attempts:
         run.attempts += 1
-        journal = Journal(store.backend(task_id, generation), task_id, generation, first_attempt=run.attempts == 1)
+        first = run.attempts == 1 and not resume
+        journal = Journal(store.backend(task_id, generation), task_id, generation, first_attempt=first)
         ctx = _context(task, task_id, generation, run.attempts, payload)
         store.executions[task.name] += 1
-        result, suspended = await journal.run(lambda ctx=ctx: _call(task, ctx))
+        result, suspended = await journal.run(partial(_call, task, ctx))
         if suspended is None:
             run.result = result
             return run
