@@ -147,6 +147,8 @@ class ResultTimeoutError(DurableTasksError, TimeoutError):
 
 class UnknownScheduleError(DurableTasksError):
     """No periodic schedule is registered under that name."""
+
+
 class ChildTaskFailedError(DurableTasksError):
     """A child task the handler waited on did not succeed. Not retried: a replay of the
     journal returns the same outcome. ``state`` is FAILED, DEAD or CANCELLED."""
