@@ -41,9 +41,11 @@ def _parse(entry_id: str, fields: dict[str, str]) -> DeadLetter:
     )
 
 
-async def list_dead_letters(app: App, queue: str, *, count: int = 100) -> list[DeadLetter]:
-    """The oldest ``count`` entries of the queue's DLQ."""
-    raw: Any = await app.transport().client.xrange(app.transport().keys(queue).dlq, count=count)
+async def list_dead_letters(app: App, queue: str, *, count: int = 100, after: str | None = None) -> list[DeadLetter]:
+    """The oldest ``count`` entries of the queue's DLQ, or the ``count`` entries after the entry
+    id ``after`` (a page: XRANGE from an exclusive key, however long the DLQ)."""
+    start = f"({after}" if after else "-"
+    raw: Any = await app.transport().client.xrange(app.transport().keys(queue).dlq, min=start, count=count)
     return [_parse(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
 
 

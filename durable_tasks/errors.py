@@ -14,6 +14,7 @@ Every error the library raises on purpose derives from one root, so callers can 
     ├── InvalidIdempotencyKeyError    empty, too long, or with control characters
     ├── InvalidDelayError             a negative delay, both delay and not_before, a naive datetime
     ├── TaskNotFoundError             no task with that id in this namespace
+    ├── InvalidQueryError             a search or page cursor an operator's view cannot run
     ├── TaskDeadLetteredError         given to on_failure hooks when the reaper gives up on a task
     ├── TaskOutcomeError              a waited-for task ended without a result (.state, .error_type)
     │   ├── TaskFailedError           FAILED (no attempts left) or DEAD (dead-lettered)
@@ -39,6 +40,7 @@ __all__ = [
     "DurableTasksError",
     "InvalidDelayError",
     "InvalidIdempotencyKeyError",
+    "InvalidQueryError",
     "JournalFencedOutError",
     "PayloadError",
     "PayloadNotSerializableError",
@@ -176,3 +178,7 @@ class DatabaseUnavailableError(DurableTasksError):
 
 class BrokerUnavailableError(DurableTasksError):
     """Redis (or Valkey) cannot be reached."""
+
+
+class InvalidQueryError(DurableTasksError):
+    """A search filter or page cursor that the read model cannot run (unknown state, bad cursor)."""

@@ -1,5 +1,5 @@
-"""SQLModel tables: the durable intent (``dt_tasks``), delivery intents (``dt_outbox``) and
-the audit trail of executions (``dt_attempts``).
+"""SQLModel tables: the durable intent (``dt_tasks``), delivery intents (``dt_outbox``), the
+audit trail of executions (``dt_attempts``) and of operators' actions (``dt_audit``).
 
 Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres). Payloads and results are
 stored as the exact JSON text the runtime validated, so nothing is serialized twice.
@@ -17,6 +17,7 @@ from sqlmodel import Field, SQLModel
 __all__ = [
     "AttemptOutcome",
     "AttemptRecord",
+    "AuditRecord",
     "OutboxRecord",
     "OutboxState",
     "ScheduleRecord",
@@ -66,6 +67,18 @@ class TaskRecord(SQLModel, table=True):
     __table_args__ = (
         sa.UniqueConstraint("namespace", "name", "idempotency_key", name="uq_dt_tasks_idem"),
         sa.Index("ix_dt_tasks_state", "namespace", "state", "queue"),
+        # Operators' views (durable_tasks.readmodel): the task search, newest first, and what
+        # finished lately (throughput, latency, failures). The second holds finished rows
+        # only, so a task's claim and lease updates never write to it: one entry per task.
+        sa.Index("ix_dt_tasks_created", "namespace", "created_at", "id"),
+        sa.Index(
+            "ix_dt_tasks_finished",
+            "namespace",
+            "finished_at",
+            "id",
+            postgresql_where=sa.text("finished_at IS NOT NULL"),
+            sqlite_where=sa.text("finished_at IS NOT NULL"),
+        ),
     )
 
     id: str = Field(primary_key=True, max_length=36)
@@ -178,7 +191,23 @@ class ScheduleRecord(SQLModel, table=True):
     updated_at: datetime
 
 
+class AuditRecord(SQLModel, table=True):
+    """``dt_audit``: every operator action taken through the dashboard: who, what, when, result."""
+
+    __tablename__ = "dt_audit"
+    __table_args__ = (sa.Index("ix_dt_audit_ns", "namespace", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    namespace: str = Field(max_length=64)
+    at: datetime
+    actor: str = Field(max_length=200)
+    action: str = Field(max_length=64)
+    target: str = Field(sa_type=sa.Text)
+    outcome: str = Field(sa_type=sa.Text)
+
+
 tasks_table: sa.Table = TaskRecord.__table__  # type: ignore[attr-defined]
 outbox_table: sa.Table = OutboxRecord.__table__  # type: ignore[attr-defined]
 attempts_table: sa.Table = AttemptRecord.__table__  # type: ignore[attr-defined]
 schedules_table: sa.Table = ScheduleRecord.__table__  # type: ignore[attr-defined]
+audit_table: sa.Table = AuditRecord.__table__  # type: ignore[attr-defined]

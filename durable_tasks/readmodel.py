@@ -1,0 +1,502 @@
+"""The read model: the queries an operator's view runs (CLI, dashboard, doctor), in one place.
+
+Every list is keyed and paged (newest first, a cursor names the last row shown: no OFFSET);
+every count is capped (``COUNT_CAP``), so no view counts the whole history on each refresh.
+Functions take an engine and a namespace and return plain dataclasses or mappings; what
+Redis knows (consumers) is read through the transport. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+import sqlalchemy as sa
+from redis.exceptions import ResponseError
+from sqlmodel import SQLModel
+
+from .errors import InvalidQueryError
+from .records import TaskState, attempts_table, audit_table, tasks_table
+from .transport.keys import CONSUMER_GROUP
+from .transport.streams import RedisStreamsTransport
+
+__all__ = [
+    "COUNT_CAP",
+    "PAGE_SIZE",
+    "AgentRunDetail",
+    "ConsumerInfo",
+    "FinishedRow",
+    "Page",
+    "TaskDetail",
+    "TaskFilter",
+    "TaskRow",
+    "WorkerLoad",
+    "agent_run",
+    "agent_runs",
+    "audit_entries",
+    "decode_cursor",
+    "encode_cursor",
+    "finished_after",
+    "list_finished",
+    "list_tasks",
+    "running_by_worker",
+    "state_counts",
+    "stream_consumers",
+    "task_detail",
+    "task_names",
+]
+
+#: Rows per page of every list.
+PAGE_SIZE = 50
+#: A count stops here ("10,000+"): the cost of a count is bounded by the cap, not the table.
+COUNT_CAP = 10_000
+#: The loose index scan of task names stops here.
+MAX_NAMES = 1_000
+
+T = TypeVar("T")
+t = tasks_table.c
+a = attempts_table.c
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a list, and the cursor of the next page (None on the last)."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+def encode_cursor(at: datetime, key: str) -> str:
+    """The cursor after a row: its sort time and its id."""
+    return f"{at.isoformat()}|{key}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (time, id) a cursor names; InvalidQueryError for text that is not a cursor."""
+    at, sep, key = cursor.partition("|")
+    try:
+        if not sep or not key:
+            raise ValueError(cursor)
+        return datetime.fromisoformat(at), key
+    except ValueError:
+        raise InvalidQueryError(f"{cursor[:60]!r} is not a page cursor; start from the first page") from None
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """A stored time as aware UTC (SQLite and timestamp columns hand back naive UTC)."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+# -- tasks -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """What a task search asks for; every field is optional and they combine with AND."""
+
+    task_id: str | None = None
+    idempotency_key: str | None = None
+    name: str | None = None
+    state: str | None = None
+    queue: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in TaskState.__members__:
+            raise InvalidQueryError(f"unknown state {self.state!r}; one of {', '.join(TaskState)}")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A task as a list shows it (never its payload or result)."""
+
+    id: str
+    name: str
+    queue: str
+    state: str
+    generation: int
+    attempt: int
+    idempotency_key: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    error_type: str | None
+    error_message: str | None
+
+    @classmethod
+    def from_row(cls, row: sa.RowMapping) -> TaskRow:
+        """From a row of :data:`_ROW_COLUMNS`."""
+        return cls(
+            row["id"],
+            row["name"],
+            row["queue"],
+            row["state"],
+            row["generation"],
+            row["attempt"],
+            row["idempotency_key"],
+            utc(row["created_at"]) or datetime.min.replace(tzinfo=UTC),
+            utc(row["finished_at"]),
+            row["error_type"],
+            row["error_message"],
+        )
+
+
+_ROW_COLUMNS = (
+    t.id,
+    t.name,
+    t.queue,
+    t.state,
+    t.generation,
+    t.attempt,
+    t.idempotency_key,
+    t.created_at,
+    t.finished_at,
+    t.error_type,
+    t.error_message,
+)
+
+
+def _conditions(conn: sa.Connection, namespace: str, flt: TaskFilter) -> list[sa.ColumnElement[bool]]:
+    where: list[sa.ColumnElement[bool]] = [t.namespace == namespace]
+    if flt.task_id:
+        where.append(t.id == flt.task_id)
+    if flt.idempotency_key:
+        where.append(t.idempotency_key == flt.idempotency_key)
+        # (namespace, name, idempotency_key) is the only index on the key: name every name
+        if not flt.name:
+            where.append(t.name.in_(_names(conn, namespace)))
+    for column, value in ((t.name, flt.name), (t.state, flt.state), (t.queue, flt.queue)):
+        if value:
+            where.append(column == value)
+    if flt.since:
+        where.append(t.created_at >= flt.since)
+    if flt.until:
+        where.append(t.created_at < flt.until)
+    return where
+
+
+def list_tasks(
+    engine: sa.Engine, namespace: str, flt: TaskFilter, *, cursor: str | None = None, limit: int = PAGE_SIZE
+) -> Page[TaskRow]:
+    """Tasks matching ``flt``, newest first (ix_dt_tasks_created), one page after ``cursor``."""
+    with engine.connect() as conn:
+        where = _conditions(conn, namespace, flt)
+        if cursor:
+            at, key = decode_cursor(cursor)
+            where.append(sa.tuple_(t.created_at, t.id) < sa.tuple_(sa.literal(at, t.created_at.type), sa.literal(key)))
+        rows = conn.execute(
+            sa.select(*_ROW_COLUMNS).where(*where).order_by(t.created_at.desc(), t.id.desc()).limit(limit + 1)
+        ).all()
+    items = [TaskRow.from_row(r._mapping) for r in rows[:limit]]
+    more = len(rows) > limit
+    return Page(items, encode_cursor(items[-1].created_at, items[-1].id) if more and items else None)
+
+
+def list_finished(
+    engine: sa.Engine,
+    namespace: str,
+    states: Sequence[str],
+    *,
+    queue: str | None = None,
+    name: str | None = None,
+    cursor: str | None = None,
+    limit: int = PAGE_SIZE,
+) -> Page[TaskRow]:
+    """Finished tasks in ``states`` (e.g. FAILED and DEAD), most recently finished first
+    (ix_dt_tasks_finished), one page after ``cursor``."""
+    where = [t.namespace == namespace, t.finished_at.is_not(None), t.state.in_(list(states))]
+    where += [c == v for c, v in ((t.queue, queue), (t.name, name)) if v]
+    if cursor:
+        at, key = decode_cursor(cursor)
+        where.append(sa.tuple_(t.finished_at, t.id) < sa.tuple_(sa.literal(at, t.finished_at.type), sa.literal(key)))
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(*_ROW_COLUMNS).where(*where).order_by(t.finished_at.desc(), t.id.desc()).limit(limit + 1)
+        ).all()
+    items = [TaskRow.from_row(r._mapping) for r in rows[:limit]]
+    last = items[-1] if items else None
+    more = len(rows) > limit and last is not None and last.finished_at is not None
+    return Page(items, encode_cursor(last.finished_at, last.id) if more and last and last.finished_at else None)
+
+
+def _names(conn: sa.Connection, namespace: str) -> list[str]:
+    """Distinct task names by a loose index scan of uq_dt_tasks_idem: one index probe per
+    name, however many tasks each has (a plain DISTINCT would read every row)."""
+    rows = conn.execute(
+        sa.text(
+            "WITH RECURSIVE n(name) AS ("
+            " SELECT min(name) FROM dt_tasks WHERE namespace = :ns"
+            " UNION ALL"
+            " SELECT (SELECT min(name) FROM dt_tasks WHERE namespace = :ns AND name > n.name)"
+            " FROM n WHERE n.name IS NOT NULL"
+            ") SELECT name FROM n WHERE name IS NOT NULL LIMIT :cap"
+        ),
+        {"ns": namespace, "cap": MAX_NAMES},
+    )
+    return [str(r[0]) for r in rows]
+
+
+def task_names(engine: sa.Engine, namespace: str) -> list[str]:
+    """Every task name that has a row (up to ``MAX_NAMES``), sorted."""
+    with engine.connect() as conn:
+        return _names(conn, namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDetail:
+    """A task's row and its attempts (all generations, oldest first), as stored: columns
+    added by later versions (a traceback) appear without a change here."""
+
+    task: dict[str, Any]
+    attempts: list[dict[str, Any]]
+
+    @property
+    def trace_id(self) -> str | None:
+        """The trace id of the stored W3C traceparent (``00-<trace id>-<span id>-<flags>``)."""
+        parts = str(self.task.get("traceparent") or "").split("-")
+        return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+
+
+def task_detail(engine: sa.Engine, namespace: str, task_id: str) -> TaskDetail | None:
+    """The task and its attempts, or None if there is no such task."""
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(tasks_table).where(t.namespace == namespace, t.id == task_id)).one_or_none()
+        if row is None:
+            return None
+        attempts = conn.execute(
+            sa.select(attempts_table)
+            .where(a.namespace == namespace, a.task_id == task_id)
+            .order_by(a.generation, a.attempt, a.id)
+        ).all()
+    return TaskDetail(dict(row._mapping), [dict(r._mapping) for r in attempts])
+
+
+# -- the overview ------------------------------------------------------------------------
+
+
+def state_counts(
+    engine: sa.Engine, namespace: str, queues: Sequence[str], states: Sequence[str], *, cap: int = COUNT_CAP
+) -> dict[tuple[str, str], int]:
+    """Tasks per (queue, state), each count stopping at ``cap + 1`` (ix_dt_tasks_state: an
+    index range per pair, read at most ``cap + 1`` entries deep)."""
+    if not queues or not states:
+        return {}
+    parts = []
+    for queue in queues:
+        for state in states:
+            capped = (
+                sa.select(sa.literal(1).label("one"))
+                .where(t.namespace == namespace, t.state == state, t.queue == queue)
+                .limit(cap + 1)
+                .subquery()
+            )
+            parts.append(
+                sa.select(
+                    sa.literal(queue).label("queue"), sa.literal(state).label("state"), sa.func.count().label("n")
+                ).select_from(capped)
+            )
+    with engine.connect() as conn:
+        rows = conn.execute(sa.union_all(*parts)).all()
+    return {(r.queue, r.state): int(r.n) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRow:
+    """A task that reached a final state: when, where, how, and how long since its submit."""
+
+    id: str
+    queue: str
+    state: str
+    created_at: datetime
+    finished_at: datetime
+
+
+def finished_after(
+    engine: sa.Engine,
+    namespace: str,
+    after: tuple[datetime, str] | None,
+    *,
+    until: datetime,
+    limit: int = 5_000,
+) -> list[FinishedRow]:
+    """Tasks finished after the (finished_at, id) key ``after`` and no later than ``until``,
+    oldest first (ix_dt_tasks_finished): a reader keeps the last key and asks for what is new."""
+    where = [t.namespace == namespace, t.finished_at.is_not(None), t.finished_at <= until]
+    if after is not None:
+        at, key = after
+        where.append(sa.tuple_(t.finished_at, t.id) > sa.tuple_(sa.literal(at, t.finished_at.type), sa.literal(key)))
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(t.id, t.queue, t.state, t.created_at, t.finished_at)
+            .where(*where)
+            .order_by(t.finished_at, t.id)
+            .limit(limit)
+        ).all()
+    return [FinishedRow(r.id, r.queue, r.state, utc(r.created_at), utc(r.finished_at)) for r in rows]  # type: ignore[arg-type]
+
+
+# -- workers -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """What the database says one worker holds: its running tasks and their leases."""
+
+    worker_id: str
+    running: int
+    oldest_started_at: datetime | None
+    earliest_lease_expiry: datetime | None
+    latest_lease_expiry: datetime | None
+
+
+def running_by_worker(engine: sa.Engine, namespace: str) -> list[WorkerLoad]:
+    """RUNNING tasks grouped by worker (ix_dt_tasks_state: reads the running tasks only)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                t.worker_id,
+                sa.func.count().label("n"),
+                sa.func.min(t.started_at).label("oldest"),
+                sa.func.min(t.lease_expires_at).label("lease_min"),
+                sa.func.max(t.lease_expires_at).label("lease_max"),
+            )
+            .where(t.namespace == namespace, t.state == TaskState.RUNNING)
+            .group_by(t.worker_id)
+            .order_by(t.worker_id)
+        ).all()
+    return [WorkerLoad(r.worker_id or "?", int(r.n), utc(r.oldest), utc(r.lease_min), utc(r.lease_max)) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """One consumer of a queue's stream, as XINFO CONSUMERS reports it."""
+
+    stream: str
+    name: str
+    pending: int
+    idle_ms: int
+    inactive_ms: int | None
+
+
+async def stream_consumers(transport: RedisStreamsTransport, queue: str) -> list[ConsumerInfo]:
+    """The consumers of every stream (and partition) of ``queue`` in the workers' group."""
+    found: list[ConsumerInfo] = []
+    for stream, _shadow, _partition in transport.streams(queue):
+        if not await transport.client.exists(stream):
+            continue
+        try:
+            consumers: Any = await transport.client.xinfo_consumers(stream, CONSUMER_GROUP)
+        except ResponseError:  # NOGROUP: no worker ever started on this stream
+            continue
+        for c in consumers:
+            inactive = c.get("inactive")
+            found.append(
+                ConsumerInfo(
+                    stream,
+                    str(c["name"]),
+                    int(c.get("pending") or 0),
+                    int(c.get("idle") or 0),
+                    int(inactive) if inactive is not None else None,
+                )
+            )
+    return found
+
+
+# -- agent runs --------------------------------------------------------------------------
+
+
+def _agent_tables() -> tuple[sa.Table, sa.Table] | None:
+    """dt_agent_runs and dt_agent_turns once durable_tasks.agents is imported (read from the
+    metadata by name: importing agents here would import the App)."""
+    tables = SQLModel.metadata.tables
+    runs, turns = tables.get("dt_agent_runs"), tables.get("dt_agent_turns")
+    return (runs, turns) if runs is not None and turns is not None else None
+
+
+def agent_runs(
+    engine: sa.Engine, namespace: str, *, cursor: str | None = None, limit: int = PAGE_SIZE
+) -> Page[dict[str, Any]]:
+    """Agent runs, newest first, one page after ``cursor``; empty when agents are not in use."""
+    found = _agent_tables()
+    if found is None:
+        return Page([], None)
+    runs = found[0].c
+    where = [runs.namespace == namespace]
+    if cursor:
+        at, key = decode_cursor(cursor)
+        where.append(
+            sa.tuple_(runs.created_at, runs.id) < sa.tuple_(sa.literal(at, runs.created_at.type), sa.literal(key))
+        )
+    columns = (runs.id, runs.agent, runs.state, runs.generation, runs.created_at, runs.finished_at)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(*columns).where(*where).order_by(runs.created_at.desc(), runs.id.desc()).limit(limit + 1)
+        ).all()
+    items = [dict(r._mapping) | {"created_at": utc(r.created_at)} for r in rows[:limit]]
+    more = len(rows) > limit and items
+    return Page(items, encode_cursor(items[-1]["created_at"], items[-1]["id"]) if more else None)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRunDetail:
+    """A run, its turns (every generation, in order) and the states of its tool-call tasks."""
+
+    run: dict[str, Any]
+    turns: list[dict[str, Any]]
+    task_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def agent_run(engine: sa.Engine, namespace: str, run_id: str) -> AgentRunDetail | None:
+    """One run with its turns and tool-call task states, or None."""
+    found = _agent_tables()
+    if found is None:
+        return None
+    runs, turns = found
+    with engine.connect() as conn:
+        run = conn.execute(sa.select(runs).where(runs.c.namespace == namespace, runs.c.id == run_id)).one_or_none()
+        if run is None:
+            return None
+        turn_rows = conn.execute(
+            sa.select(turns).where(turns.c.run_id == run_id).order_by(turns.c.generation, turns.c.index)
+        ).all()
+        detail = AgentRunDetail(dict(run._mapping), [dict(r._mapping) for r in turn_rows])
+        task_ids = _call_task_ids(detail.turns)
+        if task_ids:
+            for r in conn.execute(
+                sa.select(t.id, t.name, t.state, t.attempt, t.error_type, t.error_message).where(
+                    t.namespace == namespace, t.id.in_(task_ids)
+                )
+            ):
+                detail.task_states[r.id] = dict(r._mapping)
+    return detail
+
+
+def _call_task_ids(turns: list[dict[str, Any]]) -> list[str]:
+    ids: list[str] = []
+    for turn in turns:
+        try:
+            calls = json.loads(turn.get("calls") or "[]")
+        except ValueError:
+            continue
+        ids += [str(c["task_id"]) for c in calls if isinstance(c, dict) and c.get("task_id")]
+    return ids
+
+
+# -- the audit log -----------------------------------------------------------------------
+
+
+def audit_entries(
+    engine: sa.Engine, namespace: str, *, before: int | None = None, limit: int = PAGE_SIZE
+) -> Page[dict[str, Any]]:
+    """Operators' actions, newest first (ix_dt_audit_ns); the cursor is the last id shown."""
+    c = audit_table.c
+    where = [c.namespace == namespace] + ([c.id < before] if before else [])
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(audit_table).where(*where).order_by(c.id.desc()).limit(limit + 1)).all()
+    items = [dict(r._mapping) | {"at": utc(r.at)} for r in rows[:limit]]
+    return Page(items, str(items[-1]["id"]) if len(rows) > limit and items else None)
