@@ -13,8 +13,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session
 from typer.testing import CliRunner
 
-from durable_tasks import App, TaskContext
-from durable_tasks import readmodel
+from durable_tasks import App, TaskContext, readmodel
 from durable_tasks.cli import cli
 from durable_tasks.errors import ConfigurationError, InvalidQueryError
 from durable_tasks.web import BasicAuth, check_bind, create_app, create_router
@@ -49,7 +48,8 @@ def test_task_pages_are_keyed_newest_first_and_cover_every_task_once(make_app: C
         if page.next_cursor is None:
             break
         cursor = page.next_cursor
-    assert sorted(seen) == sorted(ids) and len(seen) == 7
+    assert sorted(seen) == sorted(ids)
+    assert len(seen) == 7
     created = [readmodel.task_detail(app.engine, app.settings.namespace, i) for i in seen]
     times = [d.task["created_at"] for d in created if d is not None]
     assert times == sorted(times, reverse=True)
@@ -74,7 +74,8 @@ def test_a_bad_filter_or_cursor_is_a_typed_error(make_app: Callable[..., App]) -
     with pytest.raises(InvalidQueryError, match="not a page cursor"):
         readmodel.list_tasks(app.engine, app.settings.namespace, readmodel.TaskFilter(), cursor="garbage")
     response = TestClient(create_app(app)).get("/tasks", params={"state": "NOPE"})
-    assert response.status_code == 400 and "unknown state" in response.text
+    assert response.status_code == 400
+    assert "unknown state" in response.text
 
 
 def test_actions_need_the_csrf_token_and_are_audited(make_app: Callable[..., App]) -> None:
@@ -85,7 +86,8 @@ def test_actions_need_the_csrf_token_and_are_audited(make_app: Callable[..., App
     assert client.post(f"/tasks/{ids[0]}/cancel").status_code == 403
     assert client.post(f"/tasks/{ids[0]}/cancel", data={"csrf_token": "f" * 64}).status_code == 403
     done = client.post(f"/tasks/{ids[0]}/cancel", data={"csrf_token": token_of(page.text)}, follow_redirects=False)
-    assert done.status_code == 303 and "cancelled" in done.headers["location"]
+    assert done.status_code == 303
+    assert "cancelled" in done.headers["location"]
     assert app.get_task(ids[0]).state == "CANCELLED"
     audit = readmodel.audit_entries(app.engine, app.settings.namespace)
     assert [(e["action"], e["target"], e["outcome"]) for e in audit.items] == [("cancel", ids[0], "cancelled")]
