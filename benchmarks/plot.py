@@ -40,7 +40,18 @@ def _samples(records: list[dict[str, Any]], system: str, metric: str) -> list[fl
     return out
 
 
-def plot(path: Path, out_dir: Path | None = None) -> list[Path]:
+def _save(fig: Any, target: Path) -> None:
+    # A 256-colour palette: the plots are lines and flat bars, and the repository keeps them.
+    from PIL import Image
+
+    fig.savefig(target, dpi=100)
+    with Image.open(target) as image:
+        image.convert("RGB").quantize(colors=256).save(target, optimize=True)
+
+
+def plot(path: Path, out_dir: Path | None = None, stem: str | None = None) -> list[Path]:
+    """Draw the plots of the raw result at ``path`` into ``out_dir`` (default: beside it), named
+    ``<stem>-*.png`` (default: the result's own stem)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +61,7 @@ def plot(path: Path, out_dir: Path | None = None) -> list[Path]:
     summary, records, meta = data["summary"], data["records"], data["meta"]
     args = data.get("args", {})
     out_dir = out_dir or Path(path).parent
-    stem = Path(path).stem
+    stem = stem or Path(path).stem
     title_note = f"{args.get('n', '?')} tasks, {args.get('rounds', '?')} round(s), {meta.get('cpus')} CPUs"
     written: list[Path] = []
 
@@ -133,7 +144,7 @@ def plot(path: Path, out_dir: Path | None = None) -> list[Path]:
     fig.suptitle(f"Throughput ({title_note})")
     fig.tight_layout()
     target = out_dir / f"{stem}-throughput.png"
-    fig.savefig(target, dpi=110)
+    _save(fig, target)
     plt.close(fig)
     written.append(target)
 
@@ -169,7 +180,7 @@ def plot(path: Path, out_dir: Path | None = None) -> list[Path]:
     ax.set_title(f"Latency, paced at {args.get('lat_rate', 0):g} tasks/s, warm worker ({title_note})")
     fig.tight_layout()
     target = out_dir / f"{stem}-latency.png"
-    fig.savefig(target, dpi=110)
+    _save(fig, target)
     plt.close(fig)
     written.append(target)
 
@@ -185,7 +196,7 @@ def plot(path: Path, out_dir: Path | None = None) -> list[Path]:
         ax.set_title(f"durable_tasks: one worker's resident memory over {series[-1][0]:,} tasks")
         fig.tight_layout()
         target = out_dir / f"{stem}-rss.png"
-        fig.savefig(target, dpi=110)
+        _save(fig, target)
         plt.close(fig)
         written.append(target)
     return written

@@ -12,8 +12,10 @@ What it does:
   * each round runs durable_tasks' cases (benchmarks.bench_dt) and each peer's driver
     (benchmarks/peers/driver.py, in that peer's venv); the order of systems rotates per round;
   * after the rounds: the worker RSS run (--rss-n tasks) once;
-  * prints medians over rounds and each system's ratio to the fastest peer, writes
-    benchmarks/results/<timestamp>.json, and draws the plots (benchmarks/plot.py).
+  * prints medians over rounds and each system's ratio to the fastest peer, writes the raw
+    result to benchmarks/results/raw/<timestamp>.json (git-ignored) with its plots, and, for a
+    full run (the default arguments) at a commit, records it: benchmarks/results/latest.json
+    and latest-*.png, the summary git keeps (benchmarks/record.py says how a commit is decided).
 
 Postgres: durable_tasks uses a fresh schema in --pg-db (dropped after each case); the peers
 that need Postgres use their own databases dtbench_<peer>, created here and dropped at the end.
@@ -40,9 +42,9 @@ from typing import Any
 
 from benchmarks.bench_dt import DRAIN_CONCURRENCY
 from benchmarks.peers.install import PEERS, PINS, install, venv_python
+from benchmarks.record import RAW, NotRecordable, commit_id, record_latest
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 LOGS = ROOT / ".bench" / "logs"
 DT = "durable_tasks"
 PG_PEERS = {"pgqueuer", "procrastinate", "dbos"}
@@ -370,9 +372,17 @@ def main() -> None:
     ap.add_argument("--rss-n", type=int, default=100_000, help="tasks in the worker RSS run (0: skip)")
     ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432", help="Postgres, without database")
     ap.add_argument("--pg-db", default="test", help="database for durable_tasks' per-case schemas")
-    ap.add_argument("--out", type=Path, default=None, help="results JSON (default benchmarks/results/<ts>.json)")
     ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args()
+    # Only a run with every measurement argument at its default is comparable with the last
+    # recorded one; where the servers are (--pg-url, --pg-db) and plotting do not change that.
+    full = all(getattr(a, k) == ap.get_default(k) for k in vars(a) if k not in ("pg_url", "pg_db", "no_plot"))
+    try:
+        commit: str | None = commit_id()
+    except NotRecordable as exc:
+        if full:
+            raise SystemExit(f"refusing a full run that could not be recorded: {exc}") from exc
+        commit = None
 
     peers = [] if a.peers == "none" else PEERS if a.peers == "all" else a.peers.split(",")
     unknown = set(peers) - set(PEERS)
@@ -380,7 +390,7 @@ def main() -> None:
         raise SystemExit(f"unknown peers {sorted(unknown)}; known: {PEERS}")
     cases = [] if a.no_dt else dt_cases(a)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_path = a.out or RESULTS / f"{stamp}.json"
+    out_path = RAW / f"{stamp}.json"
     LOGS.mkdir(parents=True, exist_ok=True)
 
     pg_version = pg_query(a.pg_url, "SHOW server_version")[0]
@@ -396,6 +406,8 @@ def main() -> None:
         "git": subprocess.run(
             ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
+        "commit": commit,
+        "full_run": full,
         "pins": {p: PINS[p] for p in peers},
         "durable_tasks_settings": f"drain workers concurrency {DRAIN_CONCURRENCY} (one case at 16, the default); "
         "dispatchers batch 500 (the default); group commit up to 512 results (the default); "
@@ -504,6 +516,16 @@ def main() -> None:
                 print(f"plot: {png}")
         except ImportError as exc:
             print(f"no plots ({exc}); install matplotlib into the venv: pip install matplotlib")
+    if not full:
+        print("not recorded as benchmarks/results/latest.json: a partial run (arguments other than the defaults)")
+        return
+    try:
+        if commit_id() != commit:
+            raise NotRecordable(f"HEAD moved from {commit} during the run")
+        for path in record_latest(out_path, plots=not a.no_plot):
+            print(f"recorded: {path}")
+    except (NotRecordable, ImportError) as exc:
+        print(f"not recorded: {exc}")
 
 
 if __name__ == "__main__":
