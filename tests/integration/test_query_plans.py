@@ -129,7 +129,7 @@ def test_hot_statements_never_scan_by_state_with_stale_statistics(make_app: Call
 def test_the_outbox_claim_reads_the_pending_index_after_a_backlog_was_analyzed(make_app: Callable[..., App]) -> None:
     """ANALYZE saw a backlog (every outbox row PENDING); then most rows were SENT. Matching the
     namespace by plain equality, the planner walked the primary key in id order past every
-    SENT row on each claim (20,000 rows: 8-13 ms a claim, growing as the backlog drained),
+    SENT row on each claim (a cost that grows as the backlog drains: quadratic over a drain),
     and looked the leased rows up with a scan of the whole outbox. The claim must read
     ix_dt_outbox_pending (only PENDING rows) and find the leased rows by id."""
     app = make_app()
@@ -184,7 +184,7 @@ def empty_tables(database_url: str, tmp_path: Path) -> Iterator[App]:
 async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_tables(empty_tables: App) -> None:
     """A prepared statement keeps the generic plan it got when it was prepared. Planned while
     the tables were small, the lease and the mark-SENT scanned all of dt_outbox and dt_tasks on
-    every pass as they grew (docs/performance.md, seventh round). On the loops' own connections
+    every pass as they grew (docs/performance.md, "Why it is built this way"). On the loops' own connections
     no hot statement may plan a sequential scan of a runtime table, even on tables that are
     empty and were never analyzed; the application's pool keeps its own planner settings."""
     app = empty_tables
