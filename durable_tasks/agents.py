@@ -96,6 +96,8 @@ class AgentRun(SQLModel, table=True):
     """``dt_agent_runs``: one agent run, its current generation and final answer."""
 
     __tablename__ = "dt_agent_runs"
+    # The dashboard's list of runs, newest first (durable_tasks.readmodel.agent_runs).
+    __table_args__ = (sa.Index("ix_dt_agent_runs_created", "namespace", "created_at", "id"),)
     id: str = Field(primary_key=True, max_length=36)
     namespace: str = Field(max_length=64)
     agent: str = Field(max_length=200)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from anyio import to_thread
 from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from .. import readmodel
 from ..app import App
 from ..errors import InvalidQueryError
 from ..store.engine import runtime_plans
@@ -31,6 +34,10 @@ CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
 )
+
+
+#: How long the search form's list of task names is reused.
+NAMES_TTL_S = 30.0
 
 
 def _anonymous(request: Request) -> str:
@@ -53,6 +60,15 @@ class Dashboard:
     def __post_init__(self) -> None:
         self.overview = Overview(self.app)
         self.live = Live(self.app, self.overview, poll_interval=self.poll_interval)
+        self._names: tuple[float, list[str]] = (-NAMES_TTL_S, [])
+
+    async def task_names(self) -> list[str]:
+        """The task names the search offers (read again at most every ``NAMES_TTL_S``)."""
+        at, names = self._names
+        if time.monotonic() - at >= NAMES_TTL_S:
+            names = await to_thread.run_sync(lambda: readmodel.task_names(self.engine, self.namespace))
+            self._names = (time.monotonic(), names)
+        return names
 
     @property
     def engine(self) -> sa.Engine:
@@ -79,6 +95,7 @@ class Dashboard:
         """What every template receives besides its own values."""
         return {
             "request": request,
+            "base": str(request.url_for("dt_overview")),  # row links: one lookup per page, not per row
             "read_only": self.read_only,
             "namespace": self.namespace,
             "csrf_token": self.csrf.token(request),

@@ -96,8 +96,9 @@ class Snapshot:
 class Overview:
     """Collects snapshots for one App; keeps the last hour of finished tasks per minute."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, *, settle: timedelta = SETTLE) -> None:
         self.app = app
+        self.settle = settle
         self._minutes: dict[tuple[str, int], _Minute] = defaultdict(_Minute)
         self._after: tuple[datetime, str] | None = None
         self._rng = random.Random()
@@ -114,7 +115,7 @@ class Overview:
         if self._after is None:
             self._after = (now - WINDOW, "")
         for _ in range(PAGES_PER_REFRESH):
-            rows = readmodel.finished_after(self.engine, namespace, self._after, until=now - SETTLE)
+            rows = readmodel.finished_after(self.engine, namespace, self._after, until=now - self.settle)
             for r in rows:
                 latency = (r.finished_at - r.created_at).total_seconds() * 1000
                 self._minutes[(r.queue, int(r.finished_at.timestamp() // 60))].add(r.state, latency, self._rng)
@@ -151,23 +152,37 @@ class Overview:
         return out
 
     async def snapshot(self) -> Snapshot:
-        """Collect the overview now."""
+        """Collect the overview now: Redis and the two database reads run side by side."""
         now = datetime.now(UTC)
-        stats = await self.app.stats()
-        queues = sorted(set(stats) | set(self.app.queues()))
-        namespace = self.app.settings.namespace
-        counts = await to_thread.run_sync(
-            lambda: readmodel.state_counts(self.engine, namespace, queues, [s.value for s in COUNTED_STATES])
-        )
-        async with self._lock:
-            await to_thread.run_sync(self._absorb, now)
+        namespace, registered = self.app.settings.namespace, self.app.queues()
+        found: dict[str, Any] = {}
+
+        async def read_stats() -> None:
+            found["stats"] = await self.app.stats()
+
+        async def read_counts() -> None:
+            states = [s.value for s in COUNTED_STATES]
+            found["counts"] = await to_thread.run_sync(
+                lambda: readmodel.state_counts(self.engine, namespace, registered, states)
+            )
+
+        async def read_finished() -> None:
+            async with self._lock:
+                await to_thread.run_sync(self._absorb, now)
+
+        async with anyio.create_task_group() as tg:
+            for part in (read_stats, read_counts, read_finished):
+                tg.start_soon(part)
+        stats_by_queue: dict[str, QueueStats] = found["stats"]
+        counts = found["counts"]
+        queues = sorted(set(stats_by_queue) | set(registered))
         views = []
         for queue in queues:
             per_minute, rate, p50, p99 = self._queue_numbers(queue, now)
             views.append(
                 QueueView(
                     queue,
-                    stats.get(queue) or QueueStats(0, 0.0, 0, 0.0, 0.0, 0),
+                    stats_by_queue.get(queue) or QueueStats(0, 0.0, 0, 0.0, 0.0, 0),
                     {s.value: counts.get((queue, s.value), 0) for s in COUNTED_STATES},
                     per_minute,
                     rate,

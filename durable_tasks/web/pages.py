@@ -4,6 +4,7 @@ agent runs, audit log. Every list is one keyed page of the read model."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from anyio import to_thread
@@ -11,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, StreamingResponse
 
 from .. import dlq, readmodel
+from ..doctor import diagnose, gather_facts
 from ..errors import InvalidQueryError
 from ..records import TaskState
 from .context import Dashboard, bad_query, parse_time
@@ -19,6 +21,8 @@ from .render import STATIC_DIR, STATIC_FILES
 __all__ = ["add_pages"]
 
 FAILED_STATES = (TaskState.FAILED.value, TaskState.DEAD.value)
+#: How long the doctor's findings are shown before the checks run again.
+DOCTOR_TTL_S = 60.0
 
 
 def add_pages(router: APIRouter, d: Dashboard) -> None:
@@ -79,7 +83,7 @@ def _add_tasks(router: APIRouter, d: Dashboard) -> None:
             page = await to_thread.run_sync(
                 lambda: readmodel.list_tasks(d.engine, d.namespace, flt, cursor=cursor or None)
             )
-            names = await to_thread.run_sync(lambda: readmodel.task_names(d.engine, d.namespace))
+            names = await d.task_names()
         except InvalidQueryError as exc:
             raise bad_query(exc) from exc
         form = {"id": id, "key": key, "name": name, "state": state, "queue": queue, "since": since, "until": until}
@@ -140,12 +144,16 @@ def _add_operations(router: APIRouter, d: Dashboard) -> None:
         values = {"consumers": consumers, "loads": loads, "lease_timeout": d.app.settings.lease_timeout}
         return d.render(request, "workers.html", values)
 
-    @router.get("/doctor", name="dt_doctor", response_class=HTMLResponse)
-    async def doctor(request: Request) -> HTMLResponse:
-        from ..doctor import diagnose, gather_facts
+    checked: dict[str, Any] = {}
 
-        findings = diagnose(await gather_facts(d.app))
-        return d.render(request, "doctor.html", {"findings": findings})
+    @router.get("/doctor", name="dt_doctor", response_class=HTMLResponse)
+    async def doctor(request: Request, again: bool = False) -> HTMLResponse:
+        # The checks read server settings and reflect the schema (hundreds of ms): their
+        # findings are kept for a while, and "check again" asks anew.
+        at = checked.get("at")
+        if again or at is None or (datetime.now(UTC) - at).total_seconds() > DOCTOR_TTL_S:
+            checked.update(findings=diagnose(await gather_facts(d.app)), at=datetime.now(UTC))
+        return d.render(request, "doctor.html", {"findings": checked["findings"], "checked_at": checked["at"]})
 
     @router.get("/audit", name="dt_audit", response_class=HTMLResponse)
     async def audit(request: Request, before: int = 0) -> HTMLResponse:

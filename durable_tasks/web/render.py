@@ -55,7 +55,7 @@ def fmt_dt(value: datetime | None) -> str:
         return NONE
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return value.astimezone(UTC).isoformat(sep=" ", timespec="milliseconds")[:23]
 
 
 def fmt_since(value: datetime | None, now: datetime | None = None) -> str:

@@ -1,5 +1,6 @@
 """An App configured from DT_* environment variables for the dashboard's tests: a task that
-succeeds, one that fails with a message, and one that naps (to be caught running)."""
+succeeds, one that fails with a message, one that naps (to be caught running), and an agent
+with a scripted model and one tool."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from durable_tasks import App, TaskContext
+from durable_tasks.agents import Agent, ModelTurn, ScriptedModel, ToolCall
 
 app = App()
 
@@ -35,3 +37,24 @@ def explode(ctx: TaskContext[Echo], p: Echo) -> None:
 def nap(ctx: TaskContext[Nap], p: Nap) -> str:
     time.sleep(p.seconds)
     return f"slept {p.seconds}"
+
+
+class City(BaseModel):
+    city: str
+
+
+def weather_script(messages: list[dict[str, Any]]) -> ModelTurn:
+    """Turn 0 asks for the weather in two cities; turn 1 answers from the tool results."""
+    if not any(m["role"] == "assistant" for m in messages):
+        calls = [ToolCall(id=f"call_{c}", name="weather", arguments={"city": c}) for c in ("Oslo", "Lima")]
+        return ModelTurn(content="Let me look both up.", tool_calls=calls)
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    return ModelTurn(content=f"Forecasts: {', '.join(results)}")
+
+
+forecaster = Agent(app, "forecaster", ScriptedModel(weather_script), queue="web-agent")
+
+
+@forecaster.tool(description="The forecast for a city")
+def weather(ctx: TaskContext[Any], args: City) -> str:
+    return f"{args.city}: sunny"

@@ -85,7 +85,6 @@ def test_overview_updates_live_without_a_reload(stack: Stack, page: Any) -> None
     # The dashboard polls every 30 s: a change well within that was woken by the submit's NOTIFY.
     wait_until(lambda: int(backlog.inner_text()) > before, timeout=15, what="the backlog to grow on the page")
     assert page.evaluate("window.dtLoadedAt") == loaded_at, "the page was reloaded"
-    shot(page, "overview")
 
 
 def test_replaying_a_dead_letter_from_the_page_runs_it(
@@ -178,3 +177,30 @@ def test_workers_doctor_and_agent_pages_render(stack: Stack, page: Any, runtime:
     page.goto(stack.url + "/doctor")
     assert "maxmemory-policy" in page.inner_text("#findings")
     shot(page, "doctor")
+
+
+def test_an_agent_runs_timeline_and_retry_from_a_turn(stack: Stack, page: Any, runtime: None) -> None:
+    from tests.apps.web_app import forecaster
+
+    app = stack.app()
+    with Session(app.engine) as session:
+        run_id = forecaster.start(session, "Weather in Oslo and Lima?")
+        session.commit()
+    wait_until(lambda: forecaster.get_run(run_id).state == "DONE", timeout=60, what="the agent run")
+    page.goto(f"{stack.url}/agents")
+    assert run_id[:8] in page.inner_text("#runs")
+    page.goto(f"{stack.url}/agents/{run_id}")
+    timeline = page.inner_text(".timeline")
+    assert "Let me look both up." in timeline
+    assert "Oslo: sunny" in timeline
+    assert timeline.count("SUCCEEDED") == 2  # each tool call's task state
+    page.locator(".retry-turn").nth(1).click()  # retry from turn 1: the model is asked again
+    page.wait_for_selector("#notice")
+    assert "generation 1 from turn 1" in page.inner_text("#notice")
+    wait_until(lambda: forecaster.get_run(run_id).generation == 1, timeout=10, what="the new generation")
+    wait_until(lambda: forecaster.get_run(run_id).state == "DONE", timeout=60, what="the retried run")
+    page.goto(f"{stack.url}/agents/{run_id}")
+    assert "(superseded)" in page.inner_text(".timeline")
+    shot(page, "agent-run")
+    page.goto(stack.url + "/")  # every earlier test's tasks have finished: the charts have points
+    shot(page, "overview")

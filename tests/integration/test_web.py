@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.testclient import TestClient
 from sqlmodel import Session
@@ -16,7 +18,9 @@ from typer.testing import CliRunner
 from durable_tasks import App, TaskContext, readmodel
 from durable_tasks.cli import cli
 from durable_tasks.errors import ConfigurationError, InvalidQueryError
+from durable_tasks.records import tasks_table
 from durable_tasks.web import BasicAuth, check_bind, create_app, create_router
+from durable_tasks.web.overview import Overview
 
 
 def with_tasks(make_app: Callable[..., App], count: int) -> tuple[App, list[str]]:
@@ -142,3 +146,46 @@ def test_the_dashboard_refuses_to_listen_beyond_loopback_without_auth(cli_app_en
     result = CliRunner().invoke(cli, ["web", "tests.apps.cli_app:app", "--host", "0.0.0.0"], env={"COLUMNS": "200"})
     assert result.exit_code == 2
     assert "refusing to serve the dashboard on 0.0.0.0" in result.output
+
+
+@pytest.mark.anyio
+async def test_the_overview_counts_failures_and_charts_what_finished(app: App) -> None:
+    @app.task(name="w.ok", queue="wq")
+    def ok(ctx: TaskContext[dict[str, Any]], p: dict[str, Any]) -> None:
+        return None
+
+    @app.task(name="w.boom", queue="wq", max_attempts=1)
+    def boom(ctx: TaskContext[dict[str, Any]], p: dict[str, Any]) -> None:
+        raise ValueError("boom")
+
+    with Session(app.engine) as session:
+        for task in (ok, ok, ok, boom):
+            app.submit(session, task, {})
+        session.commit()
+    await app.dispatch_once()
+    assert await app.work(max_tasks=4, timeout=30) == 4
+    overview = Overview(app, settle=timedelta(0))  # the dashboard waits 2 s for late commits
+    snapshot = await overview.snapshot()
+    [queue] = snapshot.queues
+    assert queue.counts["FAILED"] == 1
+    assert queue.counts["PENDING"] == 0
+    assert queue.failure_rate == 0.25
+    assert queue.p50_ms is not None
+    series = snapshot.series["wq"]
+    assert (sum(series["done"]), sum(series["failed"])) == (3, 1)
+    again = await overview.snapshot()  # nothing new finished: nothing is counted twice
+    assert sum(again.series["wq"]["done"]) == 3
+
+
+def test_a_task_page_links_to_its_trace(make_app: Callable[..., App]) -> None:
+    app, ids = with_tasks(make_app, 1)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.update(tasks_table)
+            .where(tasks_table.c.id == ids[0])
+            .values(traceparent=f"00-{trace_id}-00f067aa0ba902b7-01")
+        )
+    client = TestClient(create_app(app, trace_url="http://jaeger.local:16686/trace/{trace_id}"))
+    page = client.get(f"/tasks/{ids[0]}")
+    assert f'href="http://jaeger.local:16686/trace/{trace_id}"' in page.text

@@ -11,7 +11,10 @@
   }
 
   function options(kind, width) {
-    var common = { width: width, height: 150, legend: { show: true }, scales: { x: { time: true } } };
+    var common = {
+      width: width, height: 150, legend: { show: true }, scales: { x: { time: true } },
+      axes: [{}, { size: 64 }]
+    };
     if (kind === "throughput") {
       common.series = [{}, { label: "done", stroke: "#1e7b34", width: 1.5 }, { label: "failed", stroke: "#b3261e", width: 1.5 }];
     } else {
