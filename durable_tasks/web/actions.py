@@ -1,5 +1,5 @@
 """The dashboard's actions (POST): rerun and cancel tasks, one or in bulk by filter; replay and
-purge dead letters; retry an agent run from a turn.
+purge dead letters; pause and resume schedules; retry an agent run from a turn.
 
 Each action checks the CSRF token, is refused in read-only mode, goes through the App's own
 operations (a rerun is a new generation through the outbox, never a hand-made stream entry),
@@ -22,6 +22,7 @@ from starlette.datastructures import URL
 from .. import dlq, readmodel
 from ..errors import DurableTasksError
 from ..records import audit_table
+from ..scheduler import pause_schedule
 from .context import Dashboard
 from .pages import FAILED_STATES
 
@@ -31,10 +32,11 @@ __all__ = ["BULK_LIMIT", "add_actions"]
 BULK_LIMIT = 500
 
 
-def _back(url: URL, notice: str) -> RedirectResponse:
-    """303 back to a dashboard page (its path: the mount's prefix kept), with a notice."""
+def _back(d: Dashboard, url: URL, notice: str) -> RedirectResponse:
+    """303 back to a dashboard page (its path: the mount's prefix kept), with a sealed notice."""
     query = f"{url.query}&" if url.query else ""
-    return RedirectResponse(f"{url.path}?{query}{urlencode({'notice': notice})}", status_code=303)
+    sealed = urlencode({"notice": notice, "seal": d.csrf.seal(notice)})
+    return RedirectResponse(f"{url.path}?{query}{sealed}", status_code=303)
 
 
 def add_actions(router: APIRouter, d: Dashboard) -> None:
@@ -65,6 +67,7 @@ def add_actions(router: APIRouter, d: Dashboard) -> None:
     guarded = [Depends(guard)]
     _add_task_actions(router, d, act, guarded)
     _add_dead_letter_actions(router, d, act, guarded)
+    _add_schedule_actions(router, d, act, guarded)
     _add_agent_actions(router, d, act, guarded)
 
 
@@ -92,7 +95,7 @@ def _add_task_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[o
             return "new generation queued"
 
         notice = await act(request, "rerun", task_id, go)
-        return _back(request.url_for("dt_task", task_id=task_id), notice)
+        return _back(d, request.url_for("dt_task", task_id=task_id), notice)
 
     @router.post("/tasks/{task_id}/cancel", name="dt_task_cancel", dependencies=guarded)  # type: ignore[arg-type]
     async def cancel(request: Request, task_id: str) -> RedirectResponse:
@@ -106,7 +109,7 @@ def _add_task_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[o
             return "cancelled" if await to_thread.run_sync(cancel_now) else "already final, unchanged"
 
         notice = await act(request, "cancel", task_id, go)
-        return _back(request.url_for("dt_task", task_id=task_id), notice)
+        return _back(d, request.url_for("dt_task", task_id=task_id), notice)
 
     @router.post("/failures/rerun", name="dt_failures_rerun", dependencies=guarded)  # type: ignore[arg-type]
     async def rerun_failures(
@@ -134,7 +137,7 @@ def _add_task_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[o
 
         target = f"filter state={state or 'FAILED|DEAD'} queue={queue or '*'} name={name or '*'}"
         notice = await act(request, "bulk-rerun", target if scope == "filter" else ",".join(ids[:BULK_LIMIT]), go)
-        return _back(request.url_for("dt_failures"), notice)
+        return _back(d, request.url_for("dt_failures"), notice)
 
 
 def _add_dead_letter_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[object]) -> None:
@@ -158,7 +161,7 @@ def _add_dead_letter_actions(router: APIRouter, d: Dashboard, act: Act, guarded:
             return f"{len(await dlq.replay(d.app, queue, chosen))} task(s) replayed"
 
         notice = await act(request, "dlq-replay", f"{queue}:{'all' if chosen is None else ','.join(chosen)}", go)
-        return _back(request.url_for("dt_dead_letters").include_query_params(queue=queue), notice)
+        return _back(d, request.url_for("dt_dead_letters").include_query_params(queue=queue), notice)
 
     @router.post("/dead-letters/{queue}/purge", name="dt_dlq_purge", dependencies=guarded)  # type: ignore[arg-type]
     async def purge(
@@ -173,7 +176,20 @@ def _add_dead_letter_actions(router: APIRouter, d: Dashboard, act: Act, guarded:
             return f"{await dlq.purge(d.app, queue, chosen)} entr(y/ies) purged"
 
         notice = await act(request, "dlq-purge", f"{queue}:{'all' if chosen is None else ','.join(chosen)}", go)
-        return _back(request.url_for("dt_dead_letters").include_query_params(queue=queue), notice)
+        return _back(d, request.url_for("dt_dead_letters").include_query_params(queue=queue), notice)
+
+
+def _add_schedule_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[object]) -> None:
+    @router.post("/schedules/{name}/pause", name="dt_schedule_pause", dependencies=guarded)  # type: ignore[arg-type]
+    async def pause(request: Request, name: str, paused: str = Form("1")) -> RedirectResponse:
+        stop = paused == "1"
+
+        async def go() -> str:
+            await to_thread.run_sync(lambda: pause_schedule(d.app, d.schedules(), name, paused=stop))
+            return "paused" if stop else "resumed (the ticks that fell while paused are skipped)"
+
+        notice = await act(request, "schedule-pause" if stop else "schedule-resume", name, go)
+        return _back(d, request.url_for("dt_schedules"), notice)
 
 
 def _add_agent_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[object]) -> None:
@@ -193,4 +209,4 @@ def _add_agent_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[
             return f"generation {await to_thread.run_sync(retry_now)} from turn {turn}"
 
         notice = await act(request, "agent-retry", f"{run_id} turn {turn}", go)
-        return _back(request.url_for("dt_agent_run", run_id=run_id), notice)
+        return _back(d, request.url_for("dt_agent_run", run_id=run_id), notice)

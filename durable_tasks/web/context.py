@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from .. import readmodel
 from ..app import App
 from ..errors import InvalidQueryError
+from ..periodic import Schedule
 from ..store.engine import runtime_plans
 from .live import Live
 from .overview import Overview
@@ -80,6 +81,12 @@ class Dashboard:
         """The App's namespace."""
         return self.app.settings.namespace
 
+    def schedules(self) -> Mapping[str, Schedule]:
+        """The App's declared periodic schedules (none until the App holds them; the rows of
+        ``dt_schedules`` are listed either way)."""
+        declared = getattr(self.app, "schedules", None)
+        return declared if isinstance(declared, Mapping) else {}
+
     def who(self, request: Request) -> str:
         """Who acts, for the audit log: the user, and the address they came from."""
         client = request.client.host if request.client else "?"
@@ -100,7 +107,7 @@ class Dashboard:
             "namespace": self.namespace,
             "csrf_token": self.csrf.token(request),
             "now": datetime.now(UTC),
-            "notice": request.query_params.get("notice"),
+            "notice": self.csrf.opened(request.query_params.get("notice"), request.query_params.get("seal")),
             "has_agents": bool(self.agents) or self._agents_in_use(),
             **values,
         }

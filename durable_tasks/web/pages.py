@@ -15,6 +15,7 @@ from .. import dlq, readmodel
 from ..doctor import diagnose, gather_facts
 from ..errors import InvalidQueryError
 from ..records import TaskState
+from ..scheduler import list_schedules
 from .context import Dashboard, bad_query, parse_time
 from .render import STATIC_DIR, STATIC_FILES
 
@@ -154,6 +155,11 @@ def _add_operations(router: APIRouter, d: Dashboard) -> None:
         if again or at is None or (datetime.now(UTC) - at).total_seconds() > DOCTOR_TTL_S:
             checked.update(findings=diagnose(await gather_facts(d.app)), at=datetime.now(UTC))
         return d.render(request, "doctor.html", {"findings": checked["findings"], "checked_at": checked["at"]})
+
+    @router.get("/schedules", name="dt_schedules", response_class=HTMLResponse)
+    async def schedules(request: Request) -> HTMLResponse:
+        found = await to_thread.run_sync(lambda: list_schedules(d.app, d.schedules()))
+        return d.render(request, "schedules.html", {"schedules": found})
 
     @router.get("/audit", name="dt_audit", response_class=HTMLResponse)
     async def audit(request: Request, before: int = 0) -> HTMLResponse:

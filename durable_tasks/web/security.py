@@ -92,6 +92,16 @@ class Csrf:
                 response.set_cookie(CSRF_COOKIE, nonce, httponly=True, samesite="strict", path="/")
         return self._sign(nonce)
 
+    def seal(self, text: str) -> str:
+        """A signature of ``text`` (a notice carried in a redirect: shown only when it is ours)."""
+        return self._sign("notice:" + text)
+
+    def opened(self, text: str | None, seal: str | None) -> str | None:
+        """``text`` if ``seal`` is its signature, else None: a link cannot put words on a page."""
+        if not text or not seal or not hmac.compare_digest(seal, self.seal(text)):
+            return None
+        return text
+
     async def verify(self, request: Request) -> None:
         """Refuse (403) an action without this browser's token, or sent from another site."""
         site = request.headers.get("sec-fetch-site")

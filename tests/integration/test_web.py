@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +19,8 @@ from durable_tasks import App, TaskContext, readmodel
 from durable_tasks.cli import cli
 from durable_tasks.errors import ConfigurationError, InvalidQueryError
 from durable_tasks.records import tasks_table
+from durable_tasks.store import schedules as schedules_store
+from durable_tasks.store.schedules import DeclaredSchedule
 from durable_tasks.web import BasicAuth, check_bind, create_app, create_router
 from durable_tasks.web.overview import Overview
 
@@ -189,3 +191,31 @@ def test_a_task_page_links_to_its_trace(make_app: Callable[..., App]) -> None:
     client = TestClient(create_app(app, trace_url="http://jaeger.local:16686/trace/{trace_id}"))
     page = client.get(f"/tasks/{ids[0]}")
     assert f'href="http://jaeger.local:16686/trace/{trace_id}"' in page.text
+
+
+def test_a_schedule_is_listed_and_paused_from_the_page(make_app: Callable[..., App]) -> None:
+    app, _ = with_tasks(make_app, 1)
+    now = datetime.now(UTC)
+    declared = DeclaredSchedule("nightly", "w.add", "every 3600s", "latest", now + timedelta(hours=1))
+    schedules_store.declare(app.engine, app.settings.namespace, [declared], now)
+    client = TestClient(create_app(app))
+    page = client.get("/schedules")
+    assert "nightly" in page.text
+    assert "every 3600s" in page.text
+    done = client.post(
+        "/schedules/nightly/pause", data={"csrf_token": token_of(page.text), "paused": "1"}, follow_redirects=False
+    )
+    assert done.status_code == 303
+    assert schedules_store.load(app.engine, app.settings.namespace)["nightly"].paused
+    audit = readmodel.audit_entries(app.engine, app.settings.namespace)
+    assert (audit.items[0]["action"], audit.items[0]["target"]) == ("schedule-pause", "nightly")
+
+
+def test_a_notice_shows_only_when_the_dashboard_wrote_it(make_app: Callable[..., App]) -> None:
+    app, ids = with_tasks(make_app, 1)
+    client = TestClient(create_app(app))
+    forged = client.get("/tasks", params={"notice": "Session expired: log in at evil.example"})
+    assert "evil.example" not in forged.text
+    page = client.get(f"/tasks/{ids[0]}")
+    done = client.post(f"/tasks/{ids[0]}/cancel", data={"csrf_token": token_of(page.text)})
+    assert f"cancel {ids[0]}: cancelled" in done.text  # followed the redirect to the task page
