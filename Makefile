@@ -4,19 +4,19 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check chaos bench test-cluster clean
+.PHONY: demo test lint typecheck docs check chaos bench test-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,examples,web]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,examples,web,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/durable-tasks demo
 
-test: $(STAMP)
-	$(BIN)/ruff check durable_tasks tests examples
+# What CI runs (.ci/run): lint, format, types, the docs site, then every test.
+test: lint typecheck docs
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -26,7 +26,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: lint typecheck test
+# The site with its API reference, into build/site; a warning fails it.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
+check: test
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos
@@ -39,4 +43,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .durable_tasks .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .durable_tasks .pytest_cache .mypy_cache .ruff_cache build/site
