@@ -21,7 +21,12 @@ from .checker import print_result
 from .harness import Postgres
 from .scenarios import KNOWN_BUGS, SCENARIOS, ScenarioContext, Size, run_scenario
 
-pytestmark = pytest.mark.slow  # spawns processes (the repo's meaning of "slow"; it still runs by default)
+pytestmark = [
+    pytest.mark.slow,  # spawns processes (the repo's meaning of "slow"; it still runs by default)
+    # A scenario starts its servers and processes, injects its faults and waits for the system to
+    # settle: tens of seconds alone, a few minutes on a 2-core machine shared with other suites.
+    pytest.mark.timeout(600),
+]
 
 
 def _params() -> list[object]:

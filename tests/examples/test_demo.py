@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)  # the demo's own limit is 120 s (below); this leaves it room to report
 def test_the_demo_passes_its_invariant_checks(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "durable_tasks", "demo", "--data-dir", str(tmp_path / "demo")],

@@ -147,6 +147,7 @@ async def test_metrics_count_outcomes_and_observe_queues(make_app: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three processes start, each importing the SDK: minutes on a busy 2-core machine
 async def test_one_trace_across_submitter_dispatcher_and_worker_processes(
     make_app: Any, spans: InMemorySpanExporter, database_url: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
