@@ -12,7 +12,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Files outside docs/ that pages link to, published at the same path in the site.
-OUTSIDE = ("benchmarks/README.md", "benchmarks/results/latest*", "examples/*/README.md")
+OUTSIDE = ("benchmarks/README.md", "benchmarks/results/latest*", "examples/*/README.md", "tests/docs/README.md")
 _LINK = re.compile(r"(\]\()([^)\s#]+)")
 
 
@@ -69,3 +69,21 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return match.group(1) + posixpath.relpath(site_path, site_dir or ".")
 
     return _LINK.sub(rewrite, markdown)
+
+
+try:
+    from griffe import Extension as _GriffeExtension
+except ImportError:  # the hooks module is imported by mkdocs, which installs griffe with mkdocstrings
+    _GriffeExtension = object  # type: ignore[assignment,misc]
+
+_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj):`~?\.*([^`]+)`")
+
+
+class SphinxRoles(_GriffeExtension):  # type: ignore[misc]
+    """The docstrings name things with Sphinx roles (``:class:`App```); the reference shows them
+    as code, which is what they mean."""
+
+    def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
+        """Rewrite the roles of one object's docstring."""
+        if obj.docstring is not None:
+            obj.docstring.value = _ROLE.sub(r"`\1`", obj.docstring.value)
