@@ -290,19 +290,19 @@ def worker_main() -> None:
 def log_result_commits(path: Path) -> None:
     """Append "task_id epoch_seconds" when each group commit returns (the latency run's
     "result committed"; the finished_at column is stamped before the transaction starts)."""
-    from durable_tasks.store.aio import LoopStore
+    from durable_tasks.store.postgres import PostgresStore
 
-    commit = LoopStore.commit_results
+    commit = PostgresStore.commit_results
     out = path.open("a", encoding="ascii")
 
     @functools.wraps(commit)
-    async def logged(self: LoopStore, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+    async def logged(self: PostgresStore, writes: Sequence[FinalWrite], *, now: datetime) -> None:
         await commit(self, writes, now=now)
         done = time.time()
         out.writelines(f"{w.claim.task_id} {done:.6f}\n" for w in writes)
         out.flush()
 
-    LoopStore.commit_results = logged  # type: ignore[method-assign]
+    PostgresStore.commit_results = logged  # type: ignore[method-assign]
 
 
 def dispatcher_main() -> None:
@@ -320,7 +320,7 @@ def wait_count(app: App, ns: str, n: int, timeout: float, *, outbox: bool = Fals
     deadline = time.monotonic() + timeout
     done = 0
     while time.monotonic() < deadline:
-        with app.read_engine.connect() as conn:
+        with app.runtime.store.read_engine.connect() as conn:
             done = conn.execute(query).scalar_one()
         if done >= n:
             break
@@ -331,7 +331,7 @@ def wait_count(app: App, ns: str, n: int, timeout: float, *, outbox: bool = Fals
 def span(app: App, ns: str, first: Any, last: Any) -> float:
     """Seconds from the earliest ``first`` to the latest ``last`` in this run's namespace; the
     two timestamp columns may live in different tables (dt_outbox, dt_tasks)."""
-    with app.read_engine.connect() as conn:
+    with app.runtime.store.read_engine.connect() as conn:
         lo = conn.execute(sa.select(sa.func.min(first)).where(first.table.c.namespace == ns)).scalar_one()
         hi = conn.execute(sa.select(sa.func.max(last)).where(last.table.c.namespace == ns)).scalar_one()
     return seconds(hi) - seconds(lo)
@@ -480,7 +480,7 @@ def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> No
                 error=f"only {done - 1}/{n} finished in {timeout:.0f} s",
             )
             return
-        with app.read_engine.connect() as conn:
+        with app.runtime.store.read_engine.connect() as conn:
             rows = conn.execute(
                 sa.select(t.id, t.payload, t.result, t.finished_at, t.started_at, o.sent_at)
                 .join(outbox_table, o.task_id == t.id)
@@ -777,7 +777,7 @@ def rss(n: int, concurrency: int = DRAIN_CONCURRENCY, timeout: float = 1800) -> 
             def observe() -> None:
                 nonlocal done, next_count
                 if time.monotonic() >= next_count:
-                    with app.read_engine.connect() as conn:
+                    with app.runtime.store.read_engine.connect() as conn:
                         done = conn.execute(query).scalar_one()
                     series.append((done, round(samples[-1], 1)))
                     next_count = time.monotonic() + 1.0

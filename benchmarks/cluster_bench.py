@@ -103,7 +103,7 @@ def measure(cluster: Cluster, n: int, partitions: int, concurrency: int, timeout
                 submit_s=round(submit_s, 2),
             )
             settled, elapsed = anyio.run(work_timed, app, n, timeout)
-            with app.read_engine.connect() as conn:
+            with app.runtime.store.read_engine.connect() as conn:
                 done = conn.execute(
                     sa.select(sa.func.count()).where(t.namespace == ns, t.state == "SUCCEEDED")
                 ).scalar_one()

@@ -6,8 +6,8 @@
 Bulk (the default): submits N tasks (fresh schema and namespace, like bench_dt), then runs
 dispatch passes of ``--batch`` rows until the outbox is empty and prints the rate, the process
 CPU per row, the local Postgres and Redis CPU per row, and the wall time and thread CPU per row
-of each stage: the lease statement (``LoopStore.lease_outbox``), the enqueue script
-(``RedisStreamsTransport.publish``) and the mark-SENT (``LoopStore.settle_outbox``). On
+of each stage: the lease statement (``PostgresStore.lease_outbox``), the enqueue script
+(``RedisStreamsTransport.publish``) and the mark-SENT (``PostgresStore.settle_outbox``). On
 PostgreSQL the statements run on the event loop's own connections, so a stage's "thread CPU"
 is the loop thread's while it waited: exact for --one-row (one pass at a time), an upper
 bound in bulk (two passes overlap).
@@ -32,7 +32,7 @@ from sqlmodel import Session
 
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
 from benchmarks.profile_drain import CALLS, machine_busy, server_cpu, server_cpu_since, timed
-from durable_tasks.store.aio import LoopStore
+from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.transport.streams import RedisStreamsTransport
 
 #: publish: [(rows, wall s)] per call (it runs on the event loop: its thread CPU is the loop's)
@@ -135,8 +135,8 @@ def main() -> None:
         "--setup-sql", action="append", default=[], help="bulk: run this SQL after the schema exists (A/B trials)"
     )
     args = ap.parse_args()
-    timed(LoopStore, "lease_outbox", lambda a: 1)
-    timed(LoopStore, "settle_outbox", lambda a: 1)
+    timed(PostgresStore, "lease_outbox", lambda a: 1)
+    timed(PostgresStore, "settle_outbox", lambda a: 1)
     timed_publish()
     if args.one_row:
         one_row(args.one_row)

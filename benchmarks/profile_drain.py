@@ -36,7 +36,7 @@ import anyio
 
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
 from durable_tasks.process import tune_gc
-from durable_tasks.store.aio import LoopStore
+from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.worker import Worker
 
 #: name -> [(items, wall s, thread CPU s)] per call
@@ -175,15 +175,15 @@ def main() -> None:
         "--setup-sql", action="append", default=[], help="run this SQL after the schema exists (A/B trials)"
     )
     args = ap.parse_args()
-    timed(LoopStore, "claim_executions", lambda a: len(a[2]))  # (self, namespace, requests)
-    timed(LoopStore, "commit_results", lambda a: len(a[1]))  # (self, writes)
+    timed(PostgresStore, "claim_executions", lambda a: len(a[2]))  # (self, namespace, requests)
+    timed(PostgresStore, "commit_results", lambda a: len(a[1]))  # (self, writes)
     with bench_app(batch_size=500) as (app, _db, _ns):
         with app.engine.begin() as conn:
             for statement in args.setup_sql:
                 conn.exec_driver_sql(statement)
         submit_many(app, args.n)
         anyio.run(dispatch_all, app)
-        worker = Worker(app, concurrency=args.concurrency)
+        worker = Worker(app.runtime, concurrency=args.concurrency)
         tune_gc(app.settings)  # as the CLI's worker process does (DT_GC_YOUNG_THRESHOLD=0: Python's defaults)
 
         async def drain() -> int:

@@ -12,6 +12,7 @@ from .errors import (
     ConfigurationError,
     DatabaseUnavailableError,
     DurableTasksError,
+    EmbeddedServerError,
     InvalidIdempotencyKeyError,
     PayloadError,
     PayloadNotSerializableError,
@@ -23,8 +24,9 @@ from .errors import (
     UnknownTaskError,
 )
 from .reaper import ReapReport
-from .records import AttemptOutcome, OutboxState, TaskState
-from .settings import Settings
+from .records import AttemptOutcome, TaskState
+from .settings import Settings, SettingsOverrides
+from .store.retention import PruneReport
 from .tasks import Task, TaskContext, TaskHandle
 from .views import AttemptInfo, QueueStats, TaskInfo
 
@@ -37,17 +39,19 @@ __all__ = [
     "ConfigurationError",
     "DatabaseUnavailableError",
     "DurableTasksError",
+    "EmbeddedServerError",
     "FrozenClock",
     "InvalidIdempotencyKeyError",
-    "OutboxState",
     "PayloadError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "PayloadValidationError",
+    "PruneReport",
     "QueueStats",
     "ReapReport",
     "ResultNotSerializableError",
     "Settings",
+    "SettingsOverrides",
     "Task",
     "TaskContext",
     "TaskDeadLetteredError",

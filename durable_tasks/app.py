@@ -1,22 +1,21 @@
-"""The App: task registry, settings, database and Redis wiring, and the runtime's entry points."""
+"""The App: the user's face of the runtime. It registers tasks, records intents in the
+caller's transaction, reads tasks back, and runs the loops on the :class:`~.runtime.Runtime`
+it assembles (settings, clock, telemetry, registry, store, transport)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import Any, TypeVar
+from types import MappingProxyType
+from typing import Any, Unpack
 
 import anyio
-import redis.asyncio as aioredis
 import sqlalchemy as sa
 import tenacity
 from anyio import to_thread
-from redis.asyncio.cluster import ClusterNode
-from redis.exceptions import RedisClusterException, RedisError
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlmodel import SQLModel
 
@@ -31,18 +30,16 @@ from .errors import (
     TaskNotFoundError,
     UnknownTaskError,
 )
-from .notify import OutboxWaiter, waiter_for
+from .outages import UNREACHABLE, broker_errors, database_error, database_errors
 from .reaper import Reaper, ReapReport
-from .settings import NAME_PATTERN, Settings
-from .store import queries, retention
-from .store import submit as submit_store
-from .store.aio import LoopStore
-from .store.engine import create_engine, read_only, runtime_plans
+from .runtime import Runtime
+from .settings import NAME_PATTERN, Settings, SettingsOverrides
+from .stats import queue_stats
+from .store import open_store
 from .store.retention import PruneReport
-from .tasks import Task, TaskContext, TaskHandle
+from .store.submit import NewTask
+from .tasks import Task, TaskContext, TaskDecorator, TaskHandle
 from .telemetry import Redactor, Telemetry, traceparent_of
-from .transport.streams import RedisStreamsTransport
-from .urls import safe_url
 from .views import QueueStats, TaskInfo
 from .worker import Worker
 
@@ -52,16 +49,13 @@ logger = logging.getLogger(__name__)
 
 _MAX_TASK_NAME = 200  # dt_tasks.name
 
-P = TypeVar("P")
-R = TypeVar("R")
-HandlerT = Callable[[TaskContext[P], P], Any]
-
 
 class App:
-    """One durable task runtime: holds the engine, the Redis client, the registry, settings.
+    """One durable task runtime: the registry of tasks, the settings, the database and Redis.
 
     ``App()`` with no URLs uses a SQLite file and an embedded Valkey in ``data_dir``; every
-    argument can also come from ``DT_*`` environment variables.
+    setting can be passed as a keyword argument (``App(url, lease_timeout=timedelta(seconds=30))``)
+    or come from its ``DT_*`` environment variable.
     """
 
     def __init__(
@@ -74,7 +68,7 @@ class App:
         clock: Clock = system_clock,
         redact: Redactor | None = None,
         tables: Sequence[type[SQLModel]] = (),
-        **overrides: Any,
+        **overrides: Unpack[SettingsOverrides],
     ) -> None:
         given = {"database_url": database_url, "redis_url": redis_url, "namespace": namespace, **overrides}
         try:
@@ -84,20 +78,29 @@ class App:
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid durable_tasks settings: {exc}") from exc
-        self.clock = clock
-        self.tables = list(tables)
-        self.telemetry = Telemetry(self.settings.namespace, trace_payloads=self.settings.trace_payloads, redact=redact)
-        self.latest_stats: dict[str, QueueStats] = {}
-        self.telemetry.observe_queues(self)
-        self.registry: dict[str, Task[Any, Any]] = {}
-        self.paused_queues: set[str] = set()
-        self._engine: sa.Engine | None = None
-        self._runtime_engine: tuple[sa.Engine, sa.Engine] | None = None  # (engine, its runtime_plans view)
+        #: The application's tables: create_all makes them beside the runtime's.
+        self.tables: list[type[SQLModel]] = list(tables)
+        self._registry: dict[str, Task[Any, Any]] = {}
         self._redis_url: str | None = self.settings.redis_url
-        # The transport of the event loop that made it (redis.asyncio clients are bound to one loop;
-        # the loop object, not its id, is kept: a new loop may reuse a dead one's id).
-        self._transport: tuple[asyncio.AbstractEventLoop, RedisStreamsTransport] | None = None
-        self._store: tuple[asyncio.AbstractEventLoop, LoopStore] | None = None  # the same rule
+        s = self.settings
+        #: What the dispatcher, workers and reaper of this App run on.
+        self.runtime = Runtime(
+            s,
+            clock=clock,
+            telemetry=Telemetry(s.namespace, trace_payloads=s.trace_payloads, redact=redact),
+            registry=MappingProxyType(self._registry),
+            open_store=lambda: open_store(s),
+            redis_url=lambda: self.redis_url,
+        )
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every timestamp and lease of this App is read from."""
+        return self.runtime.clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self.runtime.clock = clock
 
     # -- declaring tasks -----------------------------------------------------------------
 
@@ -109,62 +112,50 @@ class App:
         max_attempts: int = 3,
         timeout: timedelta | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
-    ) -> Callable[[HandlerT[P]], Task[P, Any]]:
-        """Register ``fn(ctx, payload)`` as a task (sync or async).
+    ) -> TaskDecorator:
+        """Register ``fn(ctx, payload) -> R`` (sync or async) as a ``Task[payload, R]``.
 
         ``max_attempts`` counts executions that raise; ``retry_on`` limits which exceptions
         retry (default: all); ``timeout`` bounds one attempt.
         """
 
-        def register(f: HandlerT[P]) -> Task[P, Any]:
+        def register(f: Callable[[TaskContext[Any], Any], Any]) -> Task[Any, Any]:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             if not NAME_PATTERN.fullmatch(queue):
                 raise ConfigurationError(f"queue name {queue!r} must match {NAME_PATTERN.pattern}")
             if not 0 < len(task_name) <= _MAX_TASK_NAME:
                 raise ConfigurationError(f"task name {task_name[:40]!r}… must be 1-{_MAX_TASK_NAME} characters")
-            if task_name in self.registry:
+            if task_name in self._registry:
                 raise ConfigurationError(
                     f"a task named {task_name!r} is already registered; pass name=... to register this one apart"
                 )
             if max_attempts < 1:
                 raise ConfigurationError("max_attempts must be at least 1")
-            t: Task[P, Any] = Task(
-                self, f, name=task_name, queue=queue, max_attempts=max_attempts, timeout=timeout, retry_on=retry_on
+            t: Task[Any, Any] = Task(
+                f,
+                submit=self.submit,
+                name=task_name,
+                queue=queue,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                retry_on=retry_on,
             )
-            self.registry[task_name] = t
+            self._registry[task_name] = t
             return t
 
         return register
 
-    def queues(self) -> list[str]:
-        """Every queue a registered task uses."""
-        return sorted({t.queue for t in self.registry.values()})
+    @property
+    def registry(self) -> Mapping[str, Task[Any, Any]]:
+        """The registered tasks by name (read-only)."""
+        return self.runtime.registry
 
     # -- database ------------------------------------------------------------------------
 
     @property
     def engine(self) -> sa.Engine:
-        """The SQLAlchemy engine (created on first use)."""
-        if self._engine is None:
-            self._engine = create_engine(self.settings.database_url, self.settings.data_dir)
-        return self._engine
-
-    @property
-    def runtime_engine(self) -> sa.Engine:
-        """The same engine and pool, for the runtime's own periodic transactions that run no
-        application code (heartbeats, the reaper's reads): on PostgreSQL they plan with
-        sequential scans priced out, for that transaction only
-        (:func:`.store.engine.runtime_plans`). Transactions that run hooks stay on
-        :attr:`engine`: a hook's statements are the application's, planned as it plans them."""
-        engine = self.engine
-        if self._runtime_engine is None or self._runtime_engine[0] is not engine:
-            self._runtime_engine = (engine, runtime_plans(engine))
-        return self._runtime_engine[1]
-
-    @property
-    def read_engine(self) -> sa.Engine:
-        """The engine for read-only work: on SQLite its transactions do not take the write lock."""
-        return read_only(self.engine)
+        """The SQLAlchemy engine (created on first use): open your Sessions on it to submit."""
+        return self.runtime.store.engine
 
     def create_all(self) -> None:
         """Create the runtime's tables (dt_tasks, dt_outbox, dt_attempts, and the dt_agent_*
@@ -172,14 +163,14 @@ class App:
         they do not exist. ``durable-tasks init-db`` calls this."""
         ours = [table for name, table in SQLModel.metadata.tables.items() if name.startswith("dt_")]
         ours += [model.__table__ for model in self.tables]  # type: ignore[attr-defined]
-        try:
-            SQLModel.metadata.create_all(self.engine, tables=ours)
-        except OperationalError as exc:
-            raise DatabaseUnavailableError(self._db_hint(exc)) from exc
+        with self._database_errors():
+            self.runtime.store.create_all(ours)
 
-    def _db_hint(self, exc: BaseException) -> str:
-        url = safe_url(self.engine.url.render_as_string(hide_password=False))
-        return f"cannot reach the database at {url}: {exc}. Start it, or point DT_DATABASE_URL at one."
+    def _database_errors(self) -> AbstractContextManager[None]:
+        return database_errors(lambda: self.engine)
+
+    def _broker_errors(self) -> AbstractContextManager[None]:
+        return broker_errors(lambda: self.redis_url)
 
     # -- writing intents -----------------------------------------------------------------
 
@@ -199,21 +190,21 @@ class App:
         key stay in one partition, in order); by default the task id spreads them.
 
         Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
-        oversized payload, or a bad idempotency key.
+        oversized payload, a bad idempotency key, or an unreachable database.
         """
         if isinstance(task, str):
-            found = self.registry.get(task)
+            found = self._registry.get(task)
             if found is None:
-                raise UnknownTaskError(f"no task named {task!r}; registered: {sorted(self.registry)}")
+                raise UnknownTaskError(f"no task named {task!r}; registered: {sorted(self._registry)}")
             task = found
-        s = self.settings
+        s, telemetry = self.settings, self.runtime.telemetry
         self._check_idempotency_key(idempotency_key)
         payload_json = codec.encode_payload(
             task.payload_adapter, payload, task=task.name, max_bytes=s.max_payload_bytes, max_depth=s.max_json_depth
         )
-        with self.telemetry.submit_span(task.name, task.queue) as span:
-            span.set_attributes(self.telemetry.payload_attributes(task.name, "payload", payload_json))
-            new = submit_store.NewTask(
+        with telemetry.submit_span(task.name, task.queue) as span:
+            span.set_attributes(telemetry.payload_attributes(task.name, "payload", payload_json))
+            new = NewTask(
                 namespace=s.namespace,
                 name=task.name,
                 queue=task.queue,
@@ -225,12 +216,12 @@ class App:
                 partition_key=partition_key,
             )
             try:
-                outcome = submit_store.submit_task(session, new, self.clock())
-            except OperationalError as exc:
-                raise DatabaseUnavailableError(self._db_hint(exc)) from exc
+                outcome = self.runtime.store.submit(session, new, self.clock())
+            except UNREACHABLE as exc:  # other errors are the caller's transaction's to handle
+                raise database_error(exc, self.engine) from exc
             span.set_attributes({"durable_tasks.task.id": outcome.task_id, "durable_tasks.created": outcome.created})
         if outcome.created:
-            self.telemetry.submitted.add(1, {"queue": task.queue, "task": task.name})
+            telemetry.submitted.add(1, {"queue": task.queue, "task": task.name})
         return TaskHandle(outcome.task_id, task.name, outcome.generation, outcome.created)
 
     def _check_idempotency_key(self, key: str | None) -> None:
@@ -249,7 +240,8 @@ class App:
 
         Returns the new generation; executions of older generations are fenced out.
         """
-        generation = submit_store.rerun_task(session, self.settings.namespace, task_id, self.clock())
+        with self._database_errors():
+            generation = self.runtime.store.rerun(session, self.settings.namespace, task_id, self.clock())
         if generation is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return generation
@@ -259,14 +251,16 @@ class App:
 
         A running attempt keeps running but its result is fenced out.
         """
-        cancelled = submit_store.cancel_task(session, self.settings.namespace, task_id, self.clock())
+        with self._database_errors():
+            cancelled = self.runtime.store.cancel(session, self.settings.namespace, task_id, self.clock())
         if cancelled is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return cancelled
 
     def get_task(self, task_id: str) -> TaskInfo:
         """The task's state, generation, attempt, result, error and attempts history."""
-        loaded = queries.load_task(self.read_engine, self.settings.namespace, task_id)
+        with self._database_errors():
+            loaded = self.runtime.store.load_task(self.settings.namespace, task_id)
         if loaded is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return TaskInfo.from_records(*loaded)
@@ -274,9 +268,10 @@ class App:
     def prune(self, older_than: timedelta, *, batch: int = 1000, max_batches: int = 1000) -> PruneReport:
         """Delete sent outbox rows and final tasks (with attempts) older than ``older_than``,
         ``batch`` rows per transaction. Pending work is never touched."""
-        return retention.prune(
-            self.engine, self.settings.namespace, before=self.clock() - older_than, batch=batch, max_batches=max_batches
-        )
+        with self._database_errors():
+            return self.runtime.store.prune(
+                self.settings.namespace, before=self.clock() - older_than, batch=batch, max_batches=max_batches
+            )
 
     # -- Redis ---------------------------------------------------------------------------
 
@@ -288,53 +283,6 @@ class App:
 
             self._redis_url = ensure_valkey(self.settings.data_dir)
         return self._redis_url
-
-    def transport(self) -> RedisStreamsTransport:
-        """The Redis Streams transport for the running event loop."""
-        loop = asyncio.get_running_loop()
-        if self._transport is not None and self._transport[0] is loop:
-            return self._transport[1]
-        url, cluster = self.redis_url, self.settings.redis_cluster
-        if url.startswith("redis+cluster://") or url.startswith("rediss+cluster://"):
-            url, cluster = url.replace("+cluster", "", 1), True
-        # Undecodable bytes in an entry must not break every read: they become U+FFFD, the
-        # entry is then malformed, and it goes to the DLQ.
-        client: aioredis.Redis | aioredis.RedisCluster = (
-            _cluster_client(url)
-            if cluster
-            else aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="replace")
-        )
-        found = RedisStreamsTransport(
-            client,
-            self.settings.namespace,
-            dedup_ttl=self.settings.dedup_ttl,
-            partitions=self.settings.queue_partitions,
-            signing_key=key.get_secret_value().encode() if (key := self.settings.signing_key) else None,
-        )
-        self._transport = (loop, found)  # one loop at a time; a finished loop's client is dropped
-        return found
-
-    def store(self) -> LoopStore:
-        """The dispatcher's and worker's hot database paths, for the running event loop."""
-        loop = asyncio.get_running_loop()
-        if self._store is not None and self._store[0] is loop:
-            return self._store[1]
-        if self._store is not None:  # a finished loop's connections: closing does not wait on the server
-            self._store[1].close()
-        found = LoopStore(self.engine)
-        self._store = (loop, found)
-        return found
-
-    def transport_for(self, queue: str) -> RedisStreamsTransport | None:
-        """The transport serving ``queue``, or None while the queue is paused."""
-        return None if queue in self.paused_queues else self.transport()
-
-    def outbox_waiter(self) -> OutboxWaiter:
-        """How the dispatcher waits between passes (NOTIFY on Postgres)."""
-        s = self.settings
-        return waiter_for(
-            self.engine, s.namespace, listen_url=s.listen_database_url, check_timeout=s.listen_check_timeout
-        )
 
     async def check_connections(self, *, wait: timedelta = timedelta(0)) -> None:
         """Raise DatabaseUnavailableError / BrokerUnavailableError if either cannot be reached.
@@ -357,16 +305,10 @@ class App:
                 await self._check_connections_once()
 
     async def _check_connections_once(self) -> None:
-        try:
+        with self._database_errors():
             await to_thread.run_sync(lambda: self.engine.connect().close())
-        except SQLAlchemyError as exc:
-            raise DatabaseUnavailableError(self._db_hint(exc)) from exc
-        try:
-            await self.transport().client.ping()
-        except (RedisError, RedisClusterException, OSError) as exc:
-            raise BrokerUnavailableError(
-                f"cannot reach Redis at {safe_url(self.redis_url)}: {exc}. Start it, or point DT_REDIS_URL at one."
-            ) from exc
+        with self._broker_errors():
+            await self.runtime.transport().client.ping()
 
     def stop_embedded(self) -> bool:
         """Stop the embedded Valkey this process started (no-op with a configured Redis URL)."""
@@ -379,53 +321,32 @@ class App:
     async def aclose(self) -> None:
         """Close the Redis client of this event loop, the loops' database connections, and the
         engine's pool."""
-        held, self._transport = self._transport, None
-        if held is not None and held[0] is asyncio.get_running_loop():
-            await held[1].client.aclose()  # a finished loop's client cannot be closed from this one
-        store, self._store = self._store, None
-        if store is not None:
-            store[1].close()
-        if self._engine is not None:
-            self._engine.dispose()
+        await self.runtime.aclose()
 
     # -- running -------------------------------------------------------------------------
 
     async def dispatch_once(self) -> int:
         """One dispatcher pass; returns how many outbox rows it handled (0 when none were due)."""
-        return await Dispatcher(self).dispatch_once()
+        return await Dispatcher(self.runtime).dispatch_once()
 
     async def work(
-        self, max_tasks: int | None = None, timeout: timedelta | float | None = None, *, queues: list[str] | None = None
+        self, max_tasks: int | None = None, timeout: timedelta | None = None, *, queues: list[str] | None = None
     ) -> int:
-        """Run a worker until ``max_tasks`` deliveries are settled or ``timeout`` passes."""
+        """Run a worker until ``max_tasks`` deliveries are settled or ``timeout`` passes
+        (a number of seconds is accepted too); returns how many it settled."""
         if isinstance(timeout, int | float):
             timeout = timedelta(seconds=timeout)
-        return await Worker(self, queues=queues).run(max_tasks=max_tasks, timeout=timeout)
+        return await Worker(self.runtime, queues=queues).run(max_tasks=max_tasks, timeout=timeout)
 
     async def reap_once(self) -> ReapReport:
         """One reaper pass (reclaim, dead-letter, reconcile, trim)."""
-        return await Reaper(self).reap_once()
+        return await Reaper(self.runtime).reap_once()
 
     async def stats(self) -> dict[str, QueueStats]:
         """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,
-        DLQ length."""
-        now = self.clock()
-        backlogs = await to_thread.run_sync(lambda: queries.queue_backlogs(self.read_engine, self.settings.namespace))
-        out: dict[str, QueueStats] = {}
-        for queue in sorted(set(self.queues()) | set(backlogs)):
-            b = backlogs.get(queue)
-            snap = await self.transport().snapshot(queue, now_ms=int(now.timestamp() * 1000))
-            out[queue] = QueueStats(
-                outbox_backlog=b.outbox_backlog if b else 0,
-                outbox_oldest_age_s=(now - b.outbox_oldest).total_seconds() if b and b.outbox_oldest else 0.0,
-                pel_size=snap.pel_size,
-                queue_delay_s=(now - b.oldest_enqueued).total_seconds() if b and b.oldest_enqueued else 0.0,
-                oldest_pending_age_s=snap.oldest_pending_age_s,
-                dlq_length=snap.dlq_length,
-                stream_lag=snap.stream_lag,
-            )
-        self.latest_stats = out
-        return out
+        stream lag, DLQ length."""
+        with self._database_errors(), self._broker_errors():
+            return await queue_stats(self.runtime)
 
     async def run(
         self,
@@ -442,12 +363,12 @@ class App:
         finish (whatever is left stays pending for a reaper); then the dispatcher and reaper end.
         """
         await self.check_connections(wait=self.settings.startup_wait)
-        w = Worker(self, queues=queues) if worker else None
+        w = Worker(self.runtime, queues=queues) if worker else None
         async with anyio.create_task_group() as tg:
             if dispatcher:
-                tg.start_soon(Dispatcher(self).run)
+                tg.start_soon(Dispatcher(self.runtime).run)
             if reaper:
-                tg.start_soon(Reaper(self).run)
+                tg.start_soon(Reaper(self.runtime).run)
             if w is not None:
 
                 async def work_then_stop_all() -> None:
@@ -461,22 +382,3 @@ class App:
                     w.stop()
                 else:
                     tg.cancel_scope.cancel()
-
-
-def _cluster_client(url: str) -> aioredis.RedisCluster:
-    """A cluster client; ``redis://h1:p1,h2:p2/0`` names several seed nodes, so the loss of
-    one of them does not stop a (re)connect. Everything else in the URL (credentials,
-    ``rediss`` and its ``ssl_*`` options) applies to every node."""
-    scheme, _, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    userinfo, _, hosts = netloc.rpartition("@")
-    seeds = []
-    for hostport in hosts.split(","):
-        host, _, port = hostport.rpartition(":")
-        seeds.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
-    # The URL with its first seed alone: redis-py parses it as for one node (TLS options
-    # included), and the other seeds join as startup nodes.
-    first = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts.split(',')[0]}{slash}{path}"
-    return aioredis.RedisCluster.from_url(
-        first, startup_nodes=seeds[1:], decode_responses=True, encoding_errors="replace"
-    )

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from enum import StrEnum
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-from anyio import to_thread
 from opentelemetry.trace import Span
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -22,35 +22,44 @@ from . import failpoints
 from .codec import decode_payload, encode_result
 from .errors import PayloadValidationError, ResultNotSerializableError
 from .policy import FailureDecision, backoff_delay, decide_after_failure
-from .store import leases, results
+from .runtime import Runtime
 from .store.execution import ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .tasks import Task, TaskContext, session_hooks
 
-if TYPE_CHECKING:
-    from .app import App
-
-__all__ = ["LeaseKeeper", "run_attempt"]
+__all__ = ["ExecutionOutcome", "LeaseKeeper", "run_attempt"]
 
 logger = logging.getLogger(__name__)
 
 _NOT_RETRYABLE = (PayloadValidationError, ResultNotSerializableError)
+
+
+class ExecutionOutcome(StrEnum):
+    """What one attempt came to, as the worker counts it (the ``outcome`` of the executions
+    metric). The audit trail records RETRYING and FAILED both as ``failed`` (with a retry
+    reason for the first)."""
+
+    SUCCEEDED = "succeeded"
+    RETRYING = "retrying"
+    FAILED = "failed"
+    FENCED_OUT = "fenced_out"
+
 
 #: ``commit(write)``: hands a final write to the group committer and waits for its outcome.
 Commit = Callable[[FinalWrite], Awaitable[None]]
 
 
 async def run_attempt(
-    app: App,
+    runtime: Runtime,
     claim: ExecutionClaim,
     span: Span,
     commit: Commit,
     leases: LeaseKeeper,
     handler_threads: anyio.CapacityLimiter | None = None,
-) -> str:
-    """Run a claimed attempt and record its outcome; returns it (succeeded, retrying, failed,
-    fenced_out). Raises SQLAlchemyError when the outcome cannot be recorded."""
-    tel = app.telemetry
+) -> ExecutionOutcome:
+    """Run a claimed attempt and record its outcome; returns it. Raises SQLAlchemyError when
+    the outcome cannot be recorded."""
+    tel = runtime.telemetry
     ctx: TaskContext[Any] = TaskContext(
         task_id=claim.task_id,
         name=claim.name,
@@ -61,15 +70,15 @@ async def run_attempt(
         idempotency_key=claim.idempotency_key,
         payload=None,  # set once decoded; failure hooks may see None
         shadow=claim.shadow,
-        _beat=partial(_beat, app, claim),
+        _beat=partial(_beat, runtime, claim),
     )
-    task = app.registry.get(claim.name)
+    task = runtime.registry.get(claim.name)
     if task is None:
-        return await _fail(app, claim, None, ctx, LookupError(f"no task {claim.name!r} is registered here"), span)
+        return await _fail(runtime, claim, None, ctx, LookupError(f"no task {claim.name!r} is registered here"), span)
     try:
         ctx.payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
     except PayloadValidationError as exc:
-        return await _fail(app, claim, task, ctx, exc, span)
+        return await _fail(runtime, claim, task, ctx, exc, span)
     started = time.perf_counter()
     leases.hold(claim, ctx)
     try:
@@ -78,11 +87,11 @@ async def run_attempt(
             task.result_adapter,
             result,
             task=claim.name,
-            max_bytes=app.settings.max_payload_bytes,
-            max_depth=app.settings.max_json_depth,
+            max_bytes=runtime.settings.max_payload_bytes,
+            max_depth=runtime.settings.max_json_depth,
         )
     except Exception as exc:
-        return await _fail(app, claim, task, ctx, exc, span)
+        return await _fail(runtime, claim, task, ctx, exc, span)
     finally:
         leases.release(claim)
         tel.execution_time.record(time.perf_counter() - started, {"queue": claim.queue, "task": claim.name})
@@ -97,12 +106,12 @@ async def run_attempt(
     if write.outcome is CommitOutcome.FENCED_OUT:
         tel.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
         logger.info("result of %s gen %s attempt %s fenced out", claim.task_id, claim.generation, claim.attempt)
-        return "fenced_out"
+        return ExecutionOutcome.FENCED_OUT
     if write.outcome is CommitOutcome.HOOK_FAILED:
         assert write.hook_error is not None
-        return await _fail(app, claim, task, ctx, write.hook_error, span)
-    tel.end_to_end.record((app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue})
-    return "succeeded"
+        return await _fail(runtime, claim, task, ctx, write.hook_error, span)
+    tel.end_to_end.record((runtime.clock() - claim.created_at).total_seconds(), {"queue": claim.queue})
+    return ExecutionOutcome.SUCCEEDED
 
 
 async def _run(task: Task[Any, Any], ctx: TaskContext[Any], limiter: anyio.CapacityLimiter | None) -> Any:
@@ -120,8 +129,8 @@ class LeaseKeeper:
     """Extends the leases of every attempt this worker runs, in one statement per heartbeat;
     an attempt found fenced out is told so (``ctx.fenced_out``, ``ctx.cancelled``)."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         self._held: dict[str, tuple[ExecutionClaim, TaskContext[Any] | None]] = {}
 
     def hold(self, claim: ExecutionClaim, ctx: TaskContext[Any] | None) -> None:
@@ -136,21 +145,15 @@ class LeaseKeeper:
 
     async def run(self) -> None:
         """Renew every ``heartbeat_interval`` until cancelled."""
-        app = self.app
+        runtime = self.runtime
         while True:
-            await anyio.sleep(app.settings.heartbeat_interval.total_seconds())
+            await anyio.sleep(runtime.settings.heartbeat_interval.total_seconds())
             held = list(self._held.values())
             if not held:
                 continue
             try:
-                alive = await to_thread.run_sync(
-                    partial(
-                        leases.renew_leases,
-                        app.engine,  # one statement in autocommit, never prepared (execute_alone)
-                        [claim for claim, _ in held],
-                        now=app.clock(),
-                        lease=app.settings.lease_timeout,
-                    )
+                alive = await runtime.store.renew_leases(
+                    [claim for claim, _ in held], now=runtime.clock(), lease=runtime.settings.lease_timeout
                 )
             except SQLAlchemyError as exc:
                 logger.warning("renewing %d leases failed: %s", len(held), exc)
@@ -161,50 +164,43 @@ class LeaseKeeper:
                     ctx.cancelled.set()
 
 
-async def _beat(app: App, claim: ExecutionClaim) -> bool:
-    now = app.clock()
+async def _beat(runtime: Runtime, claim: ExecutionClaim) -> bool:
     try:
-        return await to_thread.run_sync(
-            lambda: leases.heartbeat(app.runtime_engine, claim, now=now, lease=app.settings.lease_timeout)
-        )
+        return await runtime.store.heartbeat(claim, now=runtime.clock(), lease=runtime.settings.lease_timeout)
     except SQLAlchemyError as exc:
         logger.warning("heartbeat of %s failed: %s", claim.task_id, exc)
         return True  # unknown: keep running; the fence decides at commit
 
 
 async def _fail(
-    app: App,
+    runtime: Runtime,
     claim: ExecutionClaim,
     task: Task[Any, Any] | None,
     ctx: TaskContext[Any],
     exc: BaseException,
     span: Span,
-) -> str:
-    s = app.settings
-    app.telemetry.record_failure(span, exc)
+) -> ExecutionOutcome:
+    s = runtime.settings
+    runtime.telemetry.record_failure(span, exc)
     retryable = not isinstance(exc, _NOT_RETRYABLE) and (
         task is None or not task.retry_on or isinstance(exc, task.retry_on)
     )
     # Failures, not claims, spend the retry budget: an attempt lost with its worker does not.
     failures = claim.failures + 1
     decision = decide_after_failure(attempt=failures, max_attempts=claim.max_attempts, retryable=retryable)
-    now = app.clock()
+    now = runtime.clock()
     retry_at = None
     if decision is FailureDecision.RETRY:
         retry_at = now + backoff_delay(
             failures, initial=s.retry_backoff_initial, cap=s.retry_backoff_max, jitter=s.backoff_jitter
         )
-    recorded = await to_thread.run_sync(
-        partial(
-            results.record_failure,
-            app.engine,  # runs the on_failure hooks: the application's statements
-            claim,
-            now=now,
-            error_type=type(exc).__qualname__,
-            error_message=f"{exc}"[:4000],
-            retry_at=retry_at,
-            on_failed=session_hooks(task.failure_hooks, ctx, exc) if task else None,
-        )
+    recorded = await runtime.store.record_failure(
+        claim,
+        now=now,
+        error_type=type(exc).__qualname__,
+        error_message=f"{exc}"[:4000],
+        retry_at=retry_at,
+        on_failed=session_hooks(task.failure_hooks, ctx, exc) if task else None,
     )
     logger.info(
         "task %s attempt %s failed with %s (%s)",
@@ -214,6 +210,6 @@ async def _fail(
         "retrying" if retry_at else "final",
     )
     if not recorded:
-        app.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
-        return "fenced_out"
-    return "retrying" if retry_at is not None else "failed"
+        runtime.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
+        return ExecutionOutcome.FENCED_OUT
+    return ExecutionOutcome.RETRYING if retry_at is not None else ExecutionOutcome.FAILED

@@ -10,7 +10,6 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -18,12 +17,10 @@ from . import failpoints
 from .codec import decode_payload
 from .errors import PayloadValidationError
 from .policy import backoff_delay
+from .runtime import Runtime
 from .store.outbox import ClaimedDelivery
 from .transport.keys import partition_for
 from .transport.messages import OutgoingMessage
-
-if TYPE_CHECKING:
-    from .app import App
 
 __all__ = ["Dispatcher"]
 
@@ -33,9 +30,7 @@ _PASSES_IN_FLIGHT = 2
 #: After a pass that was not full (a low submit rate), the mark-SENT waits this long, so that
 #: the worker the entry woke claims the task row first; otherwise its claim queues behind the
 #: mark's lock on the same row. The mark then finds the task RUNNING and leaves it, as it
-#: would anyway, and a crash in between only means a deduplicated republish. At 200 tasks/s
-#: (docs/performance.md) the worker's claim -> handler p50 fell by 13-31 % and the end-to-end
-#: p99 by 2-28 % in every alternating pair; the end-to-end p50 moved within the noise.
+#: would anyway, and a crash in between only means a deduplicated republish.
 _CLAIM_HEAD_START_S = 0.003
 
 logger = logging.getLogger(__name__)
@@ -44,8 +39,8 @@ logger = logging.getLogger(__name__)
 class Dispatcher:
     """Moves PENDING outbox rows of one namespace onto their queues' streams."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
         # Passes publish one at a time, in claim order: a partition key's entries reach its
         # stream in submit order even while two passes overlap.
         self._publishing = anyio.Lock()
@@ -58,19 +53,19 @@ class Dispatcher:
         return len(rows)
 
     async def _claim(self) -> list[ClaimedDelivery]:
-        app, s = self.app, self.app.settings
-        return await app.store().lease_outbox(
-            s.namespace, now=app.clock(), lease=s.claim_lease, limit=s.batch_size, watermark=s.cutover_watermark
+        runtime, s = self.runtime, self.runtime.settings
+        return await runtime.store.lease_outbox(
+            s.namespace, now=runtime.clock(), lease=s.claim_lease, limit=s.batch_size, watermark=s.cutover_watermark
         )
 
     async def _dispatch(self, rows: list[ClaimedDelivery]) -> None:
         if failpoints.ENABLED:
             failpoints.hit("dispatch.after_claim")
-        with self.app.telemetry.dispatch_span([r.traceparent for r in rows]):
+        with self.runtime.telemetry.dispatch_span([r.traceparent for r in rows]):
             await self._settle(rows)
 
     async def _settle(self, rows: list[ClaimedDelivery]) -> None:
-        app, s = self.app, self.app.settings
+        runtime, s = self.runtime, self.runtime.settings
         dead: list[tuple[ClaimedDelivery, str]] = []
         held: list[ClaimedDelivery] = []
         ready: dict[str, list[ClaimedDelivery]] = defaultdict(list)
@@ -78,7 +73,7 @@ class Dispatcher:
             reason = self._invalid_reason(row)
             if reason is not None:
                 dead.append((row, reason))
-            elif app.transport_for(row.queue) is None:
+            elif runtime.transport_for(row.queue) is None:
                 held.append(row)
             else:
                 ready[row.queue].append(row)
@@ -86,23 +81,23 @@ class Dispatcher:
         failed: list[tuple[ClaimedDelivery, str]] = []
         async with self._publishing:
             for queue, batch in ready.items():
-                with app.telemetry.publish_span(queue, len(batch)):
+                with runtime.telemetry.publish_span(queue, len(batch)):
                     ok, bad = await self._publish(batch)
                 sent += ok
                 failed += bad
         if failpoints.ENABLED:
             failpoints.hit("dispatch.after_xadd")
-        now = app.clock()  # the rows' sent_at: when the publish returned
+        now = runtime.clock()  # the rows' sent_at: when the publish returned
         if sent and len(rows) < s.batch_size:
             await anyio.sleep(_CLAIM_HEAD_START_S)
         retry = [(row, now + self._backoff(row.attempts + 1), err) for row, err in failed]
-        await app.store().settle_outbox(
+        await runtime.store.settle_outbox(
             sent=sent, dead=dead, retry=retry, held=held, now=now, release_at=now + s.poll_interval
         )
         self._record(sent, dead, retry, held, now)
 
     def _backoff(self, failures: int) -> timedelta:
-        s = self.app.settings
+        s = self.runtime.settings
         return backoff_delay(failures, initial=s.backoff_initial, cap=s.backoff_max, jitter=s.backoff_jitter)
 
     def _record(
@@ -113,7 +108,7 @@ class Dispatcher:
         held: list[ClaimedDelivery],
         now: datetime,
     ) -> None:
-        tel = self.app.telemetry
+        tel = self.runtime.telemetry
         for row, _, _ in sent:
             tel.dispatched.add(1, {"queue": row.queue, "outcome": "sent"})
             tel.dispatch_lag.record((now - row.created_at).total_seconds(), {"queue": row.queue})
@@ -127,7 +122,7 @@ class Dispatcher:
             tel.dispatched.add(1, {"queue": row.queue, "outcome": "held"})
 
     def _invalid_reason(self, row: ClaimedDelivery) -> str | None:
-        task = self.app.registry.get(row.name)
+        task = self.runtime.registry.get(row.name)
         if task is None:
             return f"unknown task name {row.name!r}: no task is registered under it"
         try:
@@ -143,7 +138,7 @@ class Dispatcher:
         failed: list[tuple[ClaimedDelivery, str]] = []
         if not rows:
             return sent, failed
-        partitions = self.app.settings.queue_partitions
+        partitions = self.runtime.settings.queue_partitions
         messages = [
             OutgoingMessage(
                 r.queue,
@@ -158,7 +153,7 @@ class Dispatcher:
             for r in rows
         ]
         try:
-            replies: list[str | Exception] = await self.app.transport().publish(messages)
+            replies: list[str | Exception] = await self.runtime.transport().publish(messages)
         except Exception as exc:  # the whole round trip failed: every row backs off
             replies = [exc] * len(rows)
         for row, msg, reply in zip(rows, messages, replies, strict=True):
@@ -169,14 +164,14 @@ class Dispatcher:
         return sent, failed
 
     async def run(self) -> None:
-        """Dispatch until cancelled: a full batch loops at once; otherwise wait for a NOTIFY
-        (Postgres) or the poll interval.
+        """Dispatch until cancelled: a full batch loops at once; otherwise wait for the store's
+        wake-up (a NOTIFY on PostgreSQL) or the poll interval.
 
         Two passes overlap: the next batch is claimed while the previous one is published
         and settled (publishing itself stays in claim order).
         """
-        s = self.app.settings
-        waiter = self.app.outbox_waiter()
+        s = self.runtime.settings
+        waiter = self.runtime.outbox_waiter()
         lanes = anyio.Semaphore(_PASSES_IN_FLIGHT)
         try:
             async with anyio.create_task_group() as passes:
@@ -203,6 +198,6 @@ class Dispatcher:
             await self._dispatch(rows)
         except Exception:  # the rows keep their lease; they are claimed again once it runs out
             logger.exception("dispatch pass failed; retrying after the poll interval")
-            await anyio.sleep(self.app.settings.poll_interval.total_seconds())
+            await anyio.sleep(self.runtime.settings.poll_interval.total_seconds())
         finally:
             lanes.release()

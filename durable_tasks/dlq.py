@@ -45,7 +45,9 @@ async def list_dead_letters(app: App, queue: str, *, count: int = 100, after: st
     """The oldest ``count`` entries of the queue's DLQ, or the ``count`` entries after the entry
     id ``after`` (a page: XRANGE from an exclusive key, however long the DLQ)."""
     start = f"({after}" if after else "-"
-    raw: Any = await app.transport().client.xrange(app.transport().keys(queue).dlq, min=start, count=count)
+    raw: Any = await app.runtime.transport().client.xrange(
+        app.runtime.transport().keys(queue).dlq, min=start, count=count
+    )
     return [_parse(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
 
 
@@ -57,7 +59,7 @@ async def replay(app: App, queue: str, entry_ids: list[str] | None = None) -> li
     letters = await list_dead_letters(app, queue, count=10_000)
     chosen = [d for d in letters if entry_ids is None or d.entry_id in entry_ids]
     rerun: list[str] = []
-    dlq = app.transport().keys(queue).dlq
+    dlq = app.runtime.transport().keys(queue).dlq
     for letter in chosen:
         if letter.task_id is None:
             continue
@@ -67,15 +69,15 @@ async def replay(app: App, queue: str, entry_ids: list[str] | None = None) -> li
                 session.commit()
         except TaskNotFoundError:
             continue
-        await app.transport().client.xdel(dlq, letter.entry_id)
+        await app.runtime.transport().client.xdel(dlq, letter.entry_id)
         rerun.append(letter.task_id)
     return rerun
 
 
 async def purge(app: App, queue: str, entry_ids: list[str] | None = None) -> int:
     """Delete DLQ entries (all when None); the tasks stay DEAD in the database."""
-    dlq = app.transport().keys(queue).dlq
-    client = app.transport().client
+    dlq = app.runtime.transport().keys(queue).dlq
+    client = app.runtime.transport().client
     if entry_ids is None:
         count = int(await client.xlen(dlq))
         await client.delete(dlq)

@@ -13,20 +13,18 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 from redis.exceptions import ResponseError
 
-from .records import attempts_table, outbox_table, tasks_table
 from .settings import Settings
-from .store.pooler import Pooling, PoolingReport, conninfo, detect_pooling, listen_reaches
-from .store.submit import NOTIFY_CHANNEL
+from .store import DatabaseProblem
+from .store.pooler import Pooling, PoolingReport
 from .transport.keys import CONSUMER_GROUP
 from .urls import safe_url
 
 if TYPE_CHECKING:
     from .app import App
 
-__all__ = ["MIN_REDIS_VERSION", "Facts", "Finding", "Level", "diagnose", "gather_facts", "missing_indexes"]
+__all__ = ["MIN_REDIS_VERSION", "Facts", "Finding", "Level", "diagnose", "gather_facts"]
 
 #: XAUTOCLAIM's deleted-id reply, XINFO lag and Lua semantics we rely on arrived in 7.0.
 MIN_REDIS_VERSION = (7, 0, 0)
@@ -68,8 +66,10 @@ class Facts:
     #: What sits between the runtime and PostgreSQL (None: not PostgreSQL).
     pooling: PoolingReport | None = None
     #: Whether a test NOTIFY sent through the application's URL reached a LISTEN on the
-    #: listener's URL (None: not PostgreSQL).
+    #: listener's URL (None: the database has no NOTIFY).
     listen_reaches: bool | None = None
+    #: Settings of the database server that can lose or duplicate work (the store knows which).
+    database_problems: list[DatabaseProblem] = field(default_factory=list)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -231,6 +231,14 @@ def check_listen(f: Facts) -> Finding:
     return Finding(Level.OK, "listen", f"a test NOTIFY reached a LISTEN on {url}: dispatchers wake at each submit")
 
 
+def check_database(f: Facts) -> Finding:
+    """The database server's own settings, as its store judges them (isolation, durability)."""
+    if not f.database_problems:
+        return Finding(Level.OK, "database", "no risky server setting found")
+    level = Level.ERROR if any(p.severe for p in f.database_problems) else Level.WARNING
+    return Finding(level, "database", " ".join(f"{p.check}: {p.message}" for p in f.database_problems))
+
+
 CHECKS = (
     check_eviction,
     check_persistence,
@@ -243,6 +251,7 @@ CHECKS = (
     check_indexes,
     check_pooler,
     check_listen,
+    check_database,
 )
 
 
@@ -252,8 +261,10 @@ def diagnose(facts: Facts) -> list[Finding]:
 
 
 async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
-    """Ask the servers (Redis INFO, CONFIG, TIME, streams; the database's clock)."""
-    client = app.transport().client
+    """Ask the servers (Redis INFO, CONFIG, TIME, streams; the database's clock, indexes and
+    settings, through its store)."""
+    runtime = app.runtime
+    client = runtime.transport().client
     info: dict[str, Any] = await client.info("server")
     config: dict[str, str] = {}
     for key in ("maxmemory-policy", "appendonly", "save"):
@@ -263,13 +274,10 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
     seconds, micros = await client.time()
     host_now = app.clock()
     redis_now = datetime.fromtimestamp(seconds + micros / 1e6, tz=host_now.tzinfo)
-    database_now = None
-    if app.engine.dialect.name == "postgresql":
-        with app.engine.connect() as conn:
-            database_now = conn.execute(sa.select(sa.func.now())).scalar_one()
+    database = await runtime.store.facts()
     missing: list[str] = []
     untrimmed: dict[str, int] = {}
-    streams = [stream for q in app.queues() for stream, shadow, _ in app.transport().streams(q) if not shadow]
+    streams = [stream for q in runtime.queues() for stream, shadow, _ in runtime.transport().streams(q) if not shadow]
     for stream in streams:
         if not await client.exists(stream):
             continue
@@ -282,45 +290,26 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         outstanding = int(group.get("pending") or 0) + int(group.get("lag") or 0)
         if length - outstanding > untrimmed_threshold:
             untrimmed[stream] = length
-    timeouts = {t.name: t.timeout for t in app.registry.values() if t.timeout is not None}
-    facts = Facts(
+    timeouts = {t.name: t.timeout for t in runtime.registry.values() if t.timeout is not None}
+    return Facts(
         app.settings,
         info,
         config,
         host_now,
         redis_now,
-        database_now,
+        database.now,
         missing,
         timeouts,
         untrimmed,
-        missing_indexes(app.engine),
+        database.indexes_missing,
+        database.pooling,
+        database.listen_reaches,
+        database.problems,
     )
-    if app.engine.dialect.name == "postgresql":
-        facts.pooling, facts.listen_reaches = await gather_pooling(app)
-    return facts
 
 
-async def gather_pooling(app: App) -> tuple[PoolingReport, bool]:
-    """Probe what sits between the runtime and PostgreSQL, and send a test NOTIFY to a LISTEN
-    on the listener's URL through the application's, as a dispatcher does at start."""
-    s = app.settings
-    dsn = conninfo(app.engine.url)
-    listen_dsn = conninfo(s.listen_database_url) if s.listen_database_url else dsn
-    pooling = await detect_pooling(dsn)
-    reaches = await listen_reaches(listen_dsn, dsn, NOTIFY_CHANNEL, timeout=s.listen_check_timeout.total_seconds())
-    return pooling, reaches
-
-
-def missing_indexes(engine: sa.Engine) -> list[str]:
-    """The CREATE INDEX statements of the runtime's indexes that the database lacks (tables
-    that do not exist at all are left to ``init-db``)."""
-    inspector = sa.inspect(engine)
-    statements = []
-    for table in (tasks_table, outbox_table, attempts_table):
-        if not inspector.has_table(table.name):
-            continue
-        present = {index["name"] for index in inspector.get_indexes(table.name)}
-        for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            if index.name not in present:
-                statements.append(str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)).strip())
-    return statements
+async def gather_pooling(app: App) -> tuple[PoolingReport | None, bool | None]:
+    """What sits between the runtime and its database, and whether a test NOTIFY sent through
+    the application's URL reaches a LISTEN on the listener's (None, None: no such thing here)."""
+    database = await app.runtime.store.facts()
+    return database.pooling, database.listen_reaches

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import BrokerUnavailableError
+from .errors import EmbeddedServerError
 
 __all__ = ["EmbeddedServerError", "ensure_valkey", "start_embedded_postgres", "stop_valkey"]
 
@@ -36,10 +36,6 @@ _STOP_GRACE_SECONDS = 5.0
 
 # Kept so the servers this process started are reaped rather than left as zombies.
 _children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-class EmbeddedServerError(BrokerUnavailableError):
-    """An embedded server could not be started or reached."""
 
 
 def _socket_path(data_dir: Path) -> Path:

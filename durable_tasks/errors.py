@@ -24,8 +24,9 @@ Every error the library raises on purpose derives from one root, so callers can 
     ├── ChildTaskFailedError          a child task a handler waited on ended FAILED, DEAD or CANCELLED
     ├── JournalFencedOutError         a journal write of an attempt that no longer owns its task
     ├── SignalError                   a signal names no task, or its payload is not plain JSON
-    ├── DatabaseUnavailableError      the database cannot be reached
+    ├── DatabaseUnavailableError      the database cannot be reached (or refused a statement)
     └── BrokerUnavailableError        Redis / Valkey cannot be reached
+        └── EmbeddedServerError       the embedded Valkey did not start
 
 Each message says what to do next. Nothing is written when one of these is raised at submit.
 """
@@ -38,6 +39,7 @@ __all__ = [
     "ConfigurationError",
     "DatabaseUnavailableError",
     "DurableTasksError",
+    "EmbeddedServerError",
     "InvalidDelayError",
     "InvalidIdempotencyKeyError",
     "InvalidQueryError",
@@ -173,7 +175,8 @@ class SignalError(DurableTasksError):
 
 
 class DatabaseUnavailableError(DurableTasksError):
-    """The database cannot be reached."""
+    """The database cannot be reached, or refused one of the runtime's statements (its tables
+    are missing, for instance)."""
 
 
 class BrokerUnavailableError(DurableTasksError):
@@ -182,3 +185,8 @@ class BrokerUnavailableError(DurableTasksError):
 
 class InvalidQueryError(DurableTasksError):
     """A search filter or page cursor that the read model cannot run (unknown state, bad cursor)."""
+
+
+class EmbeddedServerError(BrokerUnavailableError):
+    """The embedded Valkey server (used when no Redis URL is given) could not be started or
+    reached."""

@@ -9,27 +9,24 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import sqlalchemy as sa
-from anyio import to_thread
 
 from . import failpoints
 from .codec import decode_payload
 from .errors import PayloadValidationError, TaskDeadLetteredError
 from .policy import ReapAction, TaskLeaseView, decide_reap
 from .records import TaskState
-from .store import recovery
+from .runtime import Runtime
+from .stats import queue_stats
+from .store.recovery import DeadTask, UnconfirmedDelivery
 from .tasks import TaskContext, session_hooks
 from .transport.messages import Delivery, MalformedEntryError
-
-if TYPE_CHECKING:
-    from .app import App
 
 __all__ = ["ReapReport", "Reaper"]
 
@@ -54,24 +51,24 @@ class ReapReport:
 class Reaper:
     """Scans the PELs and the database of one namespace for work a crash left behind."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
     async def reap_once(self) -> ReapReport:
         """One pass over every queue: pending entries, then reconciliation, then trimming."""
         report = ReapReport()
-        transport = self.app.transport()
-        for queue in self.app.queues():
+        transport = self.runtime.transport()
+        for queue in self.runtime.queues():
             for stream, _, _ in transport.streams(queue):
                 await self._scan_pending(queue, stream, report)
                 report.trimmed += await transport.trim(stream)
         await self._reconcile(report)
-        await self.app.stats()  # refreshes the observable gauges (PEL, delays, DLQ length)
+        await queue_stats(self.runtime)  # refreshes the observable gauges (PEL, delays, DLQ length)
         return report
 
     async def _scan_pending(self, queue: str, stream: str, report: ReapReport) -> None:
-        app, s = self.app, self.app.settings
-        transport = app.transport()
+        runtime, s = self.runtime, self.runtime.settings
+        transport = runtime.transport()
         min_idle = min(s.lease_timeout, s.visibility_timeout)
         cursor, seen = "0-0", 0
         while seen < s.reaper_batch:
@@ -88,7 +85,7 @@ class Reaper:
                     await transport.dead_letter_malformed(queue, stream, entry_id, fields, str(exc))
                     report.dead_lettered += 1
             task_ids = [d.task_id for _, d in parsed]
-            views = await to_thread.run_sync(partial(recovery.lease_views, app.runtime_engine, s.namespace, task_ids))
+            views = await runtime.store.lease_views(s.namespace, task_ids)
             for entry_id, d in parsed:
                 await self._settle_entry(queue, stream, entry_id, d, views.get(d.task_id), min_idle, report)
             cursor = page.cursor
@@ -105,9 +102,9 @@ class Reaper:
         idle: timedelta,
         report: ReapReport,
     ) -> None:
-        app, s = self.app, self.app.settings
-        transport = app.transport()
-        now = app.clock()
+        runtime, s = self.runtime, self.runtime.settings
+        transport = runtime.transport()
+        now = runtime.clock()
         age = timedelta(milliseconds=max(0, int(now.timestamp() * 1000) - int(entry_id.split("-")[0])))
         action = decide_reap(
             entry_generation=d.generation,
@@ -123,10 +120,12 @@ class Reaper:
             report.kept += 1
             return
         if action is ReapAction.REDELIVER:
-            done = await self._on_delivery(
-                recovery.redeliver,
-                (d.task_id, d.generation, d.delivery),
-                now,
+            done = await runtime.store.redeliver(
+                s.namespace,
+                task_id=d.task_id,
+                generation=d.generation,
+                delivery=d.delivery,
+                now=now,
                 reason="worker lost: lease expired, entry reclaimed",
                 count_reclaim=True,
             )
@@ -135,8 +134,8 @@ class Reaper:
                 failpoints.hit("reaper.after_reclaim")
             if done:
                 logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
-                app.telemetry.reclaimed.add(1, {"queue": queue, "reason": "worker_lost"})
-                app.telemetry.task_event(
+                runtime.telemetry.reclaimed.add(1, {"queue": queue, "reason": "worker_lost"})
+                runtime.telemetry.task_event(
                     "reclaim", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": "lease expired"}
                 )
         elif action is ReapAction.DEAD_LETTER:
@@ -145,18 +144,20 @@ class Reaper:
                 if view
                 else f"no task row for {s.visibility_timeout} (visibility_timeout)"
             )
-            done = view is None or await self._on_delivery(
-                recovery.dead_letter_task,
-                (d.task_id, d.generation, d.delivery),
-                now,
+            done = view is None or await runtime.store.dead_letter_task(
+                s.namespace,
+                task_id=d.task_id,
+                generation=d.generation,
+                delivery=d.delivery,
+                now=now,
                 reason=reason,
                 on_dead=partial(self._failure_hooks, reason),
             )
             if done:
                 await self._publish_dead_letter(queue, entry_id, d, reason)
                 report.dead_lettered += 1
-                app.telemetry.dead_lettered.add(1, {"queue": queue})
-                app.telemetry.task_event(
+                runtime.telemetry.dead_lettered.add(1, {"queue": queue})
+                runtime.telemetry.task_event(
                     "dead_letter", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": reason}
                 )
         else:
@@ -171,28 +172,9 @@ class Reaper:
             report.acked_stale += 1
         await transport.ack(stream, [entry_id])
 
-    async def _on_delivery(
-        self, action: Callable[..., bool], key: tuple[str, int, int], now: datetime, **kwargs: Any
-    ) -> bool:
-        """Run a recovery action on one (task, generation, delivery) in a worker thread."""
-        app = self.app
-        task_id, generation, delivery = key
-        return await to_thread.run_sync(
-            partial(
-                action,
-                app.engine,  # may run on_failure hooks: the application's statements
-                app.settings.namespace,
-                task_id=task_id,
-                generation=generation,
-                delivery=delivery,
-                now=now,
-                **kwargs,
-            )
-        )
-
-    def _failure_hooks(self, reason: str, conn: sa.Connection, row: Any) -> None:
+    def _failure_hooks(self, reason: str, conn: sa.Connection, row: DeadTask) -> None:
         """Run the task's ``on_failure`` hooks for a task the reaper dead-letters."""
-        task = self.app.registry.get(row.name)
+        task = self.runtime.registry.get(row.name)
         if task is None or not task.failure_hooks:
             return
         try:
@@ -214,7 +196,7 @@ class Reaper:
             run(conn)
 
     async def _publish_dead_letter(self, queue: str, entry_id: str, d: Delivery, reason: str) -> None:
-        await self.app.transport().dead_letter(
+        await self.runtime.transport().dead_letter(
             queue,
             f"{d.task_id}:{d.generation}:{d.delivery}",
             {
@@ -229,15 +211,13 @@ class Reaper:
 
     async def _reconcile(self, report: ReapReport) -> None:
         """Tasks the database says were sent but whose entry Redis no longer has: send again."""
-        app, s = self.app, self.app.settings
-        now = app.clock()
-        pending = await to_thread.run_sync(
-            lambda: recovery.unconfirmed_deliveries(
-                app.runtime_engine, s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
-            )
+        runtime, s = self.runtime, self.runtime.settings
+        now = runtime.clock()
+        pending = await runtime.store.unconfirmed_deliveries(
+            s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
         )
-        by_stream: dict[str, list[recovery.UnconfirmedDelivery]] = defaultdict(list)
-        transport = app.transport()
+        by_stream: dict[str, list[UnconfirmedDelivery]] = defaultdict(list)
+        transport = runtime.transport()
         for u in pending:
             by_stream[transport.keys(u.queue, u.partition).stream_for(shadow=u.shadow)].append(u)
         for stream, items in by_stream.items():
@@ -245,17 +225,18 @@ class Reaper:
             for u, present in zip(items, exists, strict=True):
                 if present:
                     continue
-                done = await self._on_delivery(
-                    recovery.redeliver,
-                    (u.task_id, u.generation, u.delivery),
-                    now,
+                done = await runtime.store.redeliver(
+                    s.namespace,
+                    task_id=u.task_id,
+                    generation=u.generation,
+                    delivery=u.delivery,
+                    now=now,
                     reason=f"stream entry {u.stream_id} lost by Redis",
                     count_reclaim=False,
                 )
                 report.reconciled += int(done)
                 if done:
-                    app.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
-                if done:
+                    runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
                     logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
 
     async def run(self) -> None:
@@ -265,4 +246,4 @@ class Reaper:
                 await self.reap_once()
             except Exception:
                 logger.exception("reaper pass failed; trying again next interval")
-            await anyio.sleep(self.app.settings.reaper_interval.total_seconds())
+            await anyio.sleep(self.runtime.settings.reaper_interval.total_seconds())

@@ -98,7 +98,7 @@ class Scheduler:
         if not self._declared:
             store.declare(app.engine, ns, [_declared(sch, app.clock()) for sch in self.schedules.values()], app.clock())
             self._declared = True
-        states = store.load(app.read_engine, ns)
+        states = store.load(app.runtime.store.read_engine, ns)
         submitted, wake = 0, None
         for name, schedule in self.schedules.items():
             state = states.get(name)
@@ -175,7 +175,7 @@ def list_schedules(app: App, schedules: Mapping[str, Schedule]) -> list[Schedule
     """Every schedule of the App's namespace with its next tick: the declared ones (a row or
     not yet) and rows that no code declares any more."""
     now = app.clock()
-    rows = store.load(app.read_engine, app.settings.namespace)
+    rows = store.load(app.runtime.store.read_engine, app.settings.namespace)
     found: list[ScheduleInfo] = []
     for name in sorted(set(rows) | set(schedules)):
         row, schedule = rows.get(name), schedules.get(name)

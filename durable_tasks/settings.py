@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["NAME_PATTERN", "Duration", "Settings"]
+__all__ = ["NAME_PATTERN", "Duration", "Settings", "SettingsOverrides"]
 
 #: Namespaces and queue names end up inside Redis keys and hash tags: no braces, colons or spaces.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -174,3 +174,51 @@ class Settings(BaseSettings):
         if self.lease_timeout <= self.heartbeat_interval:
             raise ValueError("lease_timeout must be longer than heartbeat_interval")
         return self
+
+
+class SettingsOverrides(TypedDict, total=False):
+    """The fields of :class:`Settings` as keyword arguments of ``App(...)`` (all optional), so
+    a misspelt or mistyped setting fails the type check. ``database_url``, ``redis_url`` and
+    ``namespace`` are ``App``'s positional parameters. Kept equal to Settings' fields by
+    ``tests/unit/test_settings_overrides.py``. Durations are timedeltas (the environment
+    variables also take seconds)."""
+
+    redis_cluster: bool
+    queue_partitions: dict[str, int]
+    listen_database_url: str | None
+    data_dir: Path | str
+    batch_size: int
+    poll_interval: timedelta
+    claim_lease: timedelta
+    backoff_initial: timedelta
+    backoff_max: timedelta
+    backoff_jitter: timedelta
+    listen_check_timeout: timedelta
+    cutover_watermark: int | None
+    dedup_ttl: timedelta
+    signing_key: SecretStr | str | None
+    concurrency: int
+    heartbeat_interval: timedelta
+    lease_timeout: timedelta
+    read_block: timedelta
+    retry_backoff_initial: timedelta
+    retry_backoff_max: timedelta
+    shutdown_grace: timedelta
+    startup_wait: timedelta
+    commit_batch_max: int
+    commit_window: timedelta
+    gc_young_threshold: int
+    reaper_interval: timedelta
+    visibility_timeout: timedelta
+    max_deliveries: int
+    reaper_batch: int
+    reconcile_grace: timedelta
+    scheduler_grace: timedelta
+    scheduler_refresh: timedelta
+    result_poll_initial: timedelta
+    result_poll_max: timedelta
+    result_inline_bytes: int
+    trace_payloads: bool
+    max_payload_bytes: int
+    max_json_depth: int
+    max_idempotency_key_length: int

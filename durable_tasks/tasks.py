@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, get_type_hints
+from typing import Any, Generic, Protocol, TypeVar, cast, get_type_hints, overload
 
 import anyio
 import sqlalchemy as sa
 from pydantic import TypeAdapter
 from sqlmodel import Session
 
-if TYPE_CHECKING:
-    from .app import App
-
-__all__ = ["OnCommitHook", "OnFailureHook", "Task", "TaskContext", "TaskHandle", "session_hooks"]
+__all__ = [
+    "OnCommitHook",
+    "OnFailureHook",
+    "Submit",
+    "Task",
+    "TaskContext",
+    "TaskDecorator",
+    "TaskHandle",
+    "session_hooks",
+]
 
 PayloadT = TypeVar("PayloadT")
 ResultT = TypeVar("ResultT")
+P = TypeVar("P")
+R = TypeVar("R")
 
 #: ``hook(session, ctx, result)``: runs inside the fenced result transaction; never commits.
 OnCommitHook = Callable[[Session, "TaskContext[PayloadT]", ResultT], None]
@@ -82,21 +90,40 @@ class TaskHandle:
     created: bool
 
 
+class Submit(Protocol):
+    """How a task records an intent: the App's ``submit``, handed to each Task it registers."""
+
+    def __call__(
+        self,
+        session: Session,
+        task: Task[Any, Any],
+        payload: Any,
+        *,
+        idempotency_key: str | None = None,
+        shadow: bool = False,
+        partition_key: str | None = None,
+    ) -> TaskHandle: ...
+
+
 class Task(Generic[PayloadT, ResultT]):
-    """A registered task: its handler, payload and result types, and delivery policy."""
+    """A registered task: its handler, payload and result types, and delivery policy.
+
+    ``Task[P, R]``: the handler takes a payload ``P`` and returns ``R`` (or an awaitable of
+    ``R``); ``on_commit`` hooks receive the ``R``.
+    """
 
     def __init__(
         self,
-        app: App,
         fn: Callable[[TaskContext[PayloadT], PayloadT], ResultT | Awaitable[ResultT]],
         *,
+        submit: Submit,
         name: str,
         queue: str,
         max_attempts: int,
         timeout: timedelta | None,
         retry_on: tuple[type[BaseException], ...],
     ) -> None:
-        self.app = app
+        self._submit = submit
         self.fn = fn
         self.name = name
         self.queue = queue
@@ -126,7 +153,7 @@ class Task(Generic[PayloadT, ResultT]):
 
         The same ``idempotency_key`` returns the existing task instead of a second one.
         """
-        return self.app.submit(
+        return self._submit(
             session, self, payload, idempotency_key=idempotency_key, shadow=shadow, partition_key=partition_key
         )
 
@@ -152,6 +179,16 @@ class Task(Generic[PayloadT, ResultT]):
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"
+
+
+class TaskDecorator(Protocol):
+    """What ``app.task(...)`` returns: registers a handler and gives back its typed Task."""
+
+    @overload
+    def __call__(self, fn: Callable[[TaskContext[P], P], Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[[TaskContext[P], P], R], /) -> Task[P, R]: ...
 
 
 def session_hooks(hooks: Sequence[Callable[..., None]], ctx: TaskContext[Any], value: Any) -> Any:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from .records import AttemptRecord, TaskRecord, TaskState
+from .records import AttemptOutcome, AttemptRecord, TaskRecord, TaskState
 
 __all__ = ["AttemptInfo", "QueueStats", "TaskInfo"]
 
@@ -22,7 +22,8 @@ class AttemptInfo:
     worker_id: str
     started_at: datetime
     finished_at: datetime | None
-    outcome: str | None
+    #: How it ended; None while it runs.
+    outcome: AttemptOutcome | None
     error_type: str | None
     error_message: str | None
     retry_reason: str | None
@@ -37,7 +38,7 @@ class AttemptInfo:
             r.worker_id,
             r.started_at,
             r.finished_at,
-            r.outcome,
+            None if r.outcome is None else AttemptOutcome(r.outcome),
             r.error_type,
             r.error_message,
             r.retry_reason,

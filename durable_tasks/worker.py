@@ -15,31 +15,27 @@ import os
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-from anyio import to_thread
 from opentelemetry import trace
 from opentelemetry.trace import Span
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import failpoints
-from .attempt import LeaseKeeper, run_attempt
+from .attempt import ExecutionOutcome, LeaseKeeper, run_attempt
 from .batching import Coalescer
-from .store import leases
+from .isolation import IsolationGate
+from .runtime import Runtime
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .telemetry import link_to, traceparent_of
 from .transport.keys import CONSUMER_GROUP
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry
-
-if TYPE_CHECKING:
-    from .app import App
 
 __all__ = ["Worker", "WorkerCounters"]
 
@@ -59,10 +55,17 @@ class WorkerCounters:
         self.malformed = 0
         self.unsettled = 0
 
-    def count(self, outcome: str) -> None:
+    def count(self, outcome: ExecutionOutcome) -> None:
         """Count an attempt's outcome."""
-        attr = {"succeeded": "succeeded", "failed": "failed", "retrying": "retried", "fenced_out": "fenced_out"}
-        setattr(self, attr[outcome], getattr(self, attr[outcome]) + 1)
+        match outcome:
+            case ExecutionOutcome.SUCCEEDED:
+                self.succeeded += 1
+            case ExecutionOutcome.RETRYING:
+                self.retried += 1
+            case ExecutionOutcome.FAILED:
+                self.failed += 1
+            case ExecutionOutcome.FENCED_OUT:
+                self.fenced_out += 1
 
 
 @dataclass(slots=True)
@@ -79,80 +82,24 @@ _ACKED_OUTCOMES = (CommitOutcome.COMMITTED, CommitOutcome.FENCED_OUT)
 _INTAKES_IN_FLIGHT = 2
 
 
-class IsolationGate:
-    """Runs a *suspect* attempt alone.
-
-    A task whose worker was lost before (``reclaims > 0``) may be the one that kills workers.
-    Run beside others, it would take them down with it, again and again, until all of them
-    reached ``max_deliveries`` together. So a suspect waits for the running attempts to finish,
-    runs with nothing beside it, and only then lets others start: a poison task ends in the
-    DLQ alone, and the tasks it happened to share a worker with complete.
-    """
-
-    def __init__(self) -> None:
-        self._exclusive = anyio.Lock()  # one suspect at a time
-        self._suspects = 0  # waiting or running
-        self._clear = anyio.Event()  # set while there is no suspect
-        self._clear.set()
-        self._running = 0  # shared attempts inside the gate
-        self._idle = anyio.Event()
-
-    @property
-    def isolating(self) -> bool:
-        """A suspect attempt is waiting or running."""
-        return self._suspects > 0
-
-    async def join(self) -> None:
-        """Start a shared attempt (most attempts): wait while a suspect waits or runs.
-        Pair with :meth:`leave`; no context manager, because every attempt passes here."""
-        while self._suspects:
-            await self._clear.wait()
-        self._running += 1
-
-    def leave(self) -> None:
-        """End a shared attempt."""
-        self._running -= 1
-        if not self._running:
-            self._idle.set()
-
-    @asynccontextmanager
-    async def alone(self, *, hold: Callable[[], None]) -> AsyncIterator[None]:
-        """Run the block with no other attempt beside it; ``hold`` keeps the suspect's lease
-        alive while it waits for its turn."""
-        hold()
-        self._suspects += 1
-        if self._suspects == 1:
-            self._clear = anyio.Event()
-        try:
-            async with self._exclusive:
-                while self._running:
-                    self._idle = anyio.Event()
-                    await self._idle.wait()
-                yield
-        finally:
-            self._suspects -= 1
-            if not self._suspects:
-                self._clear.set()
-
-
 class Worker:
     """Runs the tasks of some queues of one App, ``concurrency`` at a time."""
 
-    def __init__(self, app: App, *, queues: list[str] | None = None, concurrency: int | None = None) -> None:
-        self.app = app
-        self.queues = queues or sorted({t.queue for t in app.registry.values()})
-        self.concurrency = concurrency or app.settings.concurrency
+    def __init__(self, runtime: Runtime, *, queues: list[str] | None = None, concurrency: int | None = None) -> None:
+        self.runtime = runtime
+        self.queues = queues or runtime.queues()
+        self.concurrency = concurrency or runtime.settings.concurrency
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.counters = WorkerCounters()
         self._in_flight = 0
         self._stopping = anyio.Event()
         self._slot_freed = anyio.Event()
-        s = app.settings
+        s = runtime.settings
         self._committer: Coalescer[_Commit] = Coalescer(
             self._commit, max_batch=s.commit_batch_max, window=s.commit_window, concurrency=2
         )
         self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack, max_batch=1000)
-        self._leases = LeaseKeeper(app)
+        self._leases = LeaseKeeper(runtime)
         # Sync handlers get threads of their own: long handlers must never starve the claims,
         # commits and lease renewals that run in anyio's default thread pool.
         self._handler_threads = anyio.CapacityLimiter(self.concurrency)
@@ -160,8 +107,8 @@ class Worker:
         self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts
         # Claims of consecutive reads overlap: while one batch's claim transaction runs, the
         # next batch is read and claimed (the database answers both; a single claim at a time
-        # left the loop waiting a claim's round trip per read).
-        self._intakes = asyncio.Semaphore(_INTAKES_IN_FLIGHT)
+        # leaves the loop waiting a claim's round trip per read).
+        self._intakes = anyio.Semaphore(_INTAKES_IN_FLIGHT)
         self._intake_error: Exception | None = None  # a bug in an intake; run() raises it
 
     def stop(self) -> None:
@@ -181,7 +128,7 @@ class Worker:
                 tg.start_soon(self._leases.run)
                 try:
                     await self._read_loop(start, max_tasks)
-                    with anyio.move_on_after(self.app.settings.shutdown_grace.total_seconds()):
+                    with anyio.move_on_after(self.runtime.settings.shutdown_grace.total_seconds()):
                         while self._in_flight:
                             await self._wait_for_a_slot()
                 finally:
@@ -194,9 +141,9 @@ class Worker:
         self._background(self._execute(entry, claim, span))
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        # A plain asyncio task: an anyio task group's start_soon costs ~6x more per task,
-        # which at thousands of tasks/s is a fifth of the worker's CPU. run() cancels the
-        # ones still running when it returns.
+        # A plain asyncio task: an anyio task group's start_soon costs several times more per
+        # task, which at thousands of tasks/s is a large share of the worker's CPU. run()
+        # cancels the ones still running when it returns.
         task = asyncio.get_running_loop().create_task(work)
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
@@ -211,7 +158,7 @@ class Worker:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _read_loop(self, start: int, max_tasks: int | None) -> None:
-        transport = self.app.transport()
+        transport = self.runtime.transport()
         while not self._stopping.is_set():
             await self._intakes.acquire()  # released by the intake this iteration starts, if any
             if self._intake_error is not None:
@@ -231,7 +178,7 @@ class Worker:
                     continue
                 try:
                     entries = await transport.read(
-                        self.queues, self.worker_id, count=want, block=self.app.settings.read_block
+                        self.queues, self.worker_id, count=want, block=self.runtime.settings.read_block
                     )
                 except Exception:
                     logger.exception("reading streams failed; retrying in a second")
@@ -269,8 +216,8 @@ class Worker:
             self._intakes.release()
 
     async def _claim_and_start(self, entries: Sequence[StreamEntry]) -> None:
-        app = self.app
-        transport = app.transport()
+        runtime = self.runtime
+        transport = runtime.transport()
         batch: list[tuple[StreamEntry, Delivery, Span]] = []
         for entry in entries:
             try:
@@ -292,12 +239,12 @@ class Worker:
             return
         requests = [ClaimRequest(d.task_id, d.generation, d.delivery, traceparent_of(span)) for _, d, span in batch]
         try:
-            claims = await app.store().claim_executions(
-                app.settings.namespace,
+            claims = await runtime.store.claim_executions(
+                runtime.settings.namespace,
                 requests,
                 worker_id=self.worker_id,
-                now=app.clock(),
-                lease=app.settings.lease_timeout,
+                now=runtime.clock(),
+                lease=runtime.settings.lease_timeout,
             )
         except SQLAlchemyError as exc:
             logger.warning("cannot reach the database to claim %d entries (%s); they stay pending", len(batch), exc)
@@ -327,7 +274,7 @@ class Worker:
                 self._end(span, "stale", settled=acked)
 
     def _start_span(self, entry: StreamEntry, d: Delivery) -> Span:
-        tel = self.app.telemetry
+        tel = self.runtime.telemetry
         if not tel.tracing:
             return trace.INVALID_SPAN
         attributes = {
@@ -347,7 +294,7 @@ class Worker:
         self._done(settled)
 
     async def _execute(self, entry: StreamEntry, claim: ExecutionClaim, span: Span) -> None:
-        app = self.app
+        runtime = self.runtime
         settled = False
         outcome = "unreachable"
         acked = False
@@ -359,27 +306,20 @@ class Worker:
             acked = item.acked
 
         try:
-            with app.telemetry.current(span):
+            with runtime.telemetry.current(span):
                 if failpoints.ENABLED:
                     failpoints.hit("worker.after_claim")
                 span.set_attribute("durable_tasks.attempt", claim.attempt)
                 for link in link_to(claim.previous_traceparent, **{"durable_tasks.link": "previous_attempt"}):
                     span.add_link(link.context, link.attributes)
-                app.telemetry.queue_delay.record(
-                    (app.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
+                runtime.telemetry.queue_delay.record(
+                    (runtime.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                if claim.reclaims > 0:  # a suspect: it runs alone
-                    async with self._gate.alone(hold=lambda: self._leases.hold(claim, None)):
-                        await to_thread.run_sync(leases.mark_solo, app.runtime_engine, claim)
-                        outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
-                else:
-                    await self._gate.join()
-                    try:
-                        outcome = await run_attempt(app, claim, span, commit, self._leases, self._handler_threads)
-                    finally:
-                        self._gate.leave()
+                outcome = await self._run_attempt(claim, span, commit)
                 self.counters.count(outcome)
-                app.telemetry.executions.add(1, {"queue": claim.queue, "task": claim.name, "outcome": outcome})
+                runtime.telemetry.executions.add(
+                    1, {"queue": claim.queue, "task": claim.name, "outcome": outcome.value}
+                )
                 if not acked:  # recorded outside the committer (a failure): acknowledge it now
                     if failpoints.ENABLED:
                         failpoints.hit("worker.after_commit")
@@ -393,12 +333,27 @@ class Worker:
             self._leases.release(claim)
             self._end(span, outcome, settled=settled)
 
+    async def _run_attempt(
+        self, claim: ExecutionClaim, span: Span, commit: Callable[[FinalWrite], Awaitable[None]]
+    ) -> ExecutionOutcome:
+        """Run the attempt beside others, or alone if it is a suspect (see IsolationGate)."""
+        runtime = self.runtime
+        if claim.reclaims > 0:
+            async with self._gate.alone(hold=lambda: self._leases.hold(claim, None)):
+                await runtime.store.mark_solo(claim)
+                return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
+        await self._gate.join()
+        try:
+            return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
+        finally:
+            self._gate.leave()
+
     async def _commit(self, items: Sequence[_Commit]) -> None:
         """Commit a group of results, then acknowledge the entries whose outcome is recorded
         (committed or fenced out); a failed XACK leaves them pending for the reaper."""
-        app = self.app
+        runtime = self.runtime
         writes = [item.write for item in items]
-        await app.store().commit_results(writes, now=app.clock())
+        await runtime.store.commit_results(writes, now=runtime.clock())
         if failpoints.ENABLED:
             failpoints.hit("worker.after_commit")
         settled = [item for item in items if item.write.outcome in _ACKED_OUTCOMES]
@@ -417,6 +372,6 @@ class Worker:
         by_stream: dict[str, list[str]] = defaultdict(list)
         for stream, entry_id in items:
             by_stream[stream].append(entry_id)
-        transport = self.app.transport()
+        transport = self.runtime.transport()
         for stream, ids in by_stream.items():
             await transport.ack(stream, ids)

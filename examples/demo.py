@@ -201,7 +201,7 @@ def _judge_batch(console: Console, app: App, procs: Processes, checks: Checks) -
 
 
 def _load(app: App, ids: list[int]) -> list[Submission]:
-    with Session(app.read_engine) as session:
+    with Session(app.engine) as session:
         return list(session.exec(select(Submission).where(Submission.id.in_(ids))))  # type: ignore[union-attr]
 
 
@@ -360,7 +360,7 @@ def _print_trace(console: Console, trace_file: Path, task_id: str) -> None:
     from durable_tasks.records import tasks_table
 
     app = build_app()
-    with app.read_engine.connect() as conn:
+    with app.engine.connect() as conn:
         traceparent = conn.execute(sa.select(tasks_table.c.traceparent).where(tasks_table.c.id == task_id)).scalar()
     if not traceparent:
         return

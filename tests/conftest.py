@@ -111,8 +111,8 @@ def make_app(database_url: str, redis_url: str, namespace: str, tmp_path: Path) 
 
     yield build
     for app in apps:
-        if app._engine is not None:
-            app._engine.dispose()
+        if app.runtime.store_opened:
+            app.runtime.store.close()
     if "+cluster://" in redis_url:  # DT_TEST_REDIS_URL may name a cluster: tests/cluster/run_core.py
         seed = redis_url.replace("+cluster", "", 1).split(",")[0]
         cluster = redis.RedisCluster.from_url(seed)

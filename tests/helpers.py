@@ -9,8 +9,7 @@ from typing import Any
 import anyio
 
 from durable_tasks import App
-from durable_tasks.store.execution import ExecutionClaim, claim_execution
-from durable_tasks.store.leases import mark_solo
+from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
 
@@ -22,21 +21,18 @@ def keys(app: App, queue: str = "jobs") -> QueueKeys:
 
 async def entries(app: App, stream: str) -> list[tuple[str, dict[str, str]]]:
     """Every entry of ``stream`` as (id, fields)."""
-    raw: Any = await app.transport().client.xrange(stream)
+    raw: Any = await app.runtime.transport().client.xrange(stream)
     return [(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
 
 
-def claim_entry(
+async def claim_entry(
     app: App, entry: StreamEntry, worker_id: str, *, lease: timedelta | None = None
 ) -> ExecutionClaim | None:
     """Take the execution fence for ``entry`` as worker ``worker_id`` would (None: refused)."""
     d = parse_delivery(entry.fields)
-    claim = claim_execution(
-        app.engine,
+    [claim] = await app.runtime.store.claim_executions(
         app.settings.namespace,
-        task_id=d.task_id,
-        generation=d.generation,
-        delivery=d.delivery,
+        [ClaimRequest(d.task_id, d.generation, d.delivery)],
         worker_id=worker_id,
         now=app.clock(),
         lease=lease or app.settings.lease_timeout,
@@ -44,13 +40,13 @@ def claim_entry(
     return claim if isinstance(claim, ExecutionClaim) else None
 
 
-def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doomed-worker") -> ExecutionClaim:
+async def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doomed-worker") -> ExecutionClaim:
     """Claim ``entry`` and mark its attempt solo, as a worker does right before it runs a
     suspect, and then do nothing more (the worker "died"): once the lease runs out the reaper
     charges the loss to the task (with max_deliveries=1, it is dead-lettered)."""
-    claim = claim_entry(app, entry, worker_id)
+    claim = await claim_entry(app, entry, worker_id)
     assert claim is not None
-    mark_solo(app.engine, claim)
+    await app.runtime.store.mark_solo(claim)
     return claim
 
 

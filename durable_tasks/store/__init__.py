@@ -1,11 +1,16 @@
-"""The SQL side of the runtime: submit, claim, fence, commit, recover.
+"""The SQL side of the runtime, behind one :class:`Store` protocol (:mod:`.protocol`).
 
-Functions here take an Engine or the caller's Session and use bound parameters only; loops
-call them from worker threads. Most speak SQLAlchemy Core. The hot paths on PostgreSQL
-(submit, the dispatcher's claim and mark-SENT, the worker's claim and group commit) run
-named statements from ``sql/postgres.sql`` instead: one fixed text per batch, values in
-arrays, prepared once per connection. The four one-statement ones are built as values
-(:class:`.statement.OneStatement`), which the loops send on their event loop's own
-connections (:mod:`.aio`) and sync callers from a thread. Their SQLite twins stay in Core beside them, and the
-integration suites run every test against both.
+One implementation per dialect (:mod:`.postgres`, :mod:`.sqlite`), chosen once by
+:func:`open_store` where the App builds its engine; the loops call the protocol and never ask
+which database they run on. The statements every dialect shares are SQLAlchemy Core in
+:mod:`.submit`, :mod:`.outbox`, :mod:`.execution`, :mod:`.results`, :mod:`.leases`,
+:mod:`.recovery`, :mod:`.queries` and :mod:`.retention`; a dialect's own statements live in its
+module (PostgreSQL's named statements in ``sql/postgres.sql``). Bound parameters only.
 """
+
+from __future__ import annotations
+
+from .factory import open_store
+from .protocol import DatabaseFacts, DatabaseProblem, Store
+
+__all__ = ["DatabaseFacts", "DatabaseProblem", "Store", "open_store"]

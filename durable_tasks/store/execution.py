@@ -1,29 +1,29 @@
 """The worker's SQL for claiming: the execution fence, in batches (the running attempts'
 leases and heartbeats are in :mod:`.leases`).
 
-The attempt number handed out by :func:`claim_batch` is the fencing token: every later write
-of that execution names it, and the database refuses the write once a newer attempt or
-generation exists. One batch is one statement on PostgreSQL (one transaction on SQLite),
-however many deliveries it holds; each delivery is still fenced on its own (generation,
-delivery, state).
+The attempt number a claim hands out is the fencing token: every later write of that
+execution names it, and the database refuses the write once a newer attempt or generation
+exists. One batch is one transaction however many deliveries it holds; each delivery is
+still fenced on its own (generation, delivery, state).
+
+Claimable: the same generation and delivery, in PENDING (the entry can arrive before the
+dispatcher's mark-SENT commits), ENQUEUED or RETRYING, or RUNNING whose lease ran out. A
+delivery listed twice is claimed once; the other copy is STALE.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
-from . import sql
-from .engine import is_postgres
-from .statement import OneStatement, Rows
 
 __all__ = [
     "NOTHING_KNOWN",
@@ -34,14 +34,13 @@ __all__ = [
     "FollowUps",
     "Known",
     "after_claim",
-    "claim_batch",
-    "claim_execution",
     "claim_follow_ups",
-    "claim_statement",
+    "claim_keys",
+    "claim_rows",
     "claims_for",
     "close_open_attempts",
-    "fence_arrays",
     "fenced_rows",
+    "open_attempts",
 ]
 
 t = tasks_table.c
@@ -101,7 +100,8 @@ class ClaimRequest:
 
 class ClaimedRow(NamedTuple):
     """A claimed task row, in the order both claim statements return its columns (read
-    positionally: a SQLAlchemy Row's attribute access costs ~0.4 us a column)."""
+    positionally: a SQLAlchemy Row's attribute access is slow per column, and a claim reads
+    every column of every row)."""
 
     id: str
     name: str
@@ -123,63 +123,9 @@ class ClaimedRow(NamedTuple):
 _RETURNED = tuple(t[name] for name in ClaimedRow._fields)
 
 
-def claim_batch(
-    engine: sa.Engine,
-    namespace: str,
-    requests: Sequence[ClaimRequest],
-    *,
-    worker_id: str,
-    now: datetime,
-    lease: timedelta,
-) -> list[ExecutionClaim | ClaimRefused]:
-    """Take the execution fence for many deliveries at once: ONE statement on PostgreSQL, one
-    transaction on SQLite (results in request order).
-
-    Claimable: the same generation and delivery, in PENDING (the entry can arrive before the
-    dispatcher's mark-SENT commits), ENQUEUED or RETRYING, or RUNNING whose lease ran out.
-    A delivery listed twice is claimed once; the other copy is STALE.
-    """
-    if not requests:
-        return []
-    if is_postgres(engine):
-        rows = claim_statement(namespace, requests, worker_id=worker_id, now=now, lease=lease).run(engine)
-        follow_ups = claim_follow_ups(requests, rows)
-        known = after_claim(engine, namespace, follow_ups, now) if follow_ups else NOTHING_KNOWN
-        return claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
-    keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
-    traceparents = {r.task_id: r.traceparent for r in requests}
-    with engine.begin() as conn:
-        rows = _claim_rows(conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease)
-        _open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
-        follow_ups = claim_follow_ups(requests, rows)
-        known = _after_claim(conn, namespace, follow_ups, now) if follow_ups else NOTHING_KNOWN
-    return claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
-
-
-def claim_statement(
-    namespace: str, requests: Sequence[ClaimRequest], *, worker_id: str, now: datetime, lease: timedelta
-) -> OneStatement[list[ClaimedRow]]:
-    """PostgreSQL's batch claim as ONE statement, its own transaction: it claims the tasks and
-    opens their attempts (one round trip). Then :func:`claim_follow_ups`."""
-    keys = list({(r.task_id, r.generation, r.delivery) for r in requests})
-    traceparents = {r.task_id: r.traceparent for r in requests}
-    ids, generations, deliveries = zip(*keys, strict=True)
-    params = {
-        "namespace": namespace,
-        "ids": list(ids),
-        "generations": list(generations),
-        "deliveries": list(deliveries),
-        "trace_ids": list(traceparents),
-        "traceparents": list(traceparents.values()),
-        "worker_id": worker_id,
-        "now": now,
-        "lease_until": now + lease,
-    }
-    return OneStatement(sql.postgres()["claim_executions"], params, _claimed_rows)
-
-
-def _claimed_rows(rows: Rows) -> list[ClaimedRow]:
-    return [ClaimedRow._make(row) for row in rows]
+def claim_keys(requests: Sequence[ClaimRequest]) -> tuple[list[tuple[str, int, int]], dict[str, str | None]]:
+    """The distinct (task id, generation, delivery) of a read batch, and each task's trace context."""
+    return list({(r.task_id, r.generation, r.delivery) for r in requests}), {r.task_id: r.traceparent for r in requests}
 
 
 class FollowUps(NamedTuple):
@@ -205,12 +151,6 @@ def claim_follow_ups(requests: Sequence[ClaimRequest], rows: Sequence[ClaimedRow
     reruns = [r for r in rows if r.attempt > 1 or r.generation > 0]
     missing = {r.task_id for r in requests} - {r.id for r in rows}
     return FollowUps(reruns, missing) if reruns or missing else None
-
-
-def after_claim(engine: sa.Engine, namespace: str, follow_ups: FollowUps, now: datetime) -> Known:
-    """Run a claim's follow-ups in a transaction of their own (they are idempotent)."""
-    with engine.begin() as conn:
-        return _after_claim(conn, namespace, follow_ups, now)
 
 
 def claims_for(
@@ -241,7 +181,7 @@ def claims_for(
     return out
 
 
-def _after_claim(conn: sa.Connection, namespace: str, follow_ups: FollowUps, now: datetime) -> Known:
+def after_claim(conn: sa.Connection, namespace: str, follow_ups: FollowUps, now: datetime) -> Known:
     """After a claim: the previous attempts' trace contexts of re-runs (closing what lost
     workers left open), and which unclaimed task ids name an existing task (STALE, not NO_TASK)."""
     reruns, missing = follow_ups
@@ -254,7 +194,7 @@ def _after_claim(conn: sa.Connection, namespace: str, follow_ups: FollowUps, now
     return Known(previous, existing)
 
 
-def _claim_rows(
+def claim_rows(
     conn: sa.Connection,
     namespace: str,
     keys: list[tuple[str, int, int]],
@@ -285,7 +225,7 @@ def _claim_rows(
     return [ClaimedRow._make(row) for row in rows]
 
 
-def _open_attempts(
+def open_attempts(
     conn: sa.Connection,
     namespace: str,
     rows: Sequence[ClaimedRow],
@@ -358,30 +298,6 @@ def _claim_from(row: ClaimedRow, namespace: str, worker_id: str, previous: str |
     )
 
 
-def claim_execution(
-    engine: sa.Engine,
-    namespace: str,
-    *,
-    task_id: str,
-    generation: int,
-    delivery: int,
-    worker_id: str,
-    now: datetime,
-    lease: timedelta,
-    traceparent: str | None = None,
-) -> ExecutionClaim | ClaimRefused:
-    """Claim one delivery (see :func:`claim_batch`)."""
-    [result] = claim_batch(
-        engine,
-        namespace,
-        [ClaimRequest(task_id, generation, delivery, traceparent)],
-        worker_id=worker_id,
-        now=now,
-        lease=lease,
-    )
-    return result
-
-
 def close_open_attempts(conn: sa.Connection, task_id: str, generation: int, now: datetime, *, reason: str) -> None:
     """Attempts still open (their worker vanished) end as ``lost`` with the reason."""
     conn.execute(
@@ -393,19 +309,9 @@ def close_open_attempts(conn: sa.Connection, task_id: str, generation: int, now:
 
 def fenced_rows(claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
     """:meth:`ExecutionClaim.fence` for many executions at once (each row RUNNING under its own
-    generation and attempt); ``claims`` share one namespace. SQLite's: Postgres runs the named
-    statements, which lock the rows by primary key in id order."""
+    generation and attempt); ``claims`` share one namespace."""
     return sa.and_(
         t.namespace == claims[0].namespace,
         sa.tuple_(t.id, t.generation, t.attempt).in_([(c.task_id, c.generation, c.attempt) for c in claims]),
         t.state == TaskState.RUNNING,
     )
-
-
-def fence_arrays(claims: Sequence[ExecutionClaim]) -> dict[str, list[Any]]:
-    """The same fencing tokens as parallel arrays, for the named Postgres statements."""
-    return {
-        "ids": [c.task_id for c in claims],
-        "generations": [c.generation for c in claims],
-        "attempts": [c.attempt for c in claims],
-    }

@@ -3,41 +3,37 @@
 No row lock is held across a Redis call: the claim commits a lease (and a claim token), the
 dispatcher publishes, and every outcome update is fenced by that token, so a dispatcher
 whose lease ran out cannot overwrite the work of the one that took over.
+
+SQLAlchemy Core on a connection whose transaction the store opened; PostgreSQL runs its own
+named statements for the usual pass (:mod:`.postgres`).
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
-from . import sql
-from .engine import is_postgres
-from .statement import OneStatement, Rows
 
 __all__ = [
     "ClaimedDelivery",
-    "claim_batch",
-    "claim_statement",
+    "Dead",
+    "Retry",
+    "Sent",
+    "claim_rows",
+    "deliveries",
     "mark_dead",
     "mark_sent",
     "release",
     "schedule_retry",
-    "settle_batch",
-    "settle_statement",
 ]
 
 o = outbox_table.c
 t = tasks_table.c
-
-#: This transaction's commit does not wait for the WAL flush (Postgres only).
-_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO OFF"
 
 
 @immutable
@@ -59,49 +55,18 @@ class ClaimedDelivery:
     partition_key: str | None = None
 
 
-def claim_batch(
-    engine: sa.Engine,
-    namespace: str,
-    *,
-    now: datetime,
-    lease: timedelta,
-    limit: int,
-    watermark: int | None,
-) -> list[ClaimedDelivery]:
-    """Lease up to ``limit`` due PENDING rows (oldest first) and commit the lease.
-
-    PostgreSQL selects with ``FOR UPDATE SKIP LOCKED`` so concurrent dispatchers split the
-    rows; SQLite runs the same UPDATE … RETURNING inside ``BEGIN IMMEDIATE``.
-    """
-    if is_postgres(engine):
-        return claim_statement(namespace, now=now, lease=lease, limit=limit, watermark=watermark).run(engine)
-    token = str(uuid.uuid4())
-    with engine.begin() as conn:
-        claimed = _claim_sqlite(conn, namespace, token, now=now, lease=lease, limit=limit, watermark=watermark)
-    return _deliveries(claimed, token)
+#: A published row, its stream entry id and partition.
+Sent = tuple[ClaimedDelivery, str, int | None]
+#: A row that cannot be delivered, and why.
+Dead = tuple[ClaimedDelivery, str]
+#: A row whose publish failed: when to try again, and the error.
+Retry = tuple[ClaimedDelivery, datetime, str]
 
 
-def claim_statement(
-    namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
-) -> OneStatement[list[ClaimedDelivery]]:
-    """PostgreSQL's lease as one statement, its own transaction: lease the rows and read their
-    tasks (UPDATE … FROM dt_tasks … RETURNING); it turns off the wait for the WAL flush itself
-    (see the SQL)."""
-    token = str(uuid.uuid4())
-    params = {
-        "namespaces": [namespace],  # one element: see the SQL
-        "now": now,
-        "lease_until": now + lease,
-        "token": token,
-        "limit": limit,
-        "watermark": watermark or 0,
-    }
-    return OneStatement(sql.postgres()["claim_outbox"], params, partial(_deliveries, token=token))
-
-
-def _deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
-    # Unpacked by position (the SELECT/RETURNING order): a Row's attribute access costs ~0.4 us
-    # a column, a fifth of this function's CPU at 500 rows.
+def deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
+    """Claimed rows (in :func:`claim_rows`' column order) as deliveries, by outbox id."""
+    # Unpacked by position (the SELECT/RETURNING order): a Row's attribute access per column
+    # is most of this function's CPU on a full batch.
     return [
         ClaimedDelivery(
             outbox_id=outbox_id,
@@ -135,7 +100,7 @@ def _deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
     ]
 
 
-def _claim_sqlite(
+def claim_rows(
     conn: sa.Connection,
     namespace: str,
     token: str,
@@ -145,7 +110,9 @@ def _claim_sqlite(
     limit: int,
     watermark: int | None,
 ) -> Sequence[Any]:
-    """SQLite's RETURNING cannot name a joined table: lease the rows, then read them."""
+    """Lease up to ``limit`` due PENDING rows (oldest first) and read what publishing needs
+    (UPDATE … RETURNING cannot name a joined table everywhere: lease the rows, then read them).
+    Rows in :func:`deliveries`' column order."""
     due = sa.select(o.id).where(
         o.namespace == namespace,
         o.state == OutboxState.PENDING,
@@ -185,56 +152,7 @@ _FENCE = sa.and_(
 )
 
 
-def settle_batch(
-    engine: sa.Engine,
-    *,
-    sent: Sequence[tuple[ClaimedDelivery, str, int | None]],
-    dead: Sequence[tuple[ClaimedDelivery, str]],
-    retry: Sequence[tuple[ClaimedDelivery, datetime, str]],
-    held: Sequence[ClaimedDelivery],
-    now: datetime,
-    release_at: datetime,
-) -> int:
-    """Record every outcome of one dispatch pass in ONE transaction; returns rows marked SENT.
-
-    On Postgres it commits without waiting for the WAL flush: if a crash loses it, the rows
-    are PENDING again, are claimed again, and the enqueue script's dedup key turns their
-    republish into a no-op; any later durable commit (a result, a submit) flushes it anyway.
-    """
-    if is_postgres(engine) and (usual := settle_statement(sent=sent, dead=dead, retry=retry, held=held, now=now)):
-        return usual.run(engine)
-    with engine.begin() as conn:
-        if is_postgres(conn) and not sent:  # mark_sent's statement does it without a round trip
-            conn.exec_driver_sql(_ASYNC_COMMIT)
-        marked = mark_sent(conn, sent, now=now)
-        mark_dead(conn, dead, now=now)
-        schedule_retry(conn, retry)
-        release(conn, held, next_attempt_at=release_at)
-    return marked
-
-
-def settle_statement(
-    *,
-    sent: Sequence[tuple[ClaimedDelivery, str, int | None]],
-    dead: Sequence[tuple[ClaimedDelivery, str]],
-    retry: Sequence[tuple[ClaimedDelivery, datetime, str]],
-    held: Sequence[ClaimedDelivery],
-    now: datetime,
-) -> OneStatement[int] | None:
-    """The usual pass's outcomes (every row published) as ONE PostgreSQL statement, its own
-    transaction; None when the pass needs :func:`settle_batch`'s transaction."""
-    return None if not sent or dead or retry or held else _mark_sent_statement(sent, now)
-
-
-def _mark_sent_statement(sent: Sequence[tuple[ClaimedDelivery, str, int | None]], now: datetime) -> OneStatement[int]:
-    return OneStatement(sql.postgres()["mark_sent"], _mark_sent_params(sent, now), _first_int)
-
-
-def _first_int(rows: Rows) -> int:
-    return int(rows[0][0])
-
-
-def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, int | None]], *, now: datetime) -> int:
+def mark_sent(conn: sa.Connection, sent: Sequence[Sent], *, now: datetime) -> int:
     """Record published rows as SENT with their entry ids; their tasks become ENQUEUED.
 
     Two statements for the whole batch (the first an executemany), each row fenced by its
@@ -244,8 +162,6 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, in
     """
     if not sent:
         return 0
-    if is_postgres(conn):
-        return _mark_sent_statement(sent, now).run_on(conn)
     marked = conn.execute(
         sa.update(outbox_table)
         .where(_FENCE)
@@ -270,20 +186,7 @@ def mark_sent(conn: sa.Connection, sent: Sequence[tuple[ClaimedDelivery, str, in
     return int(marked)
 
 
-def _mark_sent_params(sent: Sequence[tuple[ClaimedDelivery, str, int | None]], now: datetime) -> dict[str, Any]:
-    return {
-        "ids": [row.outbox_id for row, _, _ in sent],
-        "tokens": [row.claim_token for row, _, _ in sent],
-        "stream_ids": [stream_id for _, stream_id, _ in sent],
-        "partitions": [partition for _, _, partition in sent],
-        "task_ids": [row.task_id for row, _, _ in sent],
-        "generations": [row.generation for row, _, _ in sent],
-        "deliveries": [row.delivery for row, _, _ in sent],
-        "now": now,
-    }
-
-
-def mark_dead(conn: sa.Connection, rows: Sequence[tuple[ClaimedDelivery, str]], *, now: datetime) -> None:
+def mark_dead(conn: sa.Connection, rows: Sequence[Dead], *, now: datetime) -> None:
     """Outbox row DEAD and its task DEAD, keeping the reason (payload invalid, unknown task)."""
     if not rows:
         return
@@ -311,7 +214,7 @@ def mark_dead(conn: sa.Connection, rows: Sequence[tuple[ClaimedDelivery, str]], 
     )
 
 
-def schedule_retry(conn: sa.Connection, rows: Sequence[tuple[ClaimedDelivery, datetime, str]]) -> None:
+def schedule_retry(conn: sa.Connection, rows: Sequence[Retry]) -> None:
     """A publish failed: count the attempt, keep the error, try again at the given time."""
     if not rows:
         return

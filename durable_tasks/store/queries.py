@@ -16,17 +16,16 @@ o = outbox_table.c
 a = attempts_table.c
 
 
-def load_task(engine: sa.Engine, namespace: str, task_id: str) -> tuple[TaskRecord, list[AttemptRecord]] | None:
+def load_task(conn: sa.Connection, namespace: str, task_id: str) -> tuple[TaskRecord, list[AttemptRecord]] | None:
     """The task row and its attempts (all generations, oldest first)."""
-    with engine.connect() as conn:
-        row = conn.execute(sa.select(tasks_table).where(t.namespace == namespace, t.id == task_id)).one_or_none()
-        if row is None:
-            return None
-        attempts = conn.execute(
-            sa.select(attempts_table)
-            .where(a.namespace == namespace, a.task_id == task_id)
-            .order_by(a.generation, a.attempt, a.id)
-        ).all()
+    row = conn.execute(sa.select(tasks_table).where(t.namespace == namespace, t.id == task_id)).one_or_none()
+    if row is None:
+        return None
+    attempts = conn.execute(
+        sa.select(attempts_table)
+        .where(a.namespace == namespace, a.task_id == task_id)
+        .order_by(a.generation, a.attempt, a.id)
+    ).all()
     return TaskRecord.model_validate(row._mapping), [AttemptRecord.model_validate(r._mapping) for r in attempts]
 
 
@@ -39,24 +38,23 @@ class QueueBacklog:
     oldest_enqueued: datetime | None
 
 
-def queue_backlogs(engine: sa.Engine, namespace: str) -> dict[str, QueueBacklog]:
+def queue_backlogs(conn: sa.Connection, namespace: str) -> dict[str, QueueBacklog]:
     """Pending outbox rows (count, oldest) and the oldest undelivered task, per queue."""
-    with engine.connect() as conn:
-        outbox = {
-            r.queue: (r.n, r.oldest)
-            for r in conn.execute(
-                sa.select(o.queue, sa.func.count().label("n"), sa.func.min(o.created_at).label("oldest"))
-                .where(o.namespace == namespace, o.state == OutboxState.PENDING)
-                .group_by(o.queue)
-            )
-        }
-        enqueued = {
-            r.queue: r.oldest
-            for r in conn.execute(
-                sa.select(t.queue, sa.func.min(t.enqueued_at).label("oldest"))
-                .where(t.namespace == namespace, t.state == TaskState.ENQUEUED)
-                .group_by(t.queue)
-            )
-        }
+    outbox = {
+        r.queue: (r.n, r.oldest)
+        for r in conn.execute(
+            sa.select(o.queue, sa.func.count().label("n"), sa.func.min(o.created_at).label("oldest"))
+            .where(o.namespace == namespace, o.state == OutboxState.PENDING)
+            .group_by(o.queue)
+        )
+    }
+    enqueued = {
+        r.queue: r.oldest
+        for r in conn.execute(
+            sa.select(t.queue, sa.func.min(t.enqueued_at).label("oldest"))
+            .where(t.namespace == namespace, t.state == TaskState.ENQUEUED)
+            .group_by(t.queue)
+        )
+    }
     queues = set(outbox) | set(enqueued)
     return {q: QueueBacklog(outbox.get(q, (0, None))[0], outbox.get(q, (0, None))[1], enqueued.get(q)) for q in queues}

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import NamedTuple
 
 import sqlalchemy as sa
 
@@ -21,32 +21,31 @@ from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tas
 from .execution import close_open_attempts
 from .submit import insert_outbox
 
-__all__ = ["UnconfirmedDelivery", "dead_letter_task", "lease_views", "redeliver", "unconfirmed_deliveries"]
+__all__ = ["DeadTask", "UnconfirmedDelivery", "dead_letter_task", "lease_views", "redeliver", "unconfirmed_deliveries"]
 
 t = tasks_table.c
 o = outbox_table.c
 logger = logging.getLogger(__name__)
 
 
-def lease_views(engine: sa.Engine, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
+def lease_views(conn: sa.Connection, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
     """What the database says about each task (absent ids: no such task)."""
     ids = list(set(task_ids))
     if not ids:
         return {}
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                t.id,
-                t.state,
-                t.generation,
-                t.delivery,
-                t.lease_expires_at,
-                t.reclaims,
-                t.counted_losses,
-                t.attempt,
-                t.solo_attempt,
-            ).where(t.namespace == namespace, t.id.in_(ids))
-        ).all()
+    rows = conn.execute(
+        sa.select(
+            t.id,
+            t.state,
+            t.generation,
+            t.delivery,
+            t.lease_expires_at,
+            t.reclaims,
+            t.counted_losses,
+            t.attempt,
+            t.solo_attempt,
+        ).where(t.namespace == namespace, t.id.in_(ids))
+    ).all()
     return {
         r.id: TaskLeaseView(
             TaskState(r.state),
@@ -78,7 +77,7 @@ _LOSS_COUNTS = sa.case((sa.and_(t.state == TaskState.RUNNING, t.solo_attempt == 
 
 
 def redeliver(
-    engine: sa.Engine,
+    conn: sa.Connection,
     namespace: str,
     *,
     task_id: str,
@@ -92,29 +91,42 @@ def redeliver(
 
     ``count_reclaim`` is True when a worker lost it (counts toward ``max_deliveries``) and
     False when Redis lost it (the reconciler): a broker's data loss is not the task's fault.
+    The new delivery intent is written here (the store wakes dispatchers).
     """
-    with engine.begin() as conn:
-        row = conn.execute(
-            sa.update(tasks_table)
-            .where(_unowned(task_id, namespace, generation, delivery, now))
-            .values(
-                state=TaskState.PENDING,
-                delivery=t.delivery + 1,
-                reclaims=t.reclaims + (1 if count_reclaim else 0),
-                counted_losses=t.counted_losses + (_LOSS_COUNTS if count_reclaim else sa.literal(0)),
-                lease_expires_at=None,
-            )
-            .returning(t.queue, t.shadow, t.delivery)
-        ).one_or_none()
-        if row is None:
-            return False
-        close_open_attempts(conn, task_id, generation, now, reason=reason)
-        insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
+    row = conn.execute(
+        sa.update(tasks_table)
+        .where(_unowned(task_id, namespace, generation, delivery, now))
+        .values(
+            state=TaskState.PENDING,
+            delivery=t.delivery + 1,
+            reclaims=t.reclaims + (1 if count_reclaim else 0),
+            counted_losses=t.counted_losses + (_LOSS_COUNTS if count_reclaim else sa.literal(0)),
+            lease_expires_at=None,
+        )
+        .returning(t.queue, t.shadow, t.delivery)
+    ).one_or_none()
+    if row is None:
+        return False
+    close_open_attempts(conn, task_id, generation, now, reason=reason)
+    insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
     return True
 
 
+class DeadTask(NamedTuple):
+    """What a dead-lettered task's ``on_failure`` hooks are told about it."""
+
+    id: str
+    name: str
+    queue: str
+    payload: str
+    idempotency_key: str | None
+    shadow: bool
+    attempt: int
+    generation: int
+
+
 def dead_letter_task(
-    engine: sa.Engine,
+    conn: sa.Connection,
     namespace: str,
     *,
     task_id: str,
@@ -122,37 +134,36 @@ def dead_letter_task(
     delivery: int,
     now: datetime,
     reason: str,
-    on_dead: Callable[[sa.Connection, Any], None] | None = None,
+    on_dead: Callable[[sa.Connection, DeadTask], None] | None = None,
 ) -> bool:
     """Mark the task DEAD (kept for inspection and replay); False if it moved on meanwhile.
 
     ``on_dead(conn, row)`` (the task's failure hooks) runs in the same transaction with the
     task row; if it raises, its writes roll back and the task is DEAD all the same.
     """
-    with engine.begin() as conn:
-        row = conn.execute(
-            sa.update(tasks_table)
-            .where(_unowned(task_id, namespace, generation, delivery, now))
-            .values(
-                state=TaskState.DEAD,
-                error_type="DeadLettered",
-                error_message=reason,
-                finished_at=now,
-                lease_expires_at=None,
-            )
-            .returning(t.id, t.name, t.queue, t.payload, t.idempotency_key, t.shadow, t.attempt, t.generation)
-        ).one_or_none()
-        if row is None:
-            return False
-        close_open_attempts(conn, task_id, generation, now, reason=reason)
-        if on_dead is not None and not row.shadow:
-            savepoint = conn.begin_nested()
-            try:
-                on_dead(conn, row)
-                savepoint.commit()
-            except Exception:
-                savepoint.rollback()
-                logger.exception("failure hooks of dead-lettered task %s raised; it is DEAD regardless", task_id)
+    row = conn.execute(
+        sa.update(tasks_table)
+        .where(_unowned(task_id, namespace, generation, delivery, now))
+        .values(
+            state=TaskState.DEAD,
+            error_type="DeadLettered",
+            error_message=reason,
+            finished_at=now,
+            lease_expires_at=None,
+        )
+        .returning(t.id, t.name, t.queue, t.payload, t.idempotency_key, t.shadow, t.attempt, t.generation)
+    ).one_or_none()
+    if row is None:
+        return False
+    close_open_attempts(conn, task_id, generation, now, reason=reason)
+    if on_dead is not None and not row.shadow:
+        savepoint = conn.begin_nested()
+        try:
+            on_dead(conn, DeadTask(*row))
+            savepoint.commit()
+        except Exception:
+            savepoint.rollback()
+            logger.exception("failure hooks of dead-lettered task %s raised; it is DEAD regardless", task_id)
     return True
 
 
@@ -170,7 +181,7 @@ class UnconfirmedDelivery:
 
 
 def unconfirmed_deliveries(
-    engine: sa.Engine, namespace: str, *, now: datetime, grace: timedelta, limit: int
+    conn: sa.Connection, namespace: str, *, now: datetime, grace: timedelta, limit: int
 ) -> list[UnconfirmedDelivery]:
     """Tasks ENQUEUED for longer than ``grace``, or RUNNING with an expired lease, with the
     entry id their current delivery was published as."""
@@ -195,8 +206,7 @@ def unconfirmed_deliveries(
         .order_by(t.enqueued_at)
         .limit(limit)
     )
-    with engine.connect() as conn:
-        rows = conn.execute(query).all()
+    rows = conn.execute(query).all()
     return [
         UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id, r.partition)
         for r in rows

@@ -2,7 +2,8 @@
 
 A group of results commits in ONE transaction, each row fenced on its own: results without
 an on-commit hook go through one fenced UPDATE for the whole group; a result with a hook gets
-a savepoint, so a stale row or a raising hook affects only its own task.
+a savepoint, so a stale row or a raising hook affects only its own task. SQLAlchemy Core on a
+connection whose transaction the store opened.
 """
 
 from __future__ import annotations
@@ -12,19 +13,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from typing import Any
 
 import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
-from . import sql
-from .engine import is_postgres
-from .execution import ExecutionClaim, fence_arrays, fenced_rows
-from .locking import lock_tasks_in_order
-from .statement import OneStatement
+from .execution import ExecutionClaim, fenced_rows
 from .submit import insert_outbox
 
-__all__ = ["CommitOutcome", "FinalWrite", "commit_results", "commit_statement", "record_failure"]
+__all__ = [
+    "CommitOutcome",
+    "FinalWrite",
+    "closed_attempts",
+    "commit_hooked",
+    "finish_attempts",
+    "plain",
+    "record_failure",
+    "set_outcomes",
+    "write_results",
+]
 
 t = tasks_table.c
 a = attempts_table.c
@@ -58,58 +64,19 @@ _SUCCEEDED = {
 }
 
 
-def commit_results(engine: sa.Engine, writes: Sequence[FinalWrite], *, now: datetime) -> None:
-    """Commit several results in ONE transaction, each fenced on its own; sets each ``outcome``
-    (HOOK_FAILED with ``hook_error`` when an on-commit hook raised: that task is rolled back)."""
-    if is_postgres(engine) and (alone := commit_statement(writes, now=now)):
-        alone.run(engine)
-        return
-    plain = [w for w in writes if _plain(w)]
-    hooked = [w for w in writes if not _plain(w)]
-    with engine.begin() as conn:
-        if hooked:  # several statements: take every row's lock first, in id order
-            lock_tasks_in_order(conn, [w.claim.task_id for w in writes])
-        if plain:
-            _commit_plain(conn, plain, now)
-        for w in hooked:
-            _commit_hooked(conn, w, now)
-        # On Postgres the plain writes' statement closed their attempts too.
-        _finish_attempts(conn, hooked if is_postgres(conn) else writes, now)
+def plain(w: FinalWrite) -> bool:
+    """A write whose commit runs no hook (none registered, or a shadow run's, which never runs)."""
+    return w.hook is None or w.claim.shadow
 
 
-def commit_statement(writes: Sequence[FinalWrite], *, now: datetime) -> OneStatement[None] | None:
-    """A group without on-commit hooks as ONE PostgreSQL statement, its own transaction: the
-    fenced writes and their attempts' outcomes; reading its rows sets each ``outcome``. None
-    when a hook needs :func:`commit_results`' transaction (savepoints)."""
-    return _results_statement(writes, now) if all(_plain(w) for w in writes) else None
-
-
-def _results_statement(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[None]:
-    """PostgreSQL's fenced writes of plain results and their attempts' outcomes, one statement."""
-    return OneStatement(
-        sql.postgres()["commit_results"],
-        _results_params(writes, now),
-        lambda rows: _set_outcomes(writes, {task_id for (task_id,) in rows}),
-    )
-
-
-def _plain(w: FinalWrite) -> bool:
-    return w.hook is None or w.claim.shadow  # a shadow run's hook never runs
-
-
-def _commit_plain(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
-    if is_postgres(conn):
-        _results_statement(writes, now).run_on(conn)
-    else:
-        _set_outcomes(writes, _write_results(conn, writes, now))
-
-
-def _set_outcomes(writes: Sequence[FinalWrite], committed: set[str]) -> None:
+def set_outcomes(writes: Sequence[FinalWrite], committed: set[str]) -> None:
+    """COMMITTED for the writes whose task ids were written, FENCED_OUT for the others."""
     for w in writes:
         w.outcome = CommitOutcome.COMMITTED if w.claim.task_id in committed else CommitOutcome.FENCED_OUT
 
 
-def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
+def write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> set[str]:
+    """The fenced writes of results without hooks, one UPDATE … RETURNING; the ids written."""
     return set(
         conn.execute(
             sa.update(tasks_table)
@@ -124,16 +91,9 @@ def _write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: datet
     )
 
 
-def _results_params(writes: Sequence[FinalWrite], now: datetime) -> dict[str, Any]:
-    return {
-        **fence_arrays([w.claim for w in writes]),
-        "namespace": writes[0].claim.namespace,
-        "results": [w.result_json for w in writes],
-        "now": now,
-    }
-
-
-def _commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
+def commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
+    """One result with an on-commit hook, in a savepoint: a stale row or a raising hook
+    affects only its own task."""
     savepoint = conn.begin_nested()
     updated = conn.execute(
         sa.update(tasks_table).where(w.claim.fence()).values(**_SUCCEEDED, finished_at=now, result=w.result_json)
@@ -153,22 +113,17 @@ def _commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
     w.outcome = CommitOutcome.COMMITTED
 
 
-def _finish_attempts(conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
-    """Close the attempts of a committed group, each with its own outcome."""
-    closed: list[tuple[FinalWrite, str]] = []
-    for w in writes:
-        if w.outcome is CommitOutcome.COMMITTED or w.outcome is CommitOutcome.FENCED_OUT:
-            closed.append((w, _ATTEMPT_OUTCOME[w.outcome]))
-    if not closed:
-        return
-    if is_postgres(conn):
-        params = {
-            **fence_arrays([w.claim for w, _ in closed]),
-            "outcomes": [outcome for _, outcome in closed],
-            "now": now,
-        }
-        conn.exec_driver_sql(sql.postgres()["finish_attempts"], params)
-        return
+def closed_attempts(writes: Sequence[FinalWrite]) -> list[tuple[FinalWrite, str]]:
+    """The writes whose attempts a committed group closes, each with its attempt's outcome."""
+    return [
+        (w, _ATTEMPT_OUTCOME[w.outcome])
+        for w in writes
+        if w.outcome is CommitOutcome.COMMITTED or w.outcome is CommitOutcome.FENCED_OUT
+    ]
+
+
+def finish_attempts(conn: sa.Connection, closed: Sequence[tuple[FinalWrite, str]], now: datetime) -> None:
+    """Close the attempts of a committed group, each with its own outcome (one UPDATE per outcome)."""
     for outcome in {outcome for _, outcome in closed}:
         tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w, o in closed if o == outcome]
         conn.execute(
@@ -185,7 +140,7 @@ _ATTEMPT_OUTCOME = {
 
 
 def record_failure(
-    engine: sa.Engine,
+    conn: sa.Connection,
     claim: ExecutionClaim,
     *,
     now: datetime,
@@ -198,47 +153,45 @@ def record_failure(
 
     Fenced like a result: False (and outcome ``fenced_out``) when a newer execution owns
     the task. ``on_failed`` runs inside the same transaction when the failure is final; if
-    it raises, its writes are rolled back and the task is FAILED all the same.
+    it raises, its writes are rolled back and the task is FAILED all the same. A retry's
+    delivery intent is written here (the store wakes dispatchers).
     """
-    with engine.begin() as conn:
-        final = retry_at is None
-        values: dict[str, object] = {
-            "error_type": error_type[:200],
-            "error_message": error_message,
-            "lease_expires_at": None,
-        }
-        if final:
-            values |= {"state": TaskState.FAILED, "finished_at": now, "failures": t.failures + 1}
-        else:
-            values |= {"state": TaskState.RETRYING, "delivery": t.delivery + 1, "failures": t.failures + 1}
-        row = conn.execute(
-            sa.update(tasks_table).where(claim.fence()).values(values).returning(t.delivery)
-        ).one_or_none()
-        if row is None:
-            _finish_attempt(conn, claim, now, AttemptOutcome.FENCED_OUT, error_type, error_message)
-            return False
-        reason = None if final else f"retry at {retry_at:%Y-%m-%dT%H:%M:%S} after {error_type}"
-        _finish_attempt(conn, claim, now, AttemptOutcome.FAILED, error_type, error_message, reason)
-        if final and on_failed is not None and not claim.shadow:
-            savepoint = conn.begin_nested()
-            try:
-                on_failed(conn)
-                savepoint.commit()
-            except Exception:
-                savepoint.rollback()
-                logger.exception("on_failure hook of task %s raised; the task is FAILED regardless", claim.task_id)
-        if retry_at is not None:
-            insert_outbox(
-                conn,
-                claim.namespace,
-                claim.task_id,
-                claim.queue,
-                claim.generation,
-                row.delivery,
-                claim.shadow,
-                now,
-                due=retry_at,
-            )
+    final = retry_at is None
+    values: dict[str, object] = {
+        "error_type": error_type[:200],
+        "error_message": error_message,
+        "lease_expires_at": None,
+    }
+    if final:
+        values |= {"state": TaskState.FAILED, "finished_at": now, "failures": t.failures + 1}
+    else:
+        values |= {"state": TaskState.RETRYING, "delivery": t.delivery + 1, "failures": t.failures + 1}
+    # Under the fence the row's delivery is the claim's: the retry's is the next one.
+    if not conn.execute(sa.update(tasks_table).where(claim.fence()).values(values)).rowcount:
+        _finish_attempt(conn, claim, now, AttemptOutcome.FENCED_OUT, error_type, error_message)
+        return False
+    reason = None if final else f"retry at {retry_at:%Y-%m-%dT%H:%M:%S} after {error_type}"
+    _finish_attempt(conn, claim, now, AttemptOutcome.FAILED, error_type, error_message, reason)
+    if final and on_failed is not None and not claim.shadow:
+        savepoint = conn.begin_nested()
+        try:
+            on_failed(conn)
+            savepoint.commit()
+        except Exception:
+            savepoint.rollback()
+            logger.exception("on_failure hook of task %s raised; the task is FAILED regardless", claim.task_id)
+    if retry_at is not None:
+        insert_outbox(
+            conn,
+            claim.namespace,
+            claim.task_id,
+            claim.queue,
+            claim.generation,
+            claim.delivery + 1,
+            claim.shadow,
+            now,
+            due=retry_at,
+        )
     return True
 
 

@@ -18,7 +18,6 @@ from .. import readmodel
 from ..app import App
 from ..errors import InvalidQueryError
 from ..periodic import Schedule
-from ..store.engine import runtime_plans
 from .live import Live
 from .overview import Overview
 from .render import create_templates
@@ -74,7 +73,7 @@ class Dashboard:
     @property
     def engine(self) -> sa.Engine:
         """Reads: the App's read engine, planning keyed on PostgreSQL."""
-        return runtime_plans(self.app.read_engine)
+        return self.app.runtime.store.read_engine
 
     @property
     def namespace(self) -> str:

@@ -36,7 +36,7 @@ class Live:
         self._loop_task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
-        waiter = self.app.outbox_waiter()
+        waiter = self.app.runtime.outbox_waiter()
         try:
             while self._subscribers:
                 try:

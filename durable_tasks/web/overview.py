@@ -21,7 +21,6 @@ from anyio import to_thread
 from .. import readmodel
 from ..app import App
 from ..records import TaskState
-from ..store.engine import runtime_plans
 from ..views import QueueStats
 
 __all__ = ["COUNTED_STATES", "Overview", "QueueView", "Snapshot"]
@@ -107,7 +106,7 @@ class Overview:
     @property
     def engine(self) -> Any:
         """The App's read engine, planning keyed (sequential scans priced out on PostgreSQL)."""
-        return runtime_plans(self.app.read_engine)
+        return self.app.runtime.store.read_engine
 
     def _absorb(self, now: datetime) -> None:
         """Read what finished since the last refresh into the per-minute buckets."""
@@ -154,7 +153,7 @@ class Overview:
     async def snapshot(self) -> Snapshot:
         """Collect the overview now: Redis and the two database reads run side by side."""
         now = datetime.now(UTC)
-        namespace, registered = self.app.settings.namespace, self.app.queues()
+        namespace, registered = self.app.settings.namespace, self.app.runtime.queues()
         found: dict[str, Any] = {}
 
         async def read_stats() -> None:

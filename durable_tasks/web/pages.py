@@ -88,7 +88,13 @@ def _add_tasks(router: APIRouter, d: Dashboard) -> None:
         except InvalidQueryError as exc:
             raise bad_query(exc) from exc
         form = {"id": id, "key": key, "name": name, "state": state, "queue": queue, "since": since, "until": until}
-        values = {"page": page, "form": form, "names": names, "queues": d.app.queues(), "states": list(TaskState)}
+        values = {
+            "page": page,
+            "form": form,
+            "names": names,
+            "queues": d.app.runtime.queues(),
+            "states": list(TaskState),
+        }
         return d.render(request, "tasks.html", values)
 
     @router.get("/tasks/{task_id}", name="dt_task", response_class=HTMLResponse)
@@ -115,16 +121,16 @@ def _add_failures(router: APIRouter, d: Dashboard) -> None:
         except InvalidQueryError as exc:
             raise bad_query(exc) from exc
         form = {"state": state, "queue": queue, "name": name}
-        return d.render(request, "failures.html", {"page": page, "form": form, "queues": d.app.queues()})
+        return d.render(request, "failures.html", {"page": page, "form": form, "queues": d.app.runtime.queues()})
 
     @router.get("/dead-letters", name="dt_dead_letters", response_class=HTMLResponse)
     async def dead_letters(request: Request, queue: str = "", after: str = "") -> HTMLResponse:
-        queues = d.app.queues()
+        queues = d.app.runtime.queues()
         chosen = queue if queue in queues else (queues[0] if queues else "")
         letters = await dlq.list_dead_letters(d.app, chosen, count=readmodel.PAGE_SIZE + 1, after=after or None)
         more = len(letters) > readmodel.PAGE_SIZE
         letters = letters[: readmodel.PAGE_SIZE]
-        transport = d.app.transport()
+        transport = d.app.runtime.transport()
         length = int(await transport.client.xlen(transport.keys(chosen).dlq)) if chosen else 0
         values = {
             "queue": chosen,
@@ -139,8 +145,8 @@ def _add_failures(router: APIRouter, d: Dashboard) -> None:
 def _add_operations(router: APIRouter, d: Dashboard) -> None:
     @router.get("/workers", name="dt_workers", response_class=HTMLResponse)
     async def workers(request: Request) -> HTMLResponse:
-        transport = d.app.transport()
-        consumers = {q: await readmodel.stream_consumers(transport, q) for q in d.app.queues()}
+        transport = d.app.runtime.transport()
+        consumers = {q: await readmodel.stream_consumers(transport, q) for q in d.app.runtime.queues()}
         loads = await to_thread.run_sync(lambda: readmodel.running_by_worker(d.engine, d.namespace))
         values = {"consumers": consumers, "loads": loads, "lease_timeout": d.app.settings.lease_timeout}
         return d.render(request, "workers.html", values)

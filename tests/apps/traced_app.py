@@ -71,7 +71,7 @@ async def _main(role: str) -> None:
             while await app.dispatch_once() == 0:
                 await anyio.sleep(0.05)
     else:
-        await app.work(max_tasks=1, timeout=30)
+        await app.work(max_tasks=1, timeout=timedelta(seconds=30))
     await app.aclose()
 
 

@@ -56,8 +56,8 @@ def dead_letter(stack: Stack) -> str:
 
     async def go() -> None:
         await app.dispatch_once()
-        [entry] = await app.transport().read(["web"], "doomed", count=1, block=timedelta(seconds=1))
-        doomed.append(die_running_alone(app, entry, "doomed").task_id)
+        [entry] = await app.runtime.transport().read(["web"], "doomed", count=1, block=timedelta(seconds=1))
+        doomed.append((await die_running_alone(app, entry, "doomed")).task_id)
         with anyio.fail_after(30):
             while (await app.reap_once()).dead_lettered == 0:  # the lease must run out first
                 await anyio.sleep(0.1)

@@ -327,8 +327,8 @@ class Cluster:
             self._redis_client.close()
         if self._history is not None:
             self._history.close()
-        if self._app is not None and self._app._engine is not None:
-            self._app._engine.dispose()
+        if self._app is not None and self._app.runtime.store_opened:
+            self._app.runtime.store.close()
 
     def __enter__(self) -> Cluster:
         return self
@@ -506,7 +506,7 @@ class Cluster:
             except redis.RedisError:
                 return False
             return any(f":{proc.pid}:" in str(c["name"]) for c in consumers)
-        with self.app.read_engine.connect() as conn:
+        with self.app.runtime.store.read_engine.connect() as conn:
             found = conn.execute(
                 sa.text("SELECT 1 FROM pg_stat_activity WHERE application_name = :name LIMIT 1"),
                 {"name": self.application_name(proc.name)},
@@ -642,7 +642,7 @@ class Cluster:
 
         t = tasks_table.c
         query = sa.select(t.id, t.state).where(t.namespace == self.namespace, t.name == TASK_NAME)
-        with self.app.read_engine.connect() as conn:
+        with self.app.runtime.store.read_engine.connect() as conn:
             states = {r.id: r.state for r in conn.execute(query)}
         if task_ids is None:
             return states
@@ -662,7 +662,7 @@ class Cluster:
 
         o = outbox_table.c
         query = sa.select(sa.func.count()).where(o.namespace == self.namespace, o.state == "PENDING")
-        with self.app.read_engine.connect() as conn:
+        with self.app.runtime.store.read_engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
     def pel_size(self) -> int:
@@ -701,7 +701,7 @@ class Cluster:
             dlq = self.dlq_entries()
         except redis.RedisError:
             dlq = []
-        return load_snapshot(self.app.read_engine, self.namespace, TASK_NAME, dlq)
+        return load_snapshot(self.app.runtime.store.read_engine, self.namespace, TASK_NAME, dlq)
 
     def check(self) -> CheckResult:
         """Run the checker over the current snapshot and the whole history."""

@@ -465,7 +465,7 @@ def _fenced_out(c: Cluster, task_ids: list[str]) -> int:
 
     a = attempts_table.c
     query = sa.select(sa.func.count()).where(a.task_id.in_(task_ids), a.outcome == "fenced_out")
-    with c.app.read_engine.connect() as conn:
+    with c.app.runtime.store.read_engine.connect() as conn:
         return int(conn.execute(query).scalar_one())
 
 
@@ -540,7 +540,7 @@ def rerun_storm(ctx: ScenarioContext) -> Outcome:
             t = tasks_table.c
             try:
                 while not stop.is_set():
-                    with c.app.read_engine.connect() as conn:
+                    with c.app.runtime.store.read_engine.connect() as conn:
                         running = list(
                             conn.execute(
                                 sa.select(t.id).where(t.namespace == c.namespace, t.state == "RUNNING").limit(20)
@@ -696,7 +696,7 @@ def _expect_loss_recovered(run: _Run, c: Cluster, partition: int, stream: str, c
     query = sa.select(o.task_id, o.generation, o.delivery, o.stream_id).where(
         o.namespace == c.namespace, o.partition == partition, o.stream_id.is_not(None)
     )
-    with c.app.read_engine.connect() as conn:
+    with c.app.runtime.store.read_engine.connect() as conn:
         rows = conn.execute(query).all()
         deliveries = {
             (r.task_id, r.generation, r.delivery)

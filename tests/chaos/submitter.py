@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.05)
     finally:
         writer.close()
-        if app._engine is not None:
-            app._engine.dispose()
+        if app.runtime.store_opened:
+            app.runtime.store.close()
     return 0
 
 

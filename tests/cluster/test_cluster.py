@@ -77,7 +77,7 @@ async def drain(app: App, ids: list[str], timeout: float = 60) -> None:
     with anyio.fail_after(timeout):
         while any(app.get_task(i).state != TaskState.SUCCEEDED for i in ids):
             await app.dispatch_once()
-            await app.work(max_tasks=len(ids), timeout=1)
+            await app.work(max_tasks=len(ids), timeout=timedelta(seconds=1))
             await app.reap_once()
 
 
@@ -86,13 +86,13 @@ async def test_a_partitioned_queue_spreads_over_nodes_and_completes(make: Any, c
     ids = submit(app, 60)
     assert await app.dispatch_once() == 50
     assert await app.dispatch_once() == 10
-    client = app.transport().client
+    client = app.runtime.transport().client
     lengths = {p: int(await client.xlen(QueueKeys(app.settings.namespace, "jobs", p).stream)) for p in range(6)}
     assert sum(lengths.values()) == 60
     assert sum(1 for n in lengths.values() if n) >= 4  # the task ids spread over the partitions
     nodes = {node_of(cluster, QueueKeys(app.settings.namespace, "jobs", p).stream) for p in range(6)}
     assert len(nodes) >= 2  # the partitions live on different masters
-    assert await app.work(max_tasks=60, timeout=30) == 60
+    assert await app.work(max_tasks=60, timeout=timedelta(seconds=30)) == 60
     assert [app.get_task(i).result for i in ids] == [i * i for i in range(60)]
     stats = (await app.stats())["jobs"]
     assert (stats.pel_size, stats.outbox_backlog) == (0, 0)
@@ -102,11 +102,11 @@ async def test_a_partition_key_keeps_its_tasks_in_one_partition_in_order(make: A
     app: App = make(queue_partitions={"jobs": 4})
     ids = submit(app, 10, partition_key="user-42")
     await app.dispatch_once()
-    client = app.transport().client
+    client = app.runtime.transport().client
     per_partition = {p: await client.xrange(QueueKeys(app.settings.namespace, "jobs", p).stream) for p in range(4)}
     [(partition, entries)] = [(p, e) for p, e in per_partition.items() if e]
     assert [fields["t"] for _, fields in entries] == ids  # submit order kept within the partition
-    with app.read_engine.connect() as conn:
+    with app.runtime.store.read_engine.connect() as conn:
         stored = set(conn.execute(sa.select(outbox_table.c.partition).where(outbox_table.c.task_id.in_(ids))).scalars())
     assert stored == {partition}
 
@@ -115,7 +115,7 @@ async def test_the_reaper_recovers_a_lost_delivery_on_the_cluster(make: Any) -> 
     app: App = make(queue_partitions={"jobs": 3})
     [task_id] = submit(app, 1)
     await app.dispatch_once()
-    assert len(await app.transport().read(["jobs"], "dies", count=1, block=timedelta(milliseconds=200))) == 1
+    assert len(await app.runtime.transport().read(["jobs"], "dies", count=1, block=timedelta(milliseconds=200))) == 1
     await anyio.sleep(1.2)  # past the lease: nobody holds it
     report = await app.reap_once()
     assert report.redelivered == 1
@@ -136,7 +136,7 @@ async def test_three_dispatchers_publish_each_row_once(make: Any) -> None:
         for i in range(3):
             tg.start_soon(dispatch, i)
     assert sum(handled) == 300
-    client = apps[0].transport().client
+    client = apps[0].runtime.transport().client
     seen: list[str] = []
     for p in range(3):
         seen += [f["t"] for _, f in await client.xrange(QueueKeys(apps[0].settings.namespace, "jobs", p).stream)]

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,7 @@ async def test_submit_dispatch_work_lands_the_verdict_through_the_hook(judge_app
     assert wrong.task_id is not None
     assert app.get_task(accepted.task_id).idempotency_key == accepted.request_id
     assert await app.dispatch_once() == 2
-    assert await app.work(max_tasks=2, timeout=30) == 2
+    assert await app.work(max_tasks=2, timeout=timedelta(seconds=30)) == 2
     for sub, verdict, score in ((accepted, Verdict.ACCEPTED, 100), (wrong, Verdict.WRONG_ANSWER, 0)):
         row = load(app, sub.id)
         assert (row.status, row.verdict, row.score, row.judged_generation) == (SubmissionStatus.DONE, verdict, score, 0)
@@ -306,7 +307,7 @@ async def test_rejudge_while_the_old_generation_runs_lands_only_the_new_verdict(
     settled: list[int] = []
 
     async def worker() -> None:
-        settled.append(await app.work(max_tasks=2, timeout=40))
+        settled.append(await app.work(max_tasks=2, timeout=timedelta(seconds=40)))
 
     try:
         async with anyio.create_task_group() as tg:
@@ -360,7 +361,7 @@ async def test_the_http_api_submits_idempotently_reads_and_rejudges(judge_app: A
     assert client.post("/submissions/999999999/rejudge").status_code == 404
 
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=30) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
     judged = client.get(f"/submissions/{sub['id']}").json()
     assert (judged["status"], judged["verdict"], judged["score"], judged["judged_generation"]) == (
         "Done",
@@ -374,7 +375,7 @@ async def test_the_http_api_submits_idempotently_reads_and_rejudges(judge_app: A
     assert again.status_code == 202
     assert (again.json()["status"], again.json()["generation"]) == ("Pending", 1)
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=30) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
     rejudged = client.get(f"/submissions/{sub['id']}").json()
     assert (rejudged["status"], rejudged["verdict"], rejudged["generation"], rejudged["judged_generation"]) == (
         "Done",
@@ -404,6 +405,6 @@ async def test_a_judge_that_keeps_failing_records_a_system_error(make_judge_app:
     sub = submit(app, AC_SUM)
     for _ in range(3):  # max_attempts=3
         assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=10) == 1
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     row = load(app, sub.id)
     assert (row.status, row.verdict, row.score) == (SubmissionStatus.DONE, Verdict.SYSTEM_ERROR, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -107,7 +108,7 @@ async def test_retry_from_a_turn_fences_out_the_old_branch(make_app: Callable[..
         run_id = agent.start(s, "go")
         s.commit()
     await app.dispatch_once()
-    await app.work(max_tasks=1, timeout=5)  # turn 0 recorded; its tool calls are queued
+    await app.work(max_tasks=1, timeout=timedelta(seconds=5))  # turn 0 recorded; its tool calls are queued
     with Session(app.engine) as s:
         assert agent.retry_from(s, run_id, 0) == 1
         s.commit()

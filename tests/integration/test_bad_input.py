@@ -24,7 +24,6 @@ from durable_tasks import (
     DatabaseUnavailableError,
     DurableTasksError,
     InvalidIdempotencyKeyError,
-    OutboxState,
     PayloadNotSerializableError,
     PayloadTooLargeError,
     PayloadValidationError,
@@ -32,7 +31,7 @@ from durable_tasks import (
     TaskState,
     UnknownTaskError,
 )
-from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks.records import OutboxState, outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
 from tests.servers import PrivateRedis, free_port
 
@@ -269,7 +268,7 @@ async def test_duplicate_task_name_is_refused_and_the_first_registration_kept(of
     assert "'job' is already registered" in message
     assert "name=" in message, f"the message should say how to register it under another name: {message!r}"
     assert app.registry["job"].fn is first.fn
-    assert app.queues() == ["default"]
+    assert app.runtime.queues() == ["default"]
 
 
 async def test_task_name_longer_than_the_database_column_is_refused(offline_app: App) -> None:
@@ -324,6 +323,53 @@ async def test_submit_against_an_unreachable_database_is_a_typed_error(unreachab
         job.submit(session, Job(user_id=1, name="n"))
 
 
+async def test_every_call_against_an_unreachable_database_raises_the_librarys_error(unreachable_db_app: App) -> None:
+    """rerun, cancel, get_task, prune and stats: DatabaseUnavailableError, never SQLAlchemy's."""
+    app = unreachable_db_app
+    calls: dict[str, Callable[[], object]] = {
+        "get_task": lambda: app.get_task("some-task"),
+        "prune": lambda: app.prune(timedelta(days=1)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(DatabaseUnavailableError) as raised:
+            call()
+        assert "point DT_DATABASE_URL at one" in str(raised.value), name
+        assert "s3cret-pw" not in str(raised.value), name
+    for act in (app.rerun, app.cancel):
+        with Session(app.engine) as session, pytest.raises(DatabaseUnavailableError):
+            act(session, "some-task")
+    with pytest.raises(DatabaseUnavailableError):
+        await app.stats()
+
+
+async def test_a_database_without_the_runtimes_tables_says_to_create_them(tmp_path: Path, redis_url: str) -> None:
+    app = App(f"sqlite:///{tmp_path / 'empty.sqlite3'}", redis_url, "no-tables", data_dir=tmp_path / "data")
+    try:
+        with pytest.raises(DatabaseUnavailableError, match="durable-tasks init-db"):
+            app.get_task("some-task")
+        with Session(app.engine) as session, pytest.raises(DatabaseUnavailableError, match="init-db"):
+            app.rerun(session, "some-task")
+    finally:
+        await app.aclose()
+
+
+async def test_stats_against_an_unreachable_redis_raise_the_librarys_error(
+    database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    app = App(database_url, "redis://127.0.0.1:1", namespace, data_dir=tmp_path / "data")
+
+    @app.task(name="job", queue="jobs")
+    def job(ctx: TaskContext[Job], p: Job) -> None:
+        return None
+
+    try:
+        app.create_all()
+        with pytest.raises(BrokerUnavailableError, match="point DT_REDIS_URL at one"):
+            await app.stats()
+    finally:
+        await app.aclose()
+
+
 async def test_unreachable_redis_at_start_is_reported(database_url: str, namespace: str, tmp_path: Path) -> None:
     app = App(database_url, "redis://127.0.0.1:1", namespace, data_dir=tmp_path / "data")
     try:
@@ -372,7 +418,7 @@ async def test_non_serializable_result_fails_the_task_without_retry(app: App, ca
         handle = app.submit(session, "bad", Job(user_id=1, name="n"))
         session.commit()
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=30) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
 
     info = app.get_task(handle.id)
     assert info.state == TaskState.FAILED
@@ -496,7 +542,7 @@ async def test_a_start_waits_for_a_redis_that_comes_up_within_the_startup_wait(
             await app.check_connections()  # no wait: refused at once
         starter.start()
         await app.check_connections(wait=timedelta(seconds=20))  # keeps trying, then succeeds
-        assert await app.transport().client.ping()
+        assert await app.runtime.transport().client.ping()
     finally:
         starter.cancel()
         starter.join()

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Session
 
-from durable_tasks import App, FrozenClock, OutboxState, TaskContext, TaskState
-from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks import App, FrozenClock, TaskContext, TaskState
+from durable_tasks.records import OutboxState, outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
 
 pytestmark = pytest.mark.anyio
@@ -230,7 +230,7 @@ async def test_paused_queue_keeps_the_row_pending_without_counting_a_failure(
 ) -> None:
     app = build()
     task_id = submit(app)
-    app.paused_queues.add(QUEUE)
+    app.runtime.paused_queues.add(QUEUE)
 
     await app.dispatch_once()
 
@@ -249,7 +249,7 @@ async def test_paused_queue_keeps_the_row_pending_without_counting_a_failure(
     outbox = outbox_row(app, task_id)
     assert (outbox.state, outbox.attempts, outbox.last_error) == (OutboxState.PENDING, 0, None)
 
-    app.paused_queues.discard(QUEUE)
+    app.runtime.paused_queues.discard(QUEUE)
     advance_past(clock, outbox)
     assert await app.dispatch_once() == 1
 
@@ -273,7 +273,7 @@ async def test_pausing_one_queue_does_not_hold_back_another(
     with Session(app.engine) as session:
         moving = other.submit(session, Email(to="b@example.com")).id
         session.commit()
-    app.paused_queues.add(QUEUE)
+    app.runtime.paused_queues.add(QUEUE)
 
     await app.dispatch_once()
 

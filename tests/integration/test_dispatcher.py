@@ -14,9 +14,9 @@ from sqlmodel import Session
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks import dispatcher as dispatcher_module
 from durable_tasks.records import OutboxState, outbox_table
-from durable_tasks.store import outbox as outbox_store
 from durable_tasks.store import sql
 from durable_tasks.store.engine import read_only
+from durable_tasks.store.postgres import statements as pg_statements
 from durable_tasks.transport.keys import QueueKeys
 from durable_tasks.transport.messages import OutgoingMessage
 from tests.helpers import entries as stream_entries
@@ -53,7 +53,7 @@ def outbox_states(app: App) -> list[str]:
 
 
 async def stream_len(app: App, queue: str = "jobs") -> int:
-    return int(await app.transport().client.xlen(QueueKeys(app.settings.namespace, queue).stream))
+    return int(await app.runtime.transport().client.xlen(QueueKeys(app.settings.namespace, queue).stream))
 
 
 async def test_a_pass_claims_at_most_batch_size_rows(make_app: Callable[..., App]) -> None:
@@ -86,10 +86,10 @@ async def test_dispatcher_dying_between_xadd_and_mark_sent_republishes_nothing(a
     register(app)
     [task_id] = submit_many(app, 1)
     # The dying dispatcher: it claimed the row and ran the script, then crashed before mark-SENT.
-    [row] = outbox_store.claim_batch(
-        app.engine, app.settings.namespace, now=app.clock(), lease=timedelta(0), limit=10, watermark=None
+    [row] = await app.runtime.store.lease_outbox(
+        app.settings.namespace, now=app.clock(), lease=timedelta(0), limit=10, watermark=None
     )
-    [first_id] = await app.transport().publish(
+    [first_id] = await app.runtime.transport().publish(
         [OutgoingMessage(row.queue, row.task_id, row.generation, row.delivery, row.name)]
     )
     assert isinstance(first_id, str)
@@ -108,8 +108,8 @@ async def test_a_new_delivery_of_the_same_generation_does_go_out(app: App) -> No
     [task_id] = submit_many(app, 1)
     await app.dispatch_once()
     msg = OutgoingMessage("jobs", task_id, 0, 1, "job")
-    [second] = await app.transport().publish([msg])
-    [again] = await app.transport().publish([msg])
+    [second] = await app.runtime.transport().publish([msg])
+    [again] = await app.runtime.transport().publish([msg])
     assert second == again
     assert await stream_len(app) == 2
 
@@ -178,7 +178,7 @@ async def test_shadow_tasks_travel_on_the_shadow_stream_and_never_run_hooks(app:
     keys = QueueKeys(app.settings.namespace, "jobs")
     assert [e[1]["t"] for e in await stream_entries(app, keys.shadow)] == [shadow.id]
     assert [e[1]["t"] for e in await stream_entries(app, keys.stream)] == [real.id]
-    assert await app.work(max_tasks=2, timeout=10) == 2
+    assert await app.work(max_tasks=2, timeout=timedelta(seconds=10)) == 2
     assert hooked == [real.id]
     info = app.get_task(shadow.id)
     assert (info.state, info.result, info.shadow) == (TaskState.SUCCEEDED, 8, True)
@@ -192,7 +192,7 @@ async def test_notify_wakes_the_dispatcher_before_the_poll_interval(make_app: Ca
     async with anyio.create_task_group() as tg:
         from durable_tasks.dispatcher import Dispatcher
 
-        tg.start_soon(Dispatcher(app).run)
+        tg.start_soon(Dispatcher(app.runtime).run)
         await anyio.sleep(0.5)  # the first pass found nothing and is now waiting (60 s poll)
         [task_id] = submit_many(app, 1)
         with anyio.fail_after(20):  # far below the 60 s poll: only NOTIFY can explain it
@@ -217,15 +217,15 @@ async def test_the_dispatchers_statements_do_not_wait_for_the_wal_flush(make_app
         assert len(conn.exec_driver_sql(sql.postgres()["claim_outbox"], params).all()) == 3
         assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
         conn.rollback()
-    rows = outbox_store.claim_batch(
-        app.engine, app.settings.namespace, now=now, lease=timedelta(seconds=30), limit=10, watermark=None
+    rows = await app.runtime.store.lease_outbox(
+        app.settings.namespace, now=now, lease=timedelta(seconds=30), limit=10, watermark=None
     )
     with app.engine.begin() as conn:
-        assert outbox_store.mark_sent(conn, [(row, "1-0", None) for row in rows], now=now) == 3
+        assert pg_statements.mark_sent([(row, "1-0", None) for row in rows], now).run_on(conn) == 3
         assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
         conn.rollback()
-    sent = outbox_store.settle_batch(
-        app.engine, sent=[(row, "1-0", None) for row in rows], dead=[], retry=[], held=[], now=now, release_at=now
+    sent = await app.runtime.store.settle_outbox(
+        sent=[(row, "1-0", None) for row in rows], dead=[], retry=[], held=[], now=now, release_at=now
     )
     assert sent == 3
     assert outbox_states(app) == [OutboxState.SENT] * 3

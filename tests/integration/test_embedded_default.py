@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ async def test_embedded_default_runs_end_to_end(tmp_path: Path, monkeypatch: pyt
             s.commit()
         assert app.redis_url.startswith("unix://")
         assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=10) == 1
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
         info = app.get_task(task_id)
         assert (info.state, info.result) == (TaskState.SUCCEEDED, "HI")
         await app.aclose()

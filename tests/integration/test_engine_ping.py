@@ -1,23 +1,28 @@
-"""The Postgres engine: pings a pooled connection only after it sat idle, replaces a dead one,
-and runs the hot one-statement transactions on a pooled connection that goes back transactional."""
+"""The Postgres store's engine: pings a pooled connection only after it sat idle, replaces a
+dead one, and the runtime's own transactions on it fail like any statement on a dead one."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from durable_tasks.store import engine as engine_module
+from durable_tasks.store.postgres import PostgresStore
 
 
 @pytest.fixture
-def engine(postgres_url: str, tmp_path: Path) -> Iterator[sa.Engine]:
-    eng = engine_module.create_engine(postgres_url, tmp_path)
-    yield eng
-    eng.dispose()
+def store(postgres_url: str) -> Iterator[PostgresStore]:
+    opened = PostgresStore.open(sa.make_url(postgres_url))
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def engine(store: PostgresStore) -> sa.Engine:
+    return store.engine
 
 
 def _backend_pid(eng: sa.Engine) -> int:
@@ -72,47 +77,13 @@ def test_a_dead_idle_connection_is_replaced_before_use(
     assert second != first
 
 
-def test_execute_alone_commits_one_statement_and_returns_plain_rows(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS dt_alone (v int) ON COMMIT PRESERVE ROWS")
-    # temp tables are per connection: the pool hands the same one back when nothing else holds it
-    rows = engine_module.execute_alone(
-        engine, "INSERT INTO dt_alone SELECT g FROM generate_series(1, %(n)s) g RETURNING v, pg_backend_pid()", {"n": 2}
-    )
-    assert [type(r) for r in rows] == [tuple, tuple]
-    pid = rows[0][1]
-    assert [v for v, _ in rows] == [1, 2]
-    with engine.connect() as conn:  # committed as it ended, and the connection is transactional again
-        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() == pid
-        assert conn.exec_driver_sql("SELECT count(*) FROM dt_alone").scalar_one() == 2
-        assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
-    assert engine_module.execute_alone(engine, "DELETE FROM dt_alone", {}) == []  # no result set: no rows
-
-
-def test_execute_alone_raises_sqlalchemy_errors_and_discards_the_connection(
-    engine: sa.Engine, postgres_url: str
-) -> None:
-    """Callers treat SQLAlchemyError as an outage: a bad statement and a dead connection both
-    come out as one, and the connection they came from never serves again."""
-    first = engine_module.execute_alone(engine, "SELECT pg_backend_pid()", {})[0][0]
-    with pytest.raises(sa.exc.ProgrammingError):
-        engine_module.execute_alone(engine, "SELECT no_such_column FROM pg_class", {})
-    second = engine_module.execute_alone(engine, "SELECT pg_backend_pid()", {})[0][0]
-    assert second != first
-    _terminate_backend(postgres_url, second)
-    with pytest.raises(sa.exc.OperationalError) as raised:  # reused at once: no ping, the statement fails
-        engine_module.execute_alone(engine, "SELECT 1", {})
-    assert raised.value.connection_invalidated
-    assert engine_module.execute_alone(engine, "SELECT 1", {}) == [(1,)]  # a new connection
-
-
 def test_a_runtime_transaction_on_a_dead_connection_raises_a_sqlalchemy_error_and_the_next_one_works(
-    engine: sa.Engine, postgres_url: str
+    store: PostgresStore, postgres_url: str
 ) -> None:
-    """The runtime's transactions on the pool start with a SET LOCAL (store.engine.runtime_plans);
+    """The runtime's transactions on the pool start with a SET LOCAL (store.postgres.planner);
     on a connection that died it fails as any statement would, with an error of SQLAlchemy's
     family (heartbeats and the reaper treat those as an outage), and the pool replaces it."""
-    runtime = engine_module.runtime_plans(engine)
+    runtime = store.runtime_engine
     pid = _backend_pid(runtime)
     _terminate_backend(postgres_url, pid)
     with pytest.raises(sa.exc.OperationalError), runtime.begin() as conn:  # reused at once: no ping

@@ -62,7 +62,7 @@ async def settle(app: App, task_id: str) -> None:
     with anyio.fail_after(30):
         while app.get_task(task_id).state != TaskState.SUCCEEDED:
             await app.dispatch_once()
-            await app.work(max_tasks=1, timeout=0.5)
+            await app.work(max_tasks=1, timeout=timedelta(seconds=0.5))
             await anyio.sleep(0.3)
             await app.reap_once()
 
@@ -72,8 +72,8 @@ async def test_a_worker_fault_leaves_the_entry_pending_and_the_task_recovers(app
     task_id = setup(app)
     failpoints.enable(point, "raise*1")
     await app.dispatch_once()
-    assert await app.work(max_tasks=1, timeout=2) == 0  # the fault: nothing settled, nothing acked
-    summary = await app.transport().client.xpending(app.transport().keys("fp").stream, "dt-workers")
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=2)) == 0  # the fault: nothing settled, nothing acked
+    summary = await app.runtime.transport().client.xpending(app.runtime.transport().keys("fp").stream, "dt-workers")
     assert summary["pending"] == 1
     await settle(app, task_id)
     assert effects(app, task_id) == 1  # the final write happened once, whatever ran twice
@@ -88,7 +88,7 @@ async def test_a_dispatcher_fault_is_retried_without_a_second_entry(app: App, po
     # The crashed pass still holds the claim lease (30 s): move the clock past it, no sleeping.
     app.clock = lambda: system_clock() + timedelta(seconds=31)
     await settle(app, task_id)
-    stream_len = await app.transport().client.xlen(app.transport().keys("fp").stream)
+    stream_len = await app.runtime.transport().client.xlen(app.runtime.transport().keys("fp").stream)
     assert stream_len == 1  # the republish hit the dedup key
     assert effects(app, task_id) == 1
 
@@ -96,7 +96,7 @@ async def test_a_dispatcher_fault_is_retried_without_a_second_entry(app: App, po
 async def test_the_reaper_fault_between_reclaim_and_ack_is_harmless(app: App) -> None:
     task_id = setup(app)
     await app.dispatch_once()
-    await app.transport().read(["fp"], "dies", count=1, block=timedelta(milliseconds=100))
+    await app.runtime.transport().read(["fp"], "dies", count=1, block=timedelta(milliseconds=100))
     await anyio.sleep(1.2)  # past lease_timeout
     failpoints.enable("reaper.after_reclaim", "raise*1")
     with pytest.raises(failpoints.FailpointError):

@@ -32,17 +32,17 @@ async def test_a_dedup_key_holding_the_wrong_type_backs_off_and_recovers(app: Ap
 
     task_id = submit(app, "plain")
     dedup = keys(app).dedup(task_id, 0, 0)
-    await app.transport().client.lpush(dedup, "not a string")  # GET on a list: WRONGTYPE
+    await app.runtime.transport().client.lpush(dedup, "not a string")  # GET on a list: WRONGTYPE
     assert await app.dispatch_once() == 1
-    with app.read_engine.connect() as conn:
+    with app.runtime.store.read_engine.connect() as conn:
         row = conn.execute(outbox_table.select().where(outbox_table.c.task_id == task_id)).one()
     assert (row.state, row.attempts) == (OutboxState.PENDING, 1)
     assert row.last_error is not None
     assert "WRONGTYPE" in row.last_error
-    await app.transport().client.delete(dedup)
+    await app.runtime.transport().client.delete(dedup)
     app.clock = lambda: system_clock() + timedelta(seconds=5)  # past the backoff
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).state == TaskState.SUCCEEDED
 
 
@@ -66,7 +66,7 @@ async def test_huge_and_unpicklable_exceptions_are_recorded_as_text(app: App) ->
 
     big, strange = submit(app, "huge"), submit(app, "odd")
     await app.dispatch_once()
-    assert await app.work(max_tasks=2, timeout=10) == 2
+    assert await app.work(max_tasks=2, timeout=timedelta(seconds=10)) == 2
     big_info, odd_info = app.get_task(big), app.get_task(strange)
     assert (big_info.state, odd_info.state) == (TaskState.FAILED, TaskState.FAILED)
     assert big_info.error_message is not None
@@ -91,13 +91,13 @@ async def test_a_worker_whose_clock_is_behind_cannot_overwrite_a_newer_attempt(m
     task_id = submit(honest, "slow")
     await honest.dispatch_once()
     # A duplicate of the delivery (what a replay would leave) reaches the honest worker.
-    entry = (await honest.transport().client.xrange(keys(honest).stream))[0][1]
-    await honest.transport().client.xadd(keys(honest).stream, entry)
+    entry = (await honest.runtime.transport().client.xrange(keys(honest).stream))[0][1]
+    await honest.runtime.transport().client.xadd(keys(honest).stream, entry)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: Worker(behind).run(max_tasks=1, timeout=timedelta(seconds=20)))
+        tg.start_soon(lambda: Worker(behind.runtime).run(max_tasks=1, timeout=timedelta(seconds=20)))
         await started.wait()
         # The skewed worker's lease looks expired to everyone else: a duplicate can start...
-        assert await Worker(honest).run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+        assert await Worker(honest.runtime).run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
         release.set()
     info = honest.get_task(task_id)
     # ...but only the newest attempt's result lands; the late one is fenced out.

@@ -13,14 +13,13 @@ from sqlmodel import Session
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.batching import Coalescer
 from durable_tasks.records import tasks_table
-from durable_tasks.store.execution import ExecutionClaim, claim_execution
-from durable_tasks.store.leases import renew_leases
-from durable_tasks.store.results import CommitOutcome, FinalWrite, commit_results
+from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
+from durable_tasks.store.results import CommitOutcome, FinalWrite
 
 pytestmark = pytest.mark.anyio
 
 
-def claimed(app: App, n: int) -> list[ExecutionClaim]:
+async def claimed(app: App, n: int) -> list[ExecutionClaim]:
     @app.task(name="noop", queue="jobs")
     def noop(ctx: TaskContext[int], p: int) -> int:
         return p
@@ -28,26 +27,20 @@ def claimed(app: App, n: int) -> list[ExecutionClaim]:
     with Session(app.engine) as s:
         ids = [noop.submit(s, i).id for i in range(n)]
         s.commit()
-    claims = [
-        claim_execution(
-            app.engine,
-            app.settings.namespace,
-            task_id=i,
-            generation=0,
-            delivery=0,
-            worker_id="w",
-            now=app.clock(),
-            lease=timedelta(seconds=30),
-        )
-        for i in ids
-    ]
+    claims = await app.runtime.store.claim_executions(
+        app.settings.namespace,
+        [ClaimRequest(i, 0, 0) for i in ids],
+        worker_id="w",
+        now=app.clock(),
+        lease=timedelta(seconds=30),
+    )
     assert all(isinstance(c, ExecutionClaim) for c in claims)
     return [c for c in claims if isinstance(c, ExecutionClaim)]
 
 
 def committer_for(app: App, *, max_batch: int, window: timedelta) -> Coalescer[FinalWrite]:
     async def flush(writes: Sequence[FinalWrite]) -> None:
-        await anyio.to_thread.run_sync(lambda: commit_results(app.engine, writes, now=app.clock()))
+        await app.runtime.store.commit_results(writes, now=app.clock())
 
     return Coalescer(flush, max_batch=max_batch, window=window)
 
@@ -57,7 +50,7 @@ def failing_hook(conn: sa.Connection) -> None:
 
 
 async def test_a_stale_row_and_a_failing_hook_affect_only_their_own_task(app: App) -> None:
-    ok, stale, broken, stale_plain, ok_hooked = claimed(app, 5)
+    ok, stale, broken, stale_plain, ok_hooked = await claimed(app, 5)
     with Session(app.engine) as s:
         app.rerun(s, stale.task_id)  # a new generation: this execution is now stale
         app.rerun(s, stale_plain.task_id)
@@ -92,7 +85,7 @@ async def test_a_stale_row_and_a_failing_hook_affect_only_their_own_task(app: Ap
 
 
 async def test_concurrent_results_share_transactions(app: App) -> None:
-    claims = claimed(app, 40)
+    claims = await claimed(app, 40)
     commits: list[int] = []
     sa.event.listen(app.engine, "commit", lambda conn: commits.append(1))
     committer = committer_for(app, max_batch=64, window=timedelta(milliseconds=20))
@@ -108,13 +101,13 @@ async def test_concurrent_results_share_transactions(app: App) -> None:
 
 
 async def test_lease_renewal_extends_only_the_executions_still_held(app: App) -> None:
-    held, superseded, finished = claimed(app, 3)
+    held, superseded, finished = await claimed(app, 3)
     with Session(app.engine) as s:
         app.rerun(s, superseded.task_id)  # a new generation: this execution lost its fence
         s.commit()
-    commit_results(app.engine, [FinalWrite(finished, "0")], now=app.clock())
+    await app.runtime.store.commit_results([FinalWrite(finished, "0")], now=app.clock())
     later = app.clock() + timedelta(minutes=5)
-    renewed = renew_leases(app.engine, [held, superseded, finished], now=later, lease=timedelta(seconds=30))
+    renewed = await app.runtime.store.renew_leases([held, superseded, finished], now=later, lease=timedelta(seconds=30))
     assert renewed == {held.task_id}
     with app.engine.connect() as conn:
         leases = dict(

@@ -1,13 +1,12 @@
-"""The loops' async PostgreSQL connections: one statement, its own transaction, no thread;
-errors as SQLAlchemy errors; a connection that failed never serves again; a dead idle one is
-replaced; a statement once sent finishes even if its caller is cancelled; one loop's
+"""The Postgres store's own async connections: one statement, its own transaction, no
+thread; errors as SQLAlchemy errors; a connection that failed never serves again; a dead idle
+one is replaced; a statement once sent finishes even if its caller is cancelled; one loop's
 connections never serve another loop."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import anyio
 import pytest
@@ -15,29 +14,31 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
-from durable_tasks.store import aio
 from durable_tasks.store import engine as engine_module
-from durable_tasks.store.statement import OneStatement, Rows
+from durable_tasks.store.postgres import PostgresStore
+from durable_tasks.store.postgres.connections import AsyncConnections
+from durable_tasks.store.postgres.statements import OneStatement, Rows
 from durable_tasks.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def engine(postgres_url: str, tmp_path: Path) -> Iterator[sa.Engine]:
-    eng = engine_module.create_engine(postgres_url, tmp_path)
+def engine(postgres_url: str) -> Iterator[sa.Engine]:
+    store = PostgresStore.open(sa.make_url(postgres_url))
+    eng = store.engine
     with eng.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS dt_test_loop_store (v int)")
         conn.exec_driver_sql("TRUNCATE dt_test_loop_store")
     yield eng
     with eng.begin() as conn:
         conn.exec_driver_sql("DROP TABLE dt_test_loop_store")
-    eng.dispose()
+    store.close()
 
 
 @pytest.fixture
-async def connections(engine: sa.Engine) -> AsyncIterator[aio.AsyncConnections]:
-    pool = aio.AsyncConnections(engine)
+async def connections(engine: sa.Engine) -> AsyncIterator[AsyncConnections]:
+    pool = AsyncConnections(engine)
     yield pool
     pool.close()
 
@@ -61,7 +62,7 @@ def terminate(engine: sa.Engine, pid: int) -> None:
 
 
 async def test_a_statement_commits_alone_and_its_rows_are_read_by_its_reader(
-    connections: aio.AsyncConnections, engine: sa.Engine
+    connections: AsyncConnections, engine: sa.Engine
 ) -> None:
     inserted = OneStatement(
         "INSERT INTO dt_test_loop_store SELECT unnest(%(vs)s::int[]) RETURNING v",
@@ -75,7 +76,7 @@ async def test_a_statement_commits_alone_and_its_rows_are_read_by_its_reader(
 
 
 async def test_errors_are_sqlalchemy_errors_and_the_connection_is_not_reused(
-    connections: aio.AsyncConnections, engine: sa.Engine
+    connections: AsyncConnections, engine: sa.Engine
 ) -> None:
     """The loops treat SQLAlchemyError as an outage (entries stay pending, rows keep their
     lease): a bad statement and a dead connection both come out as one."""
@@ -92,16 +93,16 @@ async def test_errors_are_sqlalchemy_errors_and_the_connection_is_not_reused(
 
 
 async def test_a_dead_idle_connection_is_replaced_before_use(
-    connections: aio.AsyncConnections, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+    connections: AsyncConnections, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = await connections.run(backend_pid())
     terminate(engine, first)
-    monkeypatch.setattr(aio, "PING_IF_IDLE_S", 0.0)
+    monkeypatch.setattr(engine_module, "PING_IF_IDLE_S", 0.0)
     assert await connections.run(backend_pid()) != first  # no error reached the caller
 
 
 async def test_a_statement_sent_finishes_when_its_caller_is_cancelled(
-    connections: aio.AsyncConnections, engine: sa.Engine
+    connections: AsyncConnections, engine: sa.Engine
 ) -> None:
     """As a statement in a worker thread did: the caller's cancellation waits for the outcome,
     so a claim or commit never ends in an unknown state on a connection still in use."""
@@ -117,23 +118,22 @@ async def test_a_statement_sent_finishes_when_its_caller_is_cancelled(
 
 
 def test_a_loop_never_uses_the_connections_of_a_finished_loop(engine: sa.Engine) -> None:
-    """App.store() keeps one LoopStore per event loop; a new loop gets new connections and
-    the old loop's idle ones are closed."""
+    """The store keeps one set of connections per event loop; a new loop gets new connections
+    and the old loop's idle ones are closed."""
     app = App(engine.url.render_as_string(hide_password=False), "redis://127.0.0.1:1/0", "loopstore")
-    seen: list[tuple[aio.LoopStore, int]] = []
+    store = app.runtime.store
+    assert isinstance(store, PostgresStore)
+    seen: list[tuple[AsyncConnections, int]] = []
 
     async def use() -> None:
-        store = app.store()
-        assert store.connections is not None
-        seen.append((store, await store.connections.run(backend_pid())))
+        seen.append((store.connections, await store.connections.run(backend_pid())))
 
     anyio.run(use)
     anyio.run(use)
     (first, first_pid), (second, second_pid) = seen
     assert second is not first
     assert second_pid != first_pid
-    assert first.connections is not None
-    assert first.connections.idle == 0  # closed when the second loop took over
+    assert first.idle == 0  # closed when the second loop took over
     anyio.run(app.aclose)
 
 
@@ -149,11 +149,8 @@ async def test_the_dispatcher_and_worker_send_their_statements_on_the_loops_conn
         task_id = app.submit(s, "loop-store.double", 21).id
         s.commit()
     assert await app.dispatch_once() == 1
-    assert await Worker(app).run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    assert await Worker(app.runtime).run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).result == 42
-    store = app.store()
-    if app.engine.dialect.name == "postgresql":
-        assert store.connections is not None
+    store = app.runtime.store
+    if isinstance(store, PostgresStore):
         assert store.connections.idle >= 1  # used, and kept for the next statement
-    else:
-        assert store.connections is None

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.clock import system_clock
-from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts, missing_indexes
+from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts
 from tests.helpers import die_running_alone, entries
 from tests.servers import private_redis
 
@@ -49,8 +49,8 @@ async def dead_letter_one(app: App) -> str:
         task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
         s.commit()
     await app.dispatch_once()
-    [entry] = await app.transport().read(["cli"], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
-    die_running_alone(app, entry, "doomed-consumer")
+    [entry] = await app.runtime.transport().read(["cli"], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
+    await die_running_alone(app, entry, "doomed-consumer")
     await anyio.sleep(0.7)  # past lease_timeout (0.5 s): the entry is idle and nobody holds it
     report = await app.reap_once()
     assert report.dead_lettered == 1
@@ -74,7 +74,7 @@ def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> 
 
     async def run() -> None:
         await app.dispatch_once()
-        await app.work(max_tasks=1, timeout=10)
+        await app.work(max_tasks=1, timeout=timedelta(seconds=10))
         await app.aclose()
 
     anyio.run(run)
@@ -110,7 +110,7 @@ def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
 
     async def finish() -> None:
         assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=10) == 1
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
         await app.aclose()
 
     anyio.run(finish)
@@ -152,8 +152,8 @@ async def test_doctor_checks_clock_skew_groups_trimming_and_timeouts(
     def slowpoke(ctx: TaskContext[int], n: int) -> int:
         return n
 
-    client = skewed.transport().client
-    stream = skewed.transport().keys("doc").stream
+    client = skewed.runtime.transport().client
+    stream = skewed.runtime.transport().keys("doc").stream
     for i in range(30):
         await client.xadd(stream, {"i": str(i)})  # a stream no group reads
     facts = await gather_facts(skewed, untrimmed_threshold=10)
@@ -162,7 +162,7 @@ async def test_doctor_checks_clock_skew_groups_trimming_and_timeouts(
     assert by_check["consumer-group"].level is Level.WARNING
     assert stream in by_check["consumer-group"].message
     assert by_check["timeouts"].level is Level.ERROR
-    await skewed.transport().ensure_group(stream)
+    await skewed.runtime.transport().ensure_group(stream)
     await client.xreadgroup("dt-workers", "c", {stream: ">"}, count=30)
     await client.xack(stream, "dt-workers", *[entry_id for entry_id, _ in await entries(skewed, stream)])
     facts = await gather_facts(skewed, untrimmed_threshold=10)
@@ -180,15 +180,19 @@ def test_version_floor_and_dedup_ttl_are_errors(make_app: Callable[..., App]) ->
     assert {f.check: f for f in diagnose(facts)}["dedup-ttl"].level is Level.ERROR
 
 
+def missing_indexes(app: App) -> list[str]:
+    return anyio.run(app.runtime.store.facts).indexes_missing
+
+
 def test_doctor_names_an_index_an_older_database_lacks_with_its_create_statement(
     make_app: Callable[..., App],
 ) -> None:
     app = make_app()
-    assert missing_indexes(app.engine) == []
+    assert missing_indexes(app) == []
     with app.engine.begin() as conn:
         conn.execute(sa.text("DROP INDEX ix_dt_outbox_pending"))
     try:
-        [statement] = missing_indexes(app.engine)
+        [statement] = missing_indexes(app)
         assert statement.startswith("CREATE INDEX ix_dt_outbox_pending ON dt_outbox (namespace, id)")
         assert "state = 'PENDING'" in statement
         from datetime import UTC, datetime
@@ -200,8 +204,8 @@ def test_doctor_names_an_index_an_older_database_lacks_with_its_create_statement
         assert statement in finding.message
         with app.engine.begin() as conn:
             conn.execute(sa.text(statement))  # the statement doctor prints repairs the database
-        assert missing_indexes(app.engine) == []
+        assert missing_indexes(app) == []
     finally:
-        if missing_indexes(app.engine):
+        if missing_indexes(app):
             with app.engine.begin() as conn:
-                conn.execute(sa.text(missing_indexes(app.engine)[0]))
+                conn.execute(sa.text(missing_indexes(app)[0]))

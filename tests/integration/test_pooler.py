@@ -19,8 +19,8 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.doctor import Level, check_listen, check_pooler, gather_pooling
-from durable_tasks.notify import PostgresNotifyWaiter
 from durable_tasks.store.pooler import Pooling
+from durable_tasks.store.postgres.notify import PostgresNotifyWaiter
 from tests.conftest import FAST
 from tests.pgbouncer import MISSING, PgBouncer, pgbouncer, pgbouncer_binary, scratch_database
 from tests.servers import server_home
@@ -93,7 +93,7 @@ async def test_behind_a_transaction_pooler_the_dispatcher_says_once_that_notify_
     pooled_app: Callable[..., App], caplog: pytest.LogCaptureFixture
 ) -> None:
     app = pooled_app()
-    waiter = app.outbox_waiter()
+    waiter = app.runtime.outbox_waiter()
     assert isinstance(waiter, PostgresNotifyWaiter)
     try:
         for _ in range(3):
@@ -111,7 +111,7 @@ async def test_a_direct_listen_url_wakes_the_dispatcher_at_each_submit_through_t
 ) -> None:
     app = pooled_app(listen_database_url=direct_url)
     submit = noop_task(app)
-    waiter = app.outbox_waiter()
+    waiter = app.runtime.outbox_waiter()
     woken = anyio.Event()
 
     async def wait_once() -> None:
@@ -136,10 +136,12 @@ async def test_doctor_tells_a_transaction_pooler_and_a_lost_notify_apart_from_a_
 ) -> None:
     pooled = pooled_app()
     pooling, reaches = await gather_pooling(pooled)
+    assert pooling is not None
     assert pooling.pooling is Pooling.TRANSACTION, pooling
     assert reaches is False
     with_listener = pooled_app(listen_database_url=direct_url)
     pooling, reaches = await gather_pooling(with_listener)
+    assert pooling is not None
     assert pooling.pooling is Pooling.TRANSACTION
     assert reaches is True
 
@@ -164,9 +166,10 @@ async def test_on_a_direct_connection_doctor_sees_no_pooler_and_notify_arrives(
 ) -> None:
     app = make_app()
     pooling, reaches = await gather_pooling(app)
+    assert pooling is not None
     assert pooling.pooling is Pooling.DIRECT, pooling
     assert reaches is True
-    waiter = app.outbox_waiter()
+    waiter = app.runtime.outbox_waiter()
     try:
         await waiter.wait(timedelta(milliseconds=10))
     finally:

@@ -21,8 +21,10 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
-from durable_tasks.store import aio, sql
-from durable_tasks.store.statement import OneStatement
+from durable_tasks.store import sql
+from durable_tasks.store.postgres import PostgresStore
+from durable_tasks.store.postgres.connections import AsyncConnections
+from durable_tasks.store.postgres.statements import OneStatement
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -191,7 +193,7 @@ async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_t
     now, ids = app.clock(), [f"task-{i}" for i in range(3)]
     names = ("claim_outbox", "mark_sent", "claim_executions", "commit_results", "renew_leases")
     ours = {"dt_tasks", "dt_outbox", "dt_attempts"}
-    connections = aio.AsyncConnections(app.engine)
+    connections = AsyncConnections(app.engine)
     try:
         for name in names:
             params = statement_params(name, "plans", now, ids)
@@ -214,10 +216,12 @@ def test_the_runtimes_transactions_on_the_shared_pool_price_sequential_scans_out
     transactions starts with SET LOCAL enable_seqscan = off, and a transaction of the
     application on the same pooled connection right after still plans as it always did."""
     app = make_app()
+    store = app.runtime.store
+    assert isinstance(store, PostgresStore)
     app.engine.dispose()
     pids: set[int] = set()
     for _ in range(2):
-        with app.runtime_engine.connect() as conn:
+        with store.runtime_engine.connect() as conn:
             pids.add(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
             assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "off"
             conn.commit()
@@ -226,4 +230,4 @@ def test_the_runtimes_transactions_on_the_shared_pool_price_sequential_scans_out
             pids.add(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
             assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "on"
     assert len(pids) == 1  # one pooled connection served both kinds: the setting did not stay
-    assert app.runtime_engine is app.runtime_engine  # one view per engine, not one per call
+    assert store.runtime_engine is store.runtime_engine  # one view per engine, not one per call

@@ -61,16 +61,16 @@ def _lease_wait(app: App) -> float:
 
 
 def _redis(app: App) -> aioredis.Redis:
-    client: aioredis.Redis = app.transport().client
+    client: aioredis.Redis = app.runtime.transport().client
     return client
 
 
 def _stream(app: App) -> str:
-    return app.transport().keys(QUEUE).stream
+    return app.runtime.transport().keys(QUEUE).stream
 
 
 def _dlq(app: App) -> str:
-    return app.transport().keys(QUEUE).dlq
+    return app.runtime.transport().keys(QUEUE).dlq
 
 
 async def _pending(app: App) -> int:
@@ -86,7 +86,7 @@ async def _xrange(app: App, key: str, *, start: str = "-") -> list[tuple[str, di
 
 async def _read(app: App, consumer: str, count: int = 1) -> list[StreamEntry]:
     """XREADGROUP as ``consumer``: the entries become pending under that consumer's name."""
-    entries = await app.transport().read([QUEUE], consumer, count=count, block=timedelta(milliseconds=100))
+    entries = await app.runtime.transport().read([QUEUE], consumer, count=count, block=timedelta(milliseconds=100))
     assert len(entries) == count, entries
     return entries
 
@@ -106,7 +106,7 @@ async def _runs_to_success(app: App, task_id: str, result: int, history: list[tu
     """Dispatch the task's pending delivery, run it, and check it succeeded with ``result``
     after ``history``; returns its state."""
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     info = app.get_task(task_id)
     assert info.state == TaskState.SUCCEEDED
     assert info.result == result
@@ -130,7 +130,7 @@ async def test_worker_lost_after_claim_is_redelivered_and_completes(app: App) ->
     task_id = _submit(app, double, 21)
     assert await app.dispatch_once() == 1
     [entry] = await _read(app, "dead-worker")
-    claim = claim_entry(app, entry, "dead-worker")
+    claim = await claim_entry(app, entry, "dead-worker")
     assert claim is not None
     assert claim.attempt == 1
     assert app.get_task(task_id).state == TaskState.RUNNING
@@ -194,7 +194,7 @@ async def test_entry_whose_task_holds_a_live_lease_is_kept(make_app: Callable[..
         task_id = _submit(app, double, 1)
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "busy-worker")
-        assert claim_entry(app, entry, "busy-worker") is not None
+        assert await claim_entry(app, entry, "busy-worker") is not None
 
         # Redis says the entry is idle past the lease; the database (frozen clock) says the
         # worker's lease is live: the worker may simply be running a long task.
@@ -233,17 +233,17 @@ async def test_a_lost_attempt_does_not_use_up_max_attempts(app: App) -> None:
     task_id = _submit(app, flaky, 1)
     assert await app.dispatch_once() == 1
     [entry] = await _read(app, "vanished")
-    assert claim_entry(app, entry, "vanished") is not None
+    assert await claim_entry(app, entry, "vanished") is not None
     await anyio.sleep(_lease_wait(app))
     assert (await app.reap_once()).redelivered == 1
 
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     info = app.get_task(task_id)
     assert info.state == TaskState.RETRYING, _history(app, task_id)  # 1 of 2 raising executions used
 
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).state == TaskState.FAILED
     assert _history(app, task_id) == [(1, "lost"), (2, "failed"), (3, "failed")]
     assert ran == [2, 3]
@@ -261,7 +261,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         # First lost delivery, while running beside others (it may be a bystander): redelivered.
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "oom-killed-1")
-        assert claim_entry(app, entry, "oom-killed-1") is not None
+        assert await claim_entry(app, entry, "oom-killed-1") is not None
         await anyio.sleep(_lease_wait(app))
         report = await app.reap_once()
         assert (report.redelivered, report.dead_lettered) == (1, 0)
@@ -272,7 +272,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "oom-killed-2")
         assert parse_delivery(entry.fields).delivery == 1
-        claim = die_running_alone(app, entry, "oom-killed-2")
+        claim = await die_running_alone(app, entry, "oom-killed-2")
         assert claim.reclaims == 1  # a suspect: the worker runs it alone, and this one dies
         await anyio.sleep(_lease_wait(app))
         report = await app.reap_once()
@@ -319,7 +319,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
 async def test_malformed_entry_left_pending_is_dead_lettered_and_acked(app: App) -> None:
     double = _register(app)
     client = _redis(app)
-    await app.transport().ensure_group(_stream(app))
+    await app.runtime.transport().ensure_group(_stream(app))
     garbage_id = await client.xadd(_stream(app), {"hello": "world", "g": "not-a-number"})
     [garbage] = await _read(app, "crashed-on-garbage")
     assert garbage.entry_id == garbage_id
@@ -345,7 +345,7 @@ async def test_malformed_entry_left_pending_is_dead_lettered_and_acked(app: App)
     assert await client.xlen(_dlq(app)) == 1
 
     # The healthy task is untouched by all this and runs normally.
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     info = app.get_task(task_id)
     assert info.state == TaskState.SUCCEEDED
     assert info.result == 100
@@ -366,7 +366,7 @@ async def test_malformed_entries_read_by_a_worker_go_to_dlq_and_others_run(app: 
     second = _submit(app, double, 2)
     assert await app.dispatch_once() == 1
 
-    assert await app.work(max_tasks=5, timeout=10) == 5
+    assert await app.work(max_tasks=5, timeout=timedelta(seconds=10)) == 5
 
     assert app.get_task(first).result == 2
     assert app.get_task(second).result == 4
@@ -384,7 +384,7 @@ async def test_entry_naming_a_missing_task_waits_for_visibility_timeout_then_dlq
     async with _opened(make_app(clock=clock, visibility_timeout=timedelta(minutes=10))) as app:
         _register(app)
         client = _redis(app)
-        await app.transport().ensure_group(_stream(app))
+        await app.runtime.transport().ensure_group(_stream(app))
         ghost = str(uuid.uuid4())
         ghost_entry = await client.xadd(_stream(app), {"t": ghost, "g": "0", "d": "0", "n": TASK_NAME})
         await _read(app, "died-holding-ghost")
@@ -452,7 +452,7 @@ async def test_pending_entry_deleted_from_stream_leaves_pel_and_task_is_reconcil
     assert report.reconciled == 1
     assert await _pending(app) == 0
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).result == 16
 
 
@@ -474,7 +474,7 @@ async def test_trim_drops_acknowledged_entries_but_never_a_pending_or_undelivere
         stream = _stream(app)
         e1, e2, e3 = (e.entry_id for e in await _read(app, "c1", count=3))
         [(e4, _)] = await _xrange(app, stream, start=f"({e3}")  # never delivered
-        assert await app.transport().ack(stream, [e1, e3]) == 2
+        assert await app.runtime.transport().ack(stream, [e1, e3]) == 2
 
         report = await app.reap_once()
 
@@ -489,7 +489,7 @@ async def test_trim_drops_acknowledged_entries_but_never_a_pending_or_undelivere
         assert [i for i, _ in await _xrange(app, stream)] == [e2, e3, e4]
 
         # Once e2 is acknowledged the floor moves to the last delivered entry; e4 stays.
-        assert await app.transport().ack(stream, [e2]) == 1
+        assert await app.runtime.transport().ack(stream, [e2]) == 1
         assert (await app.reap_once()).trimmed == 1
         assert [i for i, _ in await _xrange(app, stream)] == [e3, e4]
 
@@ -511,7 +511,7 @@ async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..
         s.commit()
     await app.dispatch_once()
     [entry] = await _read(app, "dies")
-    die_running_alone(app, entry, "dies")  # it died running alone: its own loss
+    await die_running_alone(app, entry, "dies")  # it died running alone: its own loss
     await anyio.sleep(_lease_wait(app))
     assert (await app.reap_once()).dead_lettered == 1
     assert app.get_task(task_id).state == TaskState.DEAD

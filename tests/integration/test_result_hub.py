@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from functools import partial
 
 import anyio
@@ -46,7 +47,7 @@ def hub_for(app: App, connect: Callable[[], Subscription] | None, *, poll: float
     return ResultHub(
         channel=outcome_channel(app.settings.namespace),
         connect=connect,
-        read=partial(read_outcomes, app.read_engine, app.settings.namespace),
+        read=partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace),
         poll_initial=poll,
         poll_max=poll,
     )
@@ -78,7 +79,7 @@ def counting_statements(app: App) -> Iterator[list[str]]:
 async def run_all(app: App, n: int) -> None:
     while await app.dispatch_once():
         pass
-    assert await app.work(max_tasks=n, timeout=60) == n
+    assert await app.work(max_tasks=n, timeout=timedelta(seconds=60)) == n
 
 
 async def until(condition: Callable[[], bool], timeout: float = 30) -> None:
@@ -100,7 +101,7 @@ async def test_one_subscription_wakes_every_wait_without_a_second_query(
         outcome = await await_outcome(hub, read, task_id, 0, timeout=60)
         results[task_id] = outcome.result_json
 
-    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+    read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
 
     with counting_statements(app) as statements:
         async with anyio.create_task_group() as tg:
@@ -111,9 +112,9 @@ async def test_one_subscription_wakes_every_wait_without_a_second_query(
             await run_all(app, n)
             statements.clear()
             # What a worker does after its commit (wired in the worker itself).
-            settled = read_outcomes(app.read_engine, app.settings.namespace, ids)
+            settled = read_outcomes(app.runtime.store.read_engine, app.settings.namespace, ids)
             await announce_outcomes(
-                app.transport().client, app.settings.namespace, list(settled.values()), inline_bytes=4096
+                app.runtime.transport().client, app.settings.namespace, list(settled.values()), inline_bytes=4096
             )
     assert results == {task_id: str(2 * i) for i, task_id in enumerate(ids)}
     assert reads_before_work == n  # one read per wait, when it started
@@ -134,7 +135,7 @@ async def test_without_an_announcement_waits_fall_back_to_one_batched_read(
     async def wait(task_id: str) -> None:
         got.append((await await_outcome(hub, read, task_id, 0, 60)).state)
 
-    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+    read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
 
     async with anyio.create_task_group() as tg:
         for task_id in ids:
@@ -151,7 +152,7 @@ async def test_waits_work_by_polling_when_redis_is_unreachable(make_app: Callabl
     app = doubling_app(make_app)
     (task_id,) = submit(app, 1)
     hub = hub_for(app, subscriber("redis://127.0.0.1:1/0?socket_connect_timeout=0.2"), poll=0.1)
-    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+    read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
     done = threading.Event()
     outcome: list[object] = []
 
@@ -177,7 +178,7 @@ async def test_a_wait_times_out_with_the_last_state_seen_and_an_unknown_id_is_no
     app = doubling_app(make_app)
     (task_id,) = submit(app, 1)
     hub = hub_for(app, subscriber(redis_url))
-    read = partial(read_outcomes, app.read_engine, app.settings.namespace)
+    read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
     with pytest.raises(ResultTimeoutError) as caught:
         await await_outcome(hub, read, task_id, 0, timeout=0.3)
     assert caught.value.state == TaskState.PENDING

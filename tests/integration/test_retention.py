@@ -16,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 
 def count(app: App, table: sa.Table) -> int:
-    with app.read_engine.connect() as conn:
+    with app.runtime.store.read_engine.connect() as conn:
         return int(
             conn.execute(sa.select(sa.func.count()).where(table.c.namespace == app.settings.namespace)).scalar_one()
         )
@@ -35,7 +35,7 @@ async def test_prune_removes_old_finished_work_only(make_app: Callable[..., App]
             app.submit(s, "job", i)
         s.commit()
     await app.dispatch_once()
-    await app.work(max_tasks=5, timeout=10)
+    await app.work(max_tasks=5, timeout=timedelta(seconds=10))
     clock.advance(timedelta(days=8))
     with Session(app.engine) as s:
         pending = app.submit(s, "job", 99).id  # new and not yet dispatched: must survive

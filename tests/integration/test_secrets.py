@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +259,7 @@ async def test_the_runtime_keeps_the_passwords_out_of_errors_logs_and_spans_when
     calls: dict[str, Callable[[], Awaitable[object]]] = {
         "check_connections": app.check_connections,
         "dispatch_once": app.dispatch_once,
-        "work": lambda: app.work(max_tasks=1, timeout=0.5),
+        "work": lambda: app.work(max_tasks=1, timeout=timedelta(seconds=0.5)),
         "reap_once": app.reap_once,
         "stats": app.stats,
     }

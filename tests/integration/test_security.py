@@ -53,10 +53,10 @@ async def test_a_pickle_in_the_stream_is_dead_lettered_unexecuted(app: App, tmp_
     ran: list[int] = []
     register(app, ran)
     marker = tmp_path / "pwned"
-    client = app.transport().client
+    client = app.runtime.transport().client
     await client.xadd(keys(app).stream, {"t": pickle.dumps(Exploit(marker)), "g": "0", "d": "0", "n": "guarded"})
     await client.xadd(keys(app).stream, {"payload": pickle.dumps(Exploit(marker))})
-    assert await app.work(max_tasks=2, timeout=10) == 2
+    assert await app.work(max_tasks=2, timeout=timedelta(seconds=10)) == 2
     assert not marker.exists()
     assert ran == []
     assert len(await list_dead_letters(app, "jobs")) == 2
@@ -68,26 +68,26 @@ async def test_signed_entries_run_and_forged_ones_do_not(make_app: Callable[...,
     register(app, ran)
     good = submit(app, 1)
     await app.dispatch_once()
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(good).state == TaskState.SUCCEEDED
 
     victim = submit(app, 2)  # a real task, not yet dispatched: forgeries name it
     stream = keys(app).stream
     fields = OutgoingMessage("jobs", victim, 0, 0, "guarded").fields()
-    client = app.transport().client
+    client = app.runtime.transport().client
     await client.xadd(stream, fields)  # unsigned
     await client.xadd(stream, {**fields, "s": entry_mac(b"another key", stream, fields)})  # wrong key
     await client.xadd(stream, {**fields, "s": entry_mac(b"k1-" + b"x" * 29, keys(app, "other").stream, fields)})
     tampered = OutgoingMessage("jobs", good, 0, 0, "guarded").fields(stream, b"k1-" + b"x" * 29)
     await client.xadd(stream, {**tampered, "t": victim})  # signature of another task
-    assert await app.work(max_tasks=4, timeout=10) == 4
+    assert await app.work(max_tasks=4, timeout=timedelta(seconds=10)) == 4
     assert ran == [1]
     reasons = [d.reason for d in await list_dead_letters(app, "jobs")]
     assert len(reasons) == 4
     assert all("refused unexecuted" in r for r in reasons)
     assert app.get_task(victim).state == TaskState.PENDING  # the real delivery still goes out
     await app.dispatch_once()
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert ran == [1, 2]
     await app.aclose()
 
@@ -118,12 +118,12 @@ async def test_a_least_privilege_acl_user_runs_the_whole_path(
         register(app, ran)
         task_id = submit(app)
         assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=10) == 1
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
         await app.reap_once()
         await app.stats()
         assert app.get_task(task_id).state == TaskState.SUCCEEDED
         with pytest.raises(Exception, match=r"NOPERM|no permissions"):
-            await app.transport().client.flushall()  # and nothing beyond what it needs
+            await app.runtime.transport().client.flushall()  # and nothing beyond what it needs
         await app.aclose()
 
 
@@ -142,12 +142,12 @@ async def test_a_secret_in_a_payload_stays_out_of_logs_and_the_dlq(
         lost = app.submit(s, "secretive", {"api_token": CANARY}).id
         s.commit()
     await app.dispatch_once()
-    entries = await app.transport().read(["jobs"], "dies", count=1, block=timedelta(milliseconds=100))
+    entries = await app.runtime.transport().read(["jobs"], "dies", count=1, block=timedelta(milliseconds=100))
     lost_task = entries[0].fields["t"]
-    die_running_alone(app, entries[0], "dies")
-    await app.work(max_tasks=1, timeout=10)
+    await die_running_alone(app, entries[0], "dies")
+    await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     await app.dispatch_once()
-    await app.work(max_tasks=1, timeout=10)
+    await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     await anyio.sleep(1.2)
     await app.reap_once()
     assert {app.get_task(failing).state, app.get_task(lost).state} == {TaskState.FAILED, TaskState.DEAD}

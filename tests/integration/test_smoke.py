@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from pydantic import BaseModel
 from sqlmodel import Session
@@ -23,7 +25,7 @@ async def test_submit_dispatch_work_succeeds(app: App) -> None:
         h = add.submit(s, Add(a=1, b=2), idempotency_key="k1")
         s.commit()
     assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     info = app.get_task(h.id)
     assert info.state == TaskState.SUCCEEDED
     assert info.result == 3

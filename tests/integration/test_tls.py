@@ -6,6 +6,7 @@ for is refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ async def run_one_task(database_url: str, redis_url: str, namespace: str, data_d
             s.commit()
         await app.check_connections()
         assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=20) == 1
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=20)) == 1
         assert app.get_task(task_id).state == TaskState.SUCCEEDED
         assert ran == [7]
     finally:

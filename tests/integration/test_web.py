@@ -165,7 +165,7 @@ async def test_the_overview_counts_failures_and_charts_what_finished(app: App) -
             app.submit(session, task, {})
         session.commit()
     await app.dispatch_once()
-    assert await app.work(max_tasks=4, timeout=30) == 4
+    assert await app.work(max_tasks=4, timeout=timedelta(seconds=30)) == 4
     overview = Overview(app, settle=timedelta(0))  # the dashboard waits 2 s for late commits
     snapshot = await overview.snapshot()
     [queue] = snapshot.queues

@@ -14,7 +14,6 @@ from pydantic import BaseModel
 from sqlmodel import Field, Session, SQLModel
 
 from durable_tasks import App, TaskContext, TaskState
-from durable_tasks.store.aio import LoopStore
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import OutgoingMessage
@@ -57,7 +56,7 @@ def keys(app: App, queue: str = "jobs") -> QueueKeys:
 
 
 async def pending_count(app: App, queue: str = "jobs") -> int:
-    summary = await app.transport().client.xpending(keys(app, queue).stream, CONSUMER_GROUP)
+    summary = await app.runtime.transport().client.xpending(keys(app, queue).stream, CONSUMER_GROUP)
     return int(summary["pending"])
 
 
@@ -81,7 +80,7 @@ async def test_async_handler_runs_and_hook_writes_inside_the_fenced_commit(verdi
 
     task_id = submit(app, "double", 21)
     await app.dispatch_once()
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).result == 42
     assert verdicts(app, task_id) == [(0, 42)]
     assert await pending_count(app) == 0
@@ -98,8 +97,8 @@ async def test_a_duplicate_entry_runs_nothing_and_is_acked(app: App) -> None:
     task_id = submit(app, "count")
     await app.dispatch_once()
     # A duplicate of the same delivery (what a failed script or a replay would leave).
-    await app.transport().client.xadd(keys(app).stream, {"t": task_id, "g": "0", "d": "0", "n": "count"})
-    worker = Worker(app)
+    await app.runtime.transport().client.xadd(keys(app).stream, {"t": task_id, "g": "0", "d": "0", "n": "count"})
+    worker = Worker(app.runtime)
     assert await worker.run(max_tasks=2, timeout=timedelta(seconds=10)) == 2
     assert runs == [1]
     assert worker.counters.skipped_stale == 1
@@ -113,13 +112,13 @@ async def test_an_entry_read_before_mark_sent_still_runs_and_the_mark_never_move
 
     task_id = submit(app, "early")
     # Published, but the dispatcher's mark-SENT has not committed: the task is still PENDING.
-    await app.transport().publish([OutgoingMessage("jobs", task_id, 0, 0, "early")])
+    await app.runtime.transport().publish([OutgoingMessage("jobs", task_id, 0, 0, "early")])
     assert app.get_task(task_id).state == TaskState.PENDING
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).state == TaskState.SUCCEEDED
     await app.dispatch_once()  # the late dispatcher: dedup returns the same entry, mark is fenced
     assert app.get_task(task_id).state == TaskState.SUCCEEDED
-    assert await app.transport().client.xlen(keys(app).stream) == 1
+    assert await app.runtime.transport().client.xlen(keys(app).stream) == 1
 
 
 async def test_rerun_while_running_fences_out_the_old_result(verdict_app: App) -> None:
@@ -140,7 +139,7 @@ async def test_rerun_while_running_fences_out_the_old_result(verdict_app: App) -
 
     task_id = submit(app, "judge")
     await app.dispatch_once()
-    worker = Worker(app)
+    worker = Worker(app.runtime)
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: worker.run(max_tasks=2, timeout=timedelta(seconds=20)))
         await started.wait()
@@ -164,7 +163,7 @@ async def test_failures_retry_through_new_deliveries_then_fail_after_max_attempt
     task_id = submit(app, "boom")
     for _ in range(3):
         assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=10) == 1
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert await app.dispatch_once() == 0
     info = app.get_task(task_id)
     assert (info.state, info.attempt, info.delivery) == (TaskState.FAILED, 3, 2)
@@ -184,7 +183,7 @@ async def test_retry_on_limits_which_errors_retry(app: App) -> None:
 
     task_id = submit(app, "picky")
     await app.dispatch_once()
-    await app.work(max_tasks=1, timeout=10)
+    await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     info = app.get_task(task_id)
     assert (info.state, info.attempt) == (TaskState.FAILED, 1)
 
@@ -206,7 +205,7 @@ async def test_a_failing_on_commit_hook_rolls_back_and_retries(verdict_app: App)
     task_id = submit(app, "hooked")
     for _ in range(2):
         await app.dispatch_once()
-        await app.work(max_tasks=1, timeout=10)
+        await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     info = app.get_task(task_id)
     assert (info.state, info.result) == (TaskState.SUCCEEDED, 2)
     assert verdicts(app, task_id) == [(0, 2)]  # attempt 1's row was rolled back with its result
@@ -223,7 +222,7 @@ async def test_heartbeats_keep_a_long_task_from_being_reclaimed(app: App) -> Non
     await app.dispatch_once()
     reports = []
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: app.work(max_tasks=1, timeout=20))
+        tg.start_soon(lambda: app.work(max_tasks=1, timeout=timedelta(seconds=20)))
         for _ in range(3):
             await anyio.sleep(0.8)
             reports.append(await app.reap_once())
@@ -238,11 +237,11 @@ async def test_entries_added_before_the_group_existed_are_consumed(app: App) -> 
         return 1
 
     task_id = submit(app, "old")
-    client = app.transport().client
+    client = app.runtime.transport().client
     assert not await client.exists(keys(app).stream)
     await app.dispatch_once()  # XADD creates the stream; no group exists yet
     assert await client.xinfo_groups(keys(app).stream) == []
-    assert await app.work(max_tasks=1, timeout=10) == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).state == TaskState.SUCCEEDED
 
 
@@ -253,9 +252,9 @@ async def test_a_vanished_group_is_recreated(app: App) -> None:
 
     first = submit(app, "again")
     await app.dispatch_once()
-    worker = Worker(app)
+    worker = Worker(app.runtime)
     assert await worker.run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
-    await app.transport().client.xgroup_destroy(keys(app).stream, CONSUMER_GROUP)
+    await app.runtime.transport().client.xgroup_destroy(keys(app).stream, CONSUMER_GROUP)
     second = submit(app, "again")
     await app.dispatch_once()
     # The recreated group starts from 0-0: the first entry comes back and is skipped as stale.
@@ -274,8 +273,12 @@ async def test_a_worker_that_cannot_reach_the_database_does_not_ack(
     task_id = submit(app, "unreached")
     await app.dispatch_once()
     cut_off = App("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1", redis_url, app.settings.namespace)
-    cut_off.registry = app.registry
-    worker = Worker(cut_off)
+
+    @cut_off.task(name="unreached", queue="jobs")
+    def unreached_there(ctx: TaskContext[Job], p: Job) -> int:
+        return 1
+
+    worker = Worker(cut_off.runtime)
     assert await worker.run(max_tasks=1, timeout=timedelta(seconds=3)) == 0
     assert worker.counters.unsettled == 1
     assert await pending_count(app) == 1  # still in the PEL, for the reaper
@@ -300,7 +303,7 @@ async def test_cancel_fences_out_a_running_attempt(verdict_app: App) -> None:
     task_id = submit(app, "cancellable")
     await app.dispatch_once()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: app.work(max_tasks=1, timeout=10))
+        tg.start_soon(lambda: app.work(max_tasks=1, timeout=timedelta(seconds=10)))
         await started.wait()
         with Session(app.engine) as s:
             assert app.cancel(s, task_id) is True
@@ -327,10 +330,10 @@ async def test_on_failure_runs_in_the_final_failure_transaction_only(verdict_app
 
     task_id = submit(app, "doomed")
     await app.dispatch_once()
-    await app.work(max_tasks=1, timeout=10)
+    await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     assert verdicts(app, task_id) == []  # a retry is coming: no final-failure hook yet
     await app.dispatch_once()
-    await app.work(max_tasks=1, timeout=10)
+    await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     assert app.get_task(task_id).state == TaskState.FAILED
     assert verdicts(app, task_id) == [(0, -1)]
 
@@ -351,9 +354,9 @@ async def test_an_unexpected_error_while_claiming_stops_the_worker_instead_of_va
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("claim exploded")
 
-    monkeypatch.setattr(LoopStore, "claim_executions", explode)
+    monkeypatch.setattr(app.runtime.store, "claim_executions", explode)
     with pytest.raises(ExceptionGroup) as raised:  # from the worker's task group
-        await Worker(app).run(max_tasks=1, timeout=timedelta(seconds=10))
+        await Worker(app.runtime).run(max_tasks=1, timeout=timedelta(seconds=10))
     assert raised.group_contains(RuntimeError, match="claim exploded")
     assert app.get_task(task_id).state == TaskState.ENQUEUED  # nothing ran; the entry stays pending
     assert await pending_count(app) == 1

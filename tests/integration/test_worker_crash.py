@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -116,7 +117,7 @@ async def test_sigkilled_worker_task_is_finished_by_another_worker_and_written_o
         assert _verdicts(app, task_id) == []  # the killed attempt committed nothing
 
         assert await app.dispatch_once() == 1
-        assert await app.work(max_tasks=1, timeout=30) == 1
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
 
         info = app.get_task(task_id)
         assert info.state == TaskState.SUCCEEDED, (info.error_type, info.error_message)
@@ -128,7 +129,9 @@ async def test_sigkilled_worker_task_is_finished_by_another_worker_and_written_o
         assert await _markers(marker_dir) == sorted([f"attempt-1-pid-{child.pid}", f"attempt-2-pid-{os.getpid()}"])
         # ... but the business row was written once, by the surviving worker.
         assert _verdicts(app, task_id) == [("accepted (attempt 2)", os.getpid(), 2)]
-        summary = await app.transport().client.xpending(app.transport().keys("crash").stream, CONSUMER_GROUP)
+        summary = await app.runtime.transport().client.xpending(
+            app.runtime.transport().keys("crash").stream, CONSUMER_GROUP
+        )
         assert summary["pending"] == 0
     finally:
         await app.aclose()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from durable_tasks.worker import IsolationGate
+from durable_tasks.isolation import IsolationGate
 
 pytestmark = pytest.mark.anyio
 

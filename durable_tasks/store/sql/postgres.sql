@@ -3,17 +3,16 @@
 -- Each works on a whole batch through parallel arrays (unnest), so a batch costs one
 -- statement and one round trip however many rows it holds, and the statement text never
 -- changes (psycopg prepares it after a few runs). Parameters are psycopg's %(name)s; the
--- arrays are %(name)b, sent in binary: as text, psycopg quotes a list element by element
--- (a regular-expression test of every string), a fifth to a third of the client CPU of a
--- 500-row claim or group commit (docs/performance.md, sixth round).
--- Every multi-row write of dt_tasks first locks its rows ORDER BY id (see store/locking.py)
+-- arrays are %(name)b, sent in binary: as text, psycopg quotes a list element by element (a
+-- regular-expression test of every string), a large share of the client CPU of a big batch.
+-- Every multi-row write of dt_tasks first locks its rows ORDER BY id (see store/postgres)
 -- in a MATERIALIZED CTE that finds them by primary key alone, and then tests state, fence and
 -- namespace on those locked rows, never in a WHERE the planner could answer from
 -- ix_dt_tasks_state: a queue table's statistics are always stale (rows pass PENDING ->
--- RUNNING -> SUCCEEDED in milliseconds), and a planner that believed RUNNING rare scanned
--- every RUNNING row once per result (EXPLAIN: 435 ms for a batch of 300 beside 3,300 running
--- tasks), or a whole namespace per claim.
--- The SQLite path and the rare paths speak SQLAlchemy Core; these must mean the same.
+-- RUNNING -> SUCCEEDED in milliseconds), and a planner that believed RUNNING rare scans every
+-- RUNNING row once per result, or a whole namespace per claim.
+-- The rare paths (and the other dialects) speak SQLAlchemy Core (store/*.py); these must mean
+-- the same.
 
 -- name: claim_executions
 -- The execution fence for a batch of deliveries, and one dt_attempts row per claimed
@@ -81,8 +80,8 @@ WITH locked AS MATERIALIZED (
         finished_at = %(now)s,
         result = f.result
     FROM fenced AS f
-    WHERE t.id = ANY(%(ids)b::text[])  -- by primary key: joined on f alone, the planner hashed
-      AND t.id = f.id AND f.current    -- a scan of the whole table (6 of 23 ms at 20,000 rows)
+    WHERE t.id = ANY(%(ids)b::text[])  -- by primary key: joined on f alone, the planner
+      AND t.id = f.id AND f.current    -- hashes a scan of the whole table
     RETURNING t.id
 ), closed AS (
     UPDATE dt_attempts AS a

@@ -1,44 +1,25 @@
-"""How the dispatcher waits for work: a Postgres NOTIFY wakes it at once; polling is the fallback."""
+"""PostgreSQL's wake-up: a dispatcher LISTENs on the channel every submit NOTIFYs on commit."""
 
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Protocol
+from typing import Any
 
 import anyio
+import psycopg
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
-from .store.pooler import conninfo, notify_reaches
-from .store.submit import NOTIFY_CHANNEL
-from .urls import safe_url
+from ...urls import safe_url
+from ..pooler import conninfo, notify_reaches
+from .statements import NOTIFY_CHANNEL
 
-__all__ = ["OutboxWaiter", "PollingWaiter", "PostgresNotifyWaiter", "waiter_for"]
+__all__ = ["LISTEN_CHECK", "PostgresNotifyWaiter"]
 
 logger = logging.getLogger(__name__)
 
 #: How long a new listener waits for its own test notification.
-_CHECK = timedelta(seconds=2)
-
-
-class OutboxWaiter(Protocol):
-    """Blocks until new outbox rows may be due, or the timeout passes."""
-
-    async def wait(self, timeout: timedelta) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
-class PollingWaiter:
-    """Sleeps the poll interval (SQLite, or when LISTEN is unavailable)."""
-
-    async def wait(self, timeout: timedelta) -> None:
-        """Sleep for ``timeout``."""
-        await anyio.sleep(timeout.total_seconds())
-
-    async def aclose(self) -> None:
-        """Nothing to release."""
+LISTEN_CHECK = timedelta(seconds=2)
 
 
 class PostgresNotifyWaiter:
@@ -53,20 +34,18 @@ class PostgresNotifyWaiter:
     """
 
     def __init__(
-        self, url: sa.URL, namespace: str, *, notify_url: sa.URL | None = None, check_timeout: timedelta = _CHECK
+        self, url: sa.URL, namespace: str, *, notify_url: sa.URL | None = None, check_timeout: timedelta = LISTEN_CHECK
     ) -> None:
         self._conninfo = conninfo(url)
         self._notify_conninfo = conninfo(notify_url or url)
         self._shown_url = safe_url(conninfo(url))
         self._namespace = namespace
         self._check_timeout = check_timeout.total_seconds()
-        self._conn: object | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
         self._polling = False  # NOTIFY does not reach the listener: poll from now on
         self._woken = False  # our namespace was notified during the check
 
-    async def _connection(self) -> object | None:
-        import psycopg
-
+    async def _connection(self) -> psycopg.AsyncConnection[Any] | None:
         if self._conn is None:
             conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True, prepare_threshold=None)
             try:
@@ -87,8 +66,6 @@ class PostgresNotifyWaiter:
 
     async def wait(self, timeout: timedelta) -> None:
         """Return on a NOTIFY for this namespace, or after ``timeout``."""
-        import psycopg
-
         if self._polling:
             await anyio.sleep(timeout.total_seconds())
             return
@@ -103,7 +80,6 @@ class PostgresNotifyWaiter:
                 )
                 await anyio.sleep(timeout.total_seconds())
                 return
-            assert isinstance(conn, psycopg.AsyncConnection)
             if self._woken:
                 self._woken = False
                 return
@@ -119,19 +95,7 @@ class PostgresNotifyWaiter:
 
     async def aclose(self) -> None:
         """Close the listening connection."""
-        import psycopg
-
         conn, self._conn = self._conn, None
-        if isinstance(conn, psycopg.AsyncConnection):
+        if conn is not None:
             with anyio.CancelScope(shield=True):
                 await conn.close()
-
-
-def waiter_for(
-    engine: sa.Engine, namespace: str, *, listen_url: str | None = None, check_timeout: timedelta = _CHECK
-) -> OutboxWaiter:
-    """NOTIFY-driven on PostgreSQL (listening on ``listen_url`` when given), polling elsewhere."""
-    if engine.dialect.name == "postgresql":
-        listen = make_url(listen_url) if listen_url else engine.url
-        return PostgresNotifyWaiter(listen, namespace, notify_url=engine.url, check_timeout=check_timeout)
-    return PollingWaiter()

@@ -1,0 +1,103 @@
+"""What the loops run on: the :class:`Runtime` an App builds and hands to its dispatcher,
+workers and reaper.
+
+The loops never see the App. They get settings, a clock, telemetry, a read-only view of the
+task registry, the store (:class:`~durable_tasks.store.Store`), a transport for the running
+event loop, and the set of paused queues. A loop can therefore be built and tested from a
+Runtime alone, and nothing below the App imports it.
+
+Concurrency model: the runtime runs on asyncio (anyio's asyncio backend; trio is not
+supported, because redis.asyncio and psycopg's async connections are asyncio's). Structure
+and synchronization use anyio's primitives (task groups, cancel scopes, Events, Locks,
+Semaphores, CapacityLimiter, ``to_thread``). Blocking database work runs in anyio's worker
+threads; async clients (Redis, the PostgreSQL store's own connections) are bound to the event
+loop that made them and are kept per loop (:class:`~durable_tasks.loopbound.LoopBound`). The
+one place that starts raw asyncio tasks is the worker's per-task spawning, where an anyio task
+group costs several times more per task (see ``Worker._background``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .clock import Clock
+from .loopbound import LoopBound
+from .settings import Settings
+from .store import Store
+from .store.notify import OutboxWaiter
+from .tasks import Task
+from .telemetry import Telemetry
+from .transport.connect import close_stale, open_transport
+from .transport.streams import RedisStreamsTransport
+from .views import QueueStats
+
+__all__ = ["Runtime"]
+
+
+async def _close_transport(transport: RedisStreamsTransport) -> None:
+    await transport.client.aclose()
+
+
+class Runtime:
+    """Settings, clock, telemetry, the registry, the store and the transport of one App."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock,
+        telemetry: Telemetry,
+        registry: Mapping[str, Task[Any, Any]],
+        open_store: Callable[[], Store],
+        redis_url: Callable[[], str],
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.telemetry = telemetry
+        #: The App's tasks by name (read-only: tasks are registered on the App).
+        self.registry = registry
+        #: Queues the dispatcher holds back: their rows stay PENDING (not an error).
+        self.paused_queues: set[str] = set()
+        #: Per-queue statistics of the last :func:`durable_tasks.stats.queue_stats` (the gauges read them).
+        self.latest_stats: dict[str, QueueStats] = {}
+        self._open_store = open_store
+        self._store: Store | None = None
+        self._transports: LoopBound[RedisStreamsTransport] = LoopBound(
+            lambda: open_transport(redis_url(), settings), close_stale=close_stale, aclose=_close_transport
+        )
+        telemetry.observe_queues(self)
+
+    @property
+    def store(self) -> Store:
+        """The database's store (its engine is created on first use)."""
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+    @property
+    def store_opened(self) -> bool:
+        """Whether the store (and its engine) exists yet."""
+        return self._store is not None
+
+    def transport(self) -> RedisStreamsTransport:
+        """The Redis Streams transport of the running event loop."""
+        return self._transports.get()
+
+    def transport_for(self, queue: str) -> RedisStreamsTransport | None:
+        """The transport serving ``queue``, or None while the queue is paused."""
+        return None if queue in self.paused_queues else self._transports.get()
+
+    def outbox_waiter(self) -> OutboxWaiter:
+        """How the dispatcher waits between passes (the store's notification, or polling)."""
+        return self.store.outbox_waiter(self.settings.namespace)
+
+    def queues(self) -> list[str]:
+        """Every queue a registered task uses."""
+        return sorted({t.queue for t in self.registry.values()})
+
+    async def aclose(self) -> None:
+        """Close this loop's Redis client, the loops' database connections and the pool."""
+        await self._transports.aclose()
+        if self._store is not None:
+            await self._store.aclose()

@@ -1,0 +1,398 @@
+"""What the dialects' stores share: the store's transactions around the Core statements of
+:mod:`.submit`, :mod:`.outbox`, :mod:`.execution`, :mod:`.results`, :mod:`.leases`,
+:mod:`.recovery`, :mod:`.queries` and :mod:`.retention`, each run in a worker thread.
+
+A dialect's store subclasses :class:`SqlStore` and overrides what its database does
+differently: the hooks below (how a duplicate idempotency key is ignored, how dispatchers are
+woken, how rows are locked before a multi-statement write) and, where it has a faster way,
+whole operations (PostgreSQL's one-statement hot paths on the event loop's own connections).
+The Core statements use ``UPDATE … RETURNING``, which SQLite and PostgreSQL both have.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from functools import partial
+from typing import TypeVar
+
+import anyio
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from ..policy import TaskLeaseView
+from ..records import AttemptRecord, TaskRecord
+from . import execution, leases, outbox, queries, recovery, results, retention, schema, submit
+from .engine import read_only
+from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
+from .notify import OutboxWaiter, PollingWaiter
+from .outbox import ClaimedDelivery, Dead, Retry, Sent
+from .protocol import DatabaseFacts
+from .queries import QueueBacklog
+from .recovery import DeadTask, UnconfirmedDelivery
+from .results import FinalWrite
+from .retention import PruneReport
+from .submit import NewTask, SubmitOutcome
+
+__all__ = ["SqlStore"]
+
+R = TypeVar("R")
+
+
+class SqlStore:
+    """The operations of :class:`~.protocol.Store` in SQLAlchemy Core, each in a worker thread."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._engine = engine
+        self._read_engine = read_only(engine)
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The application's engine."""
+        return self._engine
+
+    @property
+    def read_engine(self) -> sa.Engine:
+        """The engine for read-only work."""
+        return self._read_engine
+
+    @property
+    def runtime_engine(self) -> sa.Engine:
+        """The engine of the runtime's own periodic transactions that run no application code
+        (heartbeats, the reaper's reads): the application's engine unless a dialect plans them
+        apart."""
+        return self._engine
+
+    # -- what dialects do differently --------------------------------------------------------
+
+    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
+        """Insert the task row and its first outbox row, waking dispatchers; False (nothing
+        written) when the idempotency key is taken."""
+        raise NotImplementedError
+
+    def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:
+        """Called after an outbox row was written in ``conn``'s transaction (default: nothing;
+        dispatchers poll)."""
+
+    def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
+        """Lock these task rows in id order before a transaction updates them in several
+        statements (default: nothing; the dialect serializes writers)."""
+
+    def _mark_sent(self, conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> int:
+        return outbox.mark_sent(conn, sent, now=now)
+
+    def _commit_plain(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> list[FinalWrite]:
+        """Write a group's results that have no hooks, fenced; returns the writes whose attempts
+        are still open (closed with the hooked ones' by :meth:`_finish_attempts`)."""
+        results.set_outcomes(writes, results.write_results(conn, writes, now))
+        return list(writes)
+
+    def _finish_attempts(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
+        closed = results.closed_attempts(writes)
+        if closed:
+            results.finish_attempts(conn, closed, now)
+
+    def _server_now(self, conn: sa.Connection) -> datetime | None:
+        return None
+
+    # -- the App's own -----------------------------------------------------------------------
+
+    def create_all(self, tables: Sequence[sa.Table]) -> None:
+        """Create ``tables`` where they do not exist."""
+        schema.create_all(self._engine, tables)
+
+    def load_task(self, namespace: str, task_id: str) -> tuple[TaskRecord, list[AttemptRecord]] | None:
+        """The task row and its attempts."""
+        with self._read_engine.connect() as conn:
+            return queries.load_task(conn, namespace, task_id)
+
+    def prune(self, namespace: str, *, before: datetime, batch: int, max_batches: int) -> PruneReport:
+        """Delete settled outbox rows and old final tasks, in batches."""
+        return retention.prune(self._engine, namespace, before=before, batch=batch, max_batches=max_batches)
+
+    async def facts(self) -> DatabaseFacts:
+        """The server's clock and the runtime's indexes the database lacks."""
+
+        def read() -> DatabaseFacts:
+            with self._engine.connect() as conn:
+                now = self._server_now(conn)
+            return DatabaseFacts(now=now, indexes_missing=schema.missing_indexes(self._engine))
+
+        return await self._in_thread(read)
+
+    # -- in the caller's transaction ---------------------------------------------------------
+
+    def submit(self, session: Session, task: NewTask, now: datetime) -> SubmitOutcome:
+        """Insert the task and its first outbox row in the session's transaction (no commit).
+
+        A duplicate ``(namespace, name, idempotency_key)`` returns the existing task: found in
+        the same transaction, committed long ago, or inserted concurrently (the insert waits for
+        the other transaction, then yields to it).
+        """
+        conn = session.connection()
+        if task.idempotency_key is not None:
+            existing = submit.find_by_key(conn, task)
+            if existing is not None:
+                return existing
+        task_id = str(uuid.uuid4())
+        if self._insert_task(conn, task, task_id, now):
+            return SubmitOutcome(task_id, 0, created=True)
+        existing = submit.find_by_key(conn, task)  # lost to a concurrent duplicate idempotency key
+        if existing is None:  # pragma: no cover - the conflicting row must be visible now
+            raise RuntimeError("idempotency conflict without a visible task")
+        return existing
+
+    def rerun(self, session: Session, namespace: str, task_id: str, now: datetime) -> int | None:
+        """Start a new generation; None if there is no such task."""
+        conn = session.connection()
+        row = submit.rerun_task(conn, namespace, task_id, now)
+        if row is None:
+            return None
+        self._wake_dispatchers(conn, namespace)
+        return row.generation
+
+    def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
+        """Cancel a task with no final write yet."""
+        return submit.cancel_task(session.connection(), namespace, task_id, now)
+
+    # -- the dispatcher ----------------------------------------------------------------------
+
+    async def lease_outbox(
+        self, namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
+    ) -> list[ClaimedDelivery]:
+        """Lease due outbox rows in one transaction."""
+        token = str(uuid.uuid4())
+
+        def lease_rows() -> list[ClaimedDelivery]:
+            with self._engine.begin() as conn:
+                rows = outbox.claim_rows(conn, namespace, token, now=now, lease=lease, limit=limit, watermark=watermark)
+            return outbox.deliveries(rows, token)
+
+        return await self._in_thread(lease_rows)
+
+    async def settle_outbox(
+        self,
+        *,
+        sent: Sequence[Sent],
+        dead: Sequence[Dead],
+        retry: Sequence[Retry],
+        held: Sequence[ClaimedDelivery],
+        now: datetime,
+        release_at: datetime,
+    ) -> int:
+        """Record a pass's outcomes in ONE transaction."""
+
+        def settle() -> int:
+            with self._engine.begin() as conn:
+                marked = self._mark_sent(conn, sent, now)
+                outbox.mark_dead(conn, dead, now=now)
+                outbox.schedule_retry(conn, retry)
+                outbox.release(conn, held, next_attempt_at=release_at)
+            return marked
+
+        return await self._in_thread(settle)
+
+    def outbox_waiter(self, namespace: str) -> OutboxWaiter:
+        """Polling (dialects with a notification channel override it)."""
+        return PollingWaiter()
+
+    # -- the worker --------------------------------------------------------------------------
+
+    async def claim_executions(
+        self,
+        namespace: str,
+        requests: Sequence[ClaimRequest],
+        *,
+        worker_id: str,
+        now: datetime,
+        lease: timedelta,
+    ) -> list[ExecutionClaim | ClaimRefused]:
+        """Take the execution fence for a read batch in one transaction."""
+        if not requests:
+            return []
+        keys, traceparents = execution.claim_keys(requests)
+
+        def claim() -> list[ExecutionClaim | ClaimRefused]:
+            with self._engine.begin() as conn:
+                rows = execution.claim_rows(
+                    conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease
+                )
+                execution.open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
+                follow_ups = execution.claim_follow_ups(requests, rows)
+                known = (
+                    execution.after_claim(conn, namespace, follow_ups, now) if follow_ups else execution.NOTHING_KNOWN
+                )
+            return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
+
+        return await self._in_thread(claim)
+
+    async def commit_results(self, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+        """Commit a group of results in ONE transaction, each fenced on its own."""
+        plain = [w for w in writes if results.plain(w)]
+        hooked = [w for w in writes if not results.plain(w)]
+
+        def commit() -> None:
+            with self._engine.begin() as conn:
+                if hooked:  # several statements: take every row's lock first, in id order
+                    self._lock_tasks(conn, [w.claim.task_id for w in writes])
+                still_open = self._commit_plain(conn, plain, now) if plain else []
+                for w in hooked:
+                    results.commit_hooked(conn, w, now)
+                self._finish_attempts(conn, [*still_open, *hooked], now)
+
+        await self._in_thread(commit)
+
+    async def record_failure(
+        self,
+        claim: ExecutionClaim,
+        *,
+        now: datetime,
+        error_type: str,
+        error_message: str,
+        retry_at: datetime | None,
+        on_failed: Callable[[sa.Connection], None] | None = None,
+    ) -> bool:
+        """Record a failed attempt, fenced (on the application's engine: it runs hooks)."""
+
+        def record() -> bool:
+            with self._engine.begin() as conn:
+                recorded = results.record_failure(
+                    conn,
+                    claim,
+                    now=now,
+                    error_type=error_type,
+                    error_message=error_message,
+                    retry_at=retry_at,
+                    on_failed=on_failed,
+                )
+                if recorded and retry_at is not None:
+                    self._wake_dispatchers(conn, claim.namespace)
+            return recorded
+
+        return await self._in_thread(record)
+
+    async def renew_leases(self, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> set[str]:
+        """Extend the leases of running attempts in one statement."""
+        if not claims:
+            return set()
+        return await self._in_thread(
+            partial(self._runtime_transaction, leases.renew_leases, claims, now=now, lease=lease)
+        )
+
+    async def heartbeat(self, claim: ExecutionClaim, *, now: datetime, lease: timedelta) -> bool:
+        """Extend one attempt's lease."""
+        return await self._in_thread(partial(self._runtime_transaction, leases.heartbeat, claim, now=now, lease=lease))
+
+    async def mark_solo(self, claim: ExecutionClaim) -> None:
+        """Record that this attempt runs alone."""
+        await self._in_thread(partial(self._runtime_transaction, leases.mark_solo, claim))
+
+    # -- the reaper --------------------------------------------------------------------------
+
+    async def lease_views(self, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
+        """What the database says about each task."""
+        ids = list(task_ids)
+        return await self._in_thread(partial(self._runtime_read, recovery.lease_views, namespace, ids))
+
+    async def redeliver(
+        self,
+        namespace: str,
+        *,
+        task_id: str,
+        generation: int,
+        delivery: int,
+        now: datetime,
+        reason: str,
+        count_reclaim: bool,
+    ) -> bool:
+        """Supersede a delivery with a new one (on the application's engine, as failures are)."""
+
+        def run() -> bool:
+            with self._engine.begin() as conn:
+                done = recovery.redeliver(
+                    conn,
+                    namespace,
+                    task_id=task_id,
+                    generation=generation,
+                    delivery=delivery,
+                    now=now,
+                    reason=reason,
+                    count_reclaim=count_reclaim,
+                )
+                if done:
+                    self._wake_dispatchers(conn, namespace)
+            return done
+
+        return await self._in_thread(run)
+
+    async def dead_letter_task(
+        self,
+        namespace: str,
+        *,
+        task_id: str,
+        generation: int,
+        delivery: int,
+        now: datetime,
+        reason: str,
+        on_dead: Callable[[sa.Connection, DeadTask], None] | None = None,
+    ) -> bool:
+        """Mark the task DEAD, running its failure hooks in the same transaction."""
+
+        def run() -> bool:
+            with self._engine.begin() as conn:
+                return recovery.dead_letter_task(
+                    conn,
+                    namespace,
+                    task_id=task_id,
+                    generation=generation,
+                    delivery=delivery,
+                    now=now,
+                    reason=reason,
+                    on_dead=on_dead,
+                )
+
+        return await self._in_thread(run)
+
+    async def unconfirmed_deliveries(
+        self, namespace: str, *, now: datetime, grace: timedelta, limit: int
+    ) -> list[UnconfirmedDelivery]:
+        """Sent deliveries whose entry the reconciler checks."""
+        return await self._in_thread(
+            partial(self._runtime_read, recovery.unconfirmed_deliveries, namespace, now=now, grace=grace, limit=limit)
+        )
+
+    async def queue_backlogs(self, namespace: str) -> dict[str, QueueBacklog]:
+        """Per queue backlog."""
+
+        def read() -> dict[str, QueueBacklog]:
+            with self._read_engine.connect() as conn:
+                return queries.queue_backlogs(conn, namespace)
+
+        return await self._in_thread(read)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the engine's pool."""
+        self.close()
+
+    def close(self) -> None:
+        """Close the engine's pool."""
+        self._engine.dispose()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @staticmethod
+    async def _in_thread(call: Callable[[], R]) -> R:
+        return await anyio.to_thread.run_sync(call)
+
+    def _runtime_transaction(self, action: Callable[..., R], *args: object, **kwargs: object) -> R:
+        """``action(conn, ...)`` in a transaction of the runtime's own (no application code)."""
+        with self.runtime_engine.begin() as conn:
+            return action(conn, *args, **kwargs)
+
+    def _runtime_read(self, action: Callable[..., R], *args: object, **kwargs: object) -> R:
+        """``action(conn, ...)`` reading on the runtime's own engine."""
+        with self.runtime_engine.connect() as conn:
+            return action(conn, *args, **kwargs)

@@ -1,0 +1,220 @@
+"""The store on PostgreSQL.
+
+The hot paths (submit; the dispatcher's lease and mark-SENT; the worker's batch claim, group
+commit and lease renewal) are named statements from ``sql/postgres.sql`` (:mod:`.statements`):
+one fixed text per batch, values in binary arrays, each its own transaction, sent on the
+event loop's own connections (:mod:`.connections`). The rare paths (a pass with dead or held
+rows, a group with on-commit hooks, a claim's follow-ups) and everything else run the shared
+Core statements of :class:`~..base.SqlStore` in a worker thread.
+
+Every multi-row write of ``dt_tasks`` locks its rows in ascending id order, so that two of them
+never lock the same rows in opposite orders and deadlock: the named statements in their first
+CTE, a multi-statement group up front (:meth:`PostgresStore._lock_tasks`). The lease and the
+mark-SENT commit without waiting for the WAL flush: losing one to a crash only means a
+deduplicated republish. Submits NOTIFY the dispatchers on commit (:mod:`.notify`). The
+planner setting of the runtime's statements lives in :mod:`.planner`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from ...loopbound import LoopBound
+from ...records import tasks_table
+from ...settings import Settings
+from .. import execution, results
+from ..base import SqlStore
+from ..engine import ping_when_idle
+from ..execution import ClaimRefused, ClaimRequest, ExecutionClaim
+from ..notify import OutboxWaiter
+from ..outbox import ClaimedDelivery, Dead, Retry, Sent
+from ..pooler import conninfo, detect_pooling, listen_reaches
+from ..protocol import DatabaseFacts
+from ..results import FinalWrite
+from ..submit import NewTask
+from . import planner, statements
+from .connections import AsyncConnections
+from .notify import LISTEN_CHECK, PostgresNotifyWaiter
+
+__all__ = ["PostgresStore"]
+
+t = tasks_table.c
+
+
+async def _aclose(connections: AsyncConnections) -> None:
+    connections.close()
+
+
+class PostgresStore(SqlStore):
+    """:class:`~..protocol.Store` on PostgreSQL (psycopg 3)."""
+
+    def __init__(
+        self, engine: sa.Engine, *, listen_url: str | None = None, listen_check: timedelta = LISTEN_CHECK
+    ) -> None:
+        super().__init__(engine)
+        self._listen_url = sa.make_url(listen_url) if listen_url else engine.url
+        self._listen_check = listen_check
+        planner.plan_runtime_transactions(engine)
+        self._runtime_engine = planner.runtime_plans(engine)
+        self._connections: LoopBound[AsyncConnections] = LoopBound(
+            lambda: AsyncConnections(engine), close_stale=AsyncConnections.close, aclose=_aclose
+        )
+
+    @classmethod
+    def open(cls, url: sa.URL, settings: Settings | None = None) -> PostgresStore:
+        """A store on the database at ``url`` (``postgresql://`` means psycopg 3); dispatchers
+        LISTEN on ``settings.listen_database_url`` when it is set (a direct connection behind
+        a transaction pooler)."""
+        if url.drivername == "postgresql":
+            url = url.set(drivername="postgresql+psycopg")
+        engine = sa.create_engine(url, pool_size=10, max_overflow=20)
+        ping_when_idle(engine)
+        if settings is None:
+            return cls(engine)
+        return cls(engine, listen_url=settings.listen_database_url, listen_check=settings.listen_check_timeout)
+
+    @property
+    def runtime_engine(self) -> sa.Engine:
+        """The pool, planning with sequential scans priced out (:mod:`.planner`)."""
+        return self._runtime_engine
+
+    @property
+    def read_engine(self) -> sa.Engine:
+        """Read-only work plans keyed too: the runtime's and the operators' reads (stats, task
+        views, the dashboard) find their rows by key or index."""
+        return self._runtime_engine
+
+    @property
+    def connections(self) -> AsyncConnections:
+        """The running event loop's own connections."""
+        return self._connections.get()
+
+    # -- what PostgreSQL does differently ---------------------------------------------------
+
+    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
+        return statements.submit_task(task, task_id, now).run_on(conn)
+
+    def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:
+        # Delivered when the transaction commits; a rollback sends nothing.
+        conn.execute(sa.select(sa.func.pg_notify(statements.NOTIFY_CHANNEL, namespace)))
+
+    def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
+        if task_ids:
+            conn.execute(sa.select(t.id).where(t.id.in_(task_ids)).order_by(t.id).with_for_update()).all()
+
+    def _mark_sent(self, conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> int:
+        if not sent:  # the mark_sent statement turns the WAL-flush wait off itself
+            conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+            return 0
+        return statements.mark_sent(sent, now).run_on(conn)
+
+    def _commit_plain(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> list[FinalWrite]:
+        statements.commit_results(writes, now).run_on(conn)
+        return []  # the statement closed their attempts too
+
+    def _finish_attempts(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:
+        closed = results.closed_attempts(writes)
+        if closed:
+            statements.finish_attempts(closed, now).run_on(conn)
+
+    def _server_now(self, conn: sa.Connection) -> datetime | None:
+        now: datetime = conn.execute(sa.select(sa.func.now())).scalar_one()
+        return now
+
+    def outbox_waiter(self, namespace: str) -> OutboxWaiter:
+        """LISTEN for the submits' NOTIFY; polling when the listening connection fails, or when
+        a NOTIFY does not reach it (a transaction pooler)."""
+        return PostgresNotifyWaiter(
+            self._listen_url, namespace, notify_url=self.engine.url, check_timeout=self._listen_check
+        )
+
+    async def facts(self) -> DatabaseFacts:
+        """The shared facts, plus what sits between the runtime and PostgreSQL and whether a
+        test NOTIFY sent through the application's URL reaches a LISTEN on the listener's."""
+        facts = await super().facts()
+        dsn, listen_dsn = conninfo(self.engine.url), conninfo(self._listen_url)
+        facts.pooling = await detect_pooling(dsn)
+        timeout = self._listen_check.total_seconds()
+        facts.listen_reaches = await listen_reaches(listen_dsn, dsn, statements.NOTIFY_CHANNEL, timeout=timeout)
+        return facts
+
+    # -- the hot paths, on the event loop's own connections ---------------------------------
+
+    async def lease_outbox(
+        self, namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
+    ) -> list[ClaimedDelivery]:
+        """One statement: lease the rows and read their tasks."""
+        return await self.connections.run(
+            statements.claim_outbox(namespace, now=now, lease=lease, limit=limit, watermark=watermark)
+        )
+
+    async def settle_outbox(
+        self,
+        *,
+        sent: Sequence[Sent],
+        dead: Sequence[Dead],
+        retry: Sequence[Retry],
+        held: Sequence[ClaimedDelivery],
+        now: datetime,
+        release_at: datetime,
+    ) -> int:
+        """The usual pass (every row published) is one statement; others a transaction."""
+        if sent and not dead and not retry and not held:
+            return await self.connections.run(statements.mark_sent(sent, now))
+        return await super().settle_outbox(sent=sent, dead=dead, retry=retry, held=held, now=now, release_at=release_at)
+
+    async def claim_executions(
+        self,
+        namespace: str,
+        requests: Sequence[ClaimRequest],
+        *,
+        worker_id: str,
+        now: datetime,
+        lease: timedelta,
+    ) -> list[ExecutionClaim | ClaimRefused]:
+        """One statement claims and opens the attempts; the rare follow-ups (re-runs, ids not
+        claimed) run after it in a transaction of their own (they are idempotent)."""
+        if not requests:
+            return []
+        rows = await self.connections.run(
+            statements.claim_executions(namespace, requests, worker_id=worker_id, now=now, lease=lease)
+        )
+        follow_ups = execution.claim_follow_ups(requests, rows)
+        known = execution.NOTHING_KNOWN
+        if follow_ups:
+
+            def after() -> execution.Known:
+                with self.engine.begin() as conn:
+                    return execution.after_claim(conn, namespace, follow_ups, now)
+
+            known = await self._in_thread(after)
+        return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
+
+    async def commit_results(self, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+        """A group without on-commit hooks is one statement; with hooks, a transaction with a
+        savepoint per hooked result."""
+        if writes and all(results.plain(w) for w in writes):
+            await self.connections.run(statements.commit_results(writes, now))
+            return
+        await super().commit_results(writes, now=now)
+
+    async def renew_leases(self, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> set[str]:
+        """One statement."""
+        if not claims:
+            return set()
+        return await self.connections.run(statements.renew_leases(claims, now=now, lease=lease))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the loops' connections and the pool."""
+        await self._connections.aclose()
+        self.engine.dispose()
+
+    def close(self) -> None:
+        """The same without waiting on any loop."""
+        self._connections.close()
+        self.engine.dispose()

@@ -1,0 +1,113 @@
+"""The loops' own PostgreSQL connections: the hot one-statement transactions without a
+thread hand-off.
+
+A statement sent from a worker thread wakes that thread, which sends it, sleeps until the
+reply and then wakes the event loop: three wake-ups where a connection of the loop's own
+needs one, and at a low task rate every wake-up finds a cold CPU. :class:`AsyncConnections`
+are autocommit psycopg connections of ONE event loop; the store keeps one set per loop
+(:class:`~durable_tasks.loopbound.LoopBound`). Errors come out as SQLAlchemy's DBAPIError
+family, as from a pooled connection: the callers treat those as an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeVar
+
+import anyio
+import psycopg
+import sqlalchemy as sa
+
+from .. import engine as engine_options
+from ..engine import wrapped_error
+from .planner import SESSION_SQL
+from .statements import OneStatement, Rows
+
+__all__ = ["MAX_CONNECTIONS", "AsyncConnections"]
+
+R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
+
+#: Statements in flight at once on one loop's connections (the worker has two claims and two
+#: group commits in flight, the dispatcher two passes, lease renewals come on top).
+MAX_CONNECTIONS = 8
+
+
+class AsyncConnections:
+    """Autocommit psycopg connections of ONE event loop, each reused statement after statement.
+
+    A connection idle for :data:`~..engine.PING_IF_IDLE_S` is pinged before reuse (as the
+    engine's pool does) and replaced if dead; one that raised, or whose statement was
+    interrupted, is closed rather than reused.
+    """
+
+    def __init__(self, engine: sa.Engine, *, max_size: int = MAX_CONNECTIONS) -> None:
+        self._dialect = engine.dialect
+        self._conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._idle: list[tuple[psycopg.AsyncConnection[Any], float]] = []
+        self._slots = anyio.Semaphore(max_size)
+
+    async def run(self, statement: OneStatement[R]) -> R:
+        """Send ``statement`` and read its rows. Once sent, it finishes even if the caller is
+        cancelled (as a statement in a worker thread does): its outcome is then known."""
+        async with self._slots:
+            conn = await self._checkout(statement)
+            with anyio.CancelScope(shield=True):
+                rows = await self._execute(conn, statement)
+        return statement.read(rows)
+
+    async def _execute(self, conn: psycopg.AsyncConnection[Any], statement: OneStatement[Any]) -> Rows:
+        reusable = False
+        try:
+            async with conn.cursor() as cursor:
+                await cursor.execute(statement.sql, statement.params)
+                rows: Rows = await cursor.fetchall() if cursor.description else []
+            reusable = True
+            return rows
+        except psycopg.Error as exc:
+            raise wrapped_error(self._dialect, statement.sql, statement.params, exc, invalidated=True) from exc
+        finally:
+            if reusable:
+                self._idle.append((conn, anyio.current_time()))
+            else:
+                await conn.close()
+
+    async def _checkout(self, statement: OneStatement[Any]) -> psycopg.AsyncConnection[Any]:
+        while self._idle:
+            conn, since = self._idle.pop()
+            if anyio.current_time() - since < engine_options.PING_IF_IDLE_S:
+                return conn
+            try:
+                await conn.execute("SELECT 1")
+                return conn
+            except psycopg.Error as exc:
+                logger.info("an idle database connection was dead (%s); opening another", exc)
+                await conn.close()
+            except BaseException:  # cancelled mid-ping: its state is unknown, never reuse it
+                await conn.close()
+                raise
+        try:
+            return await self._open()
+        except psycopg.Error as exc:
+            raise wrapped_error(self._dialect, statement.sql, statement.params, exc, invalidated=False) from exc
+
+    async def _open(self) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        try:
+            await conn.execute(SESSION_SQL)  # keyed plans, whatever the statistics say (.planner)
+        except BaseException:  # failed or cancelled before it was handed out: never used
+            conn.pgconn.finish()  # no await: this may run while cancelled
+            raise
+        return conn
+
+    @property
+    def idle(self) -> int:
+        """How many connections wait for the next statement."""
+        return len(self._idle)
+
+    def close(self) -> None:
+        """Close the idle connections; callable from any thread or loop (closing does not wait on the server)."""
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.pgconn.finish()

@@ -1,0 +1,190 @@
+"""PostgreSQL's hot paths as values: one named statement (``sql/postgres.sql``), its
+parameters, and how to read its rows.
+
+The dispatcher's lease and mark-SENT, the worker's batch claim, group commit and lease renewal
+are each ONE statement that is its own transaction, sent on the event loop's own connections
+(:mod:`.connections`); inside a larger transaction (a pass with dead rows, a group with hooks)
+the same statement runs on the transaction's connection (:meth:`OneStatement.run_on`).
+Batches travel as parallel arrays, so the statement text never changes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+import sqlalchemy as sa
+
+from .. import sql
+from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
+from ..outbox import ClaimedDelivery, Sent, deliveries
+from ..results import FinalWrite, set_outcomes
+from ..submit import NewTask, task_row
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "OneStatement",
+    "Rows",
+    "claim_executions",
+    "claim_outbox",
+    "commit_results",
+    "finish_attempts",
+    "mark_sent",
+    "renew_leases",
+    "submit_task",
+]
+
+R = TypeVar("R")
+
+#: What a statement returns, as plain tuples in the SELECT/RETURNING order.
+Rows = list[tuple[Any, ...]]
+
+#: The channel a submit notifies on commit; the payload is the namespace.
+NOTIFY_CHANNEL = "durable_tasks"
+
+
+@dataclass(frozen=True, slots=True)
+class OneStatement(Generic[R]):
+    """One PostgreSQL statement run as its own transaction, and the reading of its rows."""
+
+    sql: str
+    params: Mapping[str, Any]
+    read: Callable[[Rows], R]
+
+    def run_on(self, conn: sa.Connection) -> R:
+        """Run it inside ``conn``'s transaction (a pass or group that needs more statements)."""
+        result = conn.exec_driver_sql(self.sql, dict(self.params))
+        return self.read([tuple(row) for row in result] if result.returns_rows else [])
+
+
+def claim_outbox(
+    namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
+) -> OneStatement[list[ClaimedDelivery]]:
+    """Lease due outbox rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING); the
+    statement turns off the wait for the WAL flush itself (see the SQL)."""
+    token = str(uuid.uuid4())
+    params = {
+        "namespaces": [namespace],  # one element: see the SQL
+        "now": now,
+        "lease_until": now + lease,
+        "token": token,
+        "limit": limit,
+        "watermark": watermark or 0,
+    }
+    return OneStatement(sql.postgres()["claim_outbox"], params, partial(deliveries, token=token))
+
+
+def mark_sent(sent: Sequence[Sent], now: datetime) -> OneStatement[int]:
+    """Published rows SENT and their tasks ENQUEUED, without waiting for the WAL flush."""
+    params = {
+        "ids": [row.outbox_id for row, _, _ in sent],
+        "tokens": [row.claim_token for row, _, _ in sent],
+        "stream_ids": [stream_id for _, stream_id, _ in sent],
+        "partitions": [partition for _, _, partition in sent],
+        "task_ids": [row.task_id for row, _, _ in sent],
+        "generations": [row.generation for row, _, _ in sent],
+        "deliveries": [row.delivery for row, _, _ in sent],
+        "now": now,
+    }
+    return OneStatement(sql.postgres()["mark_sent"], params, _first_int)
+
+
+def _first_int(rows: Rows) -> int:
+    return int(rows[0][0])
+
+
+def claim_executions(
+    namespace: str, requests: Sequence[ClaimRequest], *, worker_id: str, now: datetime, lease: timedelta
+) -> OneStatement[list[ClaimedRow]]:
+    """The batch claim: it claims the tasks and opens their attempts (one round trip)."""
+    keys, traceparents = claim_keys(requests)
+    ids, generations, delivery_numbers = zip(*keys, strict=True)
+    params = {
+        "namespace": namespace,
+        "ids": list(ids),
+        "generations": list(generations),
+        "deliveries": list(delivery_numbers),
+        "trace_ids": list(traceparents),
+        "traceparents": list(traceparents.values()),
+        "worker_id": worker_id,
+        "now": now,
+        "lease_until": now + lease,
+    }
+    return OneStatement(sql.postgres()["claim_executions"], params, _claimed_rows)
+
+
+def _claimed_rows(rows: Rows) -> list[ClaimedRow]:
+    return [ClaimedRow._make(row) for row in rows]
+
+
+def commit_results(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[None]:
+    """The fenced writes of results without hooks and their attempts' outcomes; reading its
+    rows sets each write's ``outcome``."""
+    params = {
+        **_fence_arrays([w.claim for w in writes]),
+        "namespace": writes[0].claim.namespace,
+        "results": [w.result_json for w in writes],
+        "now": now,
+    }
+    return OneStatement(
+        sql.postgres()["commit_results"], params, lambda rows: set_outcomes(writes, {task_id for (task_id,) in rows})
+    )
+
+
+def finish_attempts(closed: Sequence[tuple[FinalWrite, str]], now: datetime) -> OneStatement[None]:
+    """Close attempts, each with its own outcome."""
+    params = {
+        **_fence_arrays([w.claim for w, _ in closed]),
+        "outcomes": [outcome for _, outcome in closed],
+        "now": now,
+    }
+    return OneStatement(sql.postgres()["finish_attempts"], params, _nothing)
+
+
+def _nothing(rows: Rows) -> None:
+    return None
+
+
+def renew_leases(claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> OneStatement[set[str]]:
+    """Extend the leases of running attempts; reads the task ids still held."""
+    params = {**_fence_arrays(claims), "namespace": claims[0].namespace, "lease_until": now + lease}
+    return OneStatement(sql.postgres()["renew_leases"], params, _task_ids)
+
+
+def _task_ids(rows: Rows) -> set[str]:
+    return {row[0] for row in rows}
+
+
+def submit_task(task: NewTask, task_id: str, now: datetime) -> OneStatement[bool]:
+    """A new task, its first outbox row and the dispatchers' wake-up; reads False when the
+    idempotency key was taken (nothing written)."""
+    row = task_row(task, task_id, now)
+    params = {key: row[key] for key in _SUBMIT_COLUMNS} | {"now": now, "channel": NOTIFY_CHANNEL}
+    return OneStatement(sql.postgres()["submit_task"], params, bool)
+
+
+_SUBMIT_COLUMNS = (
+    "id",
+    "namespace",
+    "name",
+    "queue",
+    "idempotency_key",
+    "payload",
+    "max_attempts",
+    "traceparent",
+    "partition_key",
+    "shadow",
+)
+
+
+def _fence_arrays(claims: Sequence[ExecutionClaim]) -> dict[str, list[Any]]:
+    """Executions' fencing tokens as parallel arrays."""
+    return {
+        "ids": [c.task_id for c in claims],
+        "generations": [c.generation for c in claims],
+        "attempts": [c.attempt for c in claims],
+    }

@@ -1,0 +1,250 @@
+"""The one seam between the runtime and SQL: the :class:`Store` protocol.
+
+Loops (dispatcher, worker, reaper), the App and the CLI speak to the database only through
+a Store; none of them asks which database it is. Each dialect has one implementation, chosen
+once where the engine is built (:func:`durable_tasks.store.open_store`).
+
+Three kinds of methods:
+
+* **in the caller's transaction** (sync, a Session): ``submit``, ``rerun``, ``cancel``; the
+  caller commits;
+* **the App's own** (sync, as the App's API): ``create_all``, ``load_task``, ``prune``,
+  ``facts``;
+* **the loops'** (async): each is its own transaction, run on the event loop's own
+  connections or in a worker thread, as the dialect does best.
+
+Errors: an outage or a refused statement comes out as SQLAlchemy's ``SQLAlchemyError``
+family, which the loops treat as "try again later" (an entry stays pending, a row keeps its
+lease); the App turns it into :class:`~durable_tasks.errors.DatabaseUnavailableError`.
+
+Adding an operation: a method here, its statements in each dialect's module (for PostgreSQL
+a named statement in ``sql/postgres.sql``), and a test in ``tests/integration/test_store.py``,
+which runs every method against every backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from ..policy import TaskLeaseView
+from ..records import AttemptRecord, TaskRecord
+from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
+from .notify import OutboxWaiter
+from .outbox import ClaimedDelivery, Dead, Retry, Sent
+from .pooler import PoolingReport
+from .queries import QueueBacklog
+from .recovery import DeadTask, UnconfirmedDelivery
+from .results import FinalWrite
+from .retention import PruneReport
+from .submit import NewTask, SubmitOutcome
+
+__all__ = ["DatabaseFacts", "DatabaseProblem", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseProblem:
+    """A server setting that can lose or duplicate work, and what to do about it."""
+
+    check: str
+    message: str
+    severe: bool = True
+
+
+@dataclass(slots=True)
+class DatabaseFacts:
+    """What ``durable-tasks doctor`` learns from the database."""
+
+    #: The server's clock (None where the server has no clock of its own: SQLite).
+    now: datetime | None
+    #: CREATE INDEX statements for the runtime's indexes the database lacks.
+    indexes_missing: list[str] = field(default_factory=list)
+    #: Settings of this server that would lose or duplicate work.
+    problems: list[DatabaseProblem] = field(default_factory=list)
+    #: What sits between the runtime and the server (None: nothing the store can probe).
+    pooling: PoolingReport | None = None
+    #: Whether a test notification sent as a submit sends it reached a dispatcher's listener
+    #: (None: the database has no notifications; dispatchers poll).
+    listen_reaches: bool | None = None
+
+
+class Store(Protocol):
+    """The SQL side of the runtime for one database (see the module docstring)."""
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The application's engine: Sessions for submit, the transactions that run hooks."""
+        ...
+
+    @property
+    def read_engine(self) -> sa.Engine:
+        """The same pool for read-only work: on SQLite its transactions take no write lock, on
+        PostgreSQL they plan keyed (sequential scans priced out)."""
+        ...
+
+    # -- the App's own ---------------------------------------------------------------------
+
+    def create_all(self, tables: Sequence[sa.Table]) -> None:
+        """Create ``tables`` (the runtime's and the application's) where they do not exist."""
+        ...
+
+    def load_task(self, namespace: str, task_id: str) -> tuple[TaskRecord, list[AttemptRecord]] | None:
+        """The task row and its attempts (oldest first); None if there is no such task."""
+        ...
+
+    def prune(self, namespace: str, *, before: datetime, batch: int, max_batches: int) -> PruneReport:
+        """Delete settled outbox rows and final tasks finished before ``before``, in batches."""
+        ...
+
+    async def facts(self) -> DatabaseFacts:
+        """What doctor checks: the server's clock, missing indexes, risky server settings, a
+        pooler in the way, whether notifications reach a dispatcher."""
+        ...
+
+    # -- in the caller's transaction -------------------------------------------------------
+
+    def submit(self, session: Session, task: NewTask, now: datetime) -> SubmitOutcome:
+        """Write the task and its first delivery intent; a duplicate idempotency key returns
+        the existing task."""
+        ...
+
+    def rerun(self, session: Session, namespace: str, task_id: str, now: datetime) -> int | None:
+        """Start a new generation and its first delivery; None if there is no such task."""
+        ...
+
+    def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
+        """Cancel a task with no final write yet; None if no such task, False if already final."""
+        ...
+
+    # -- the dispatcher --------------------------------------------------------------------
+
+    async def lease_outbox(
+        self, namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
+    ) -> list[ClaimedDelivery]:
+        """Lease up to ``limit`` due PENDING outbox rows, oldest first (rows another
+        dispatcher holds are skipped), with what publishing needs."""
+        ...
+
+    async def settle_outbox(
+        self,
+        *,
+        sent: Sequence[Sent],
+        dead: Sequence[Dead],
+        retry: Sequence[Retry],
+        held: Sequence[ClaimedDelivery],
+        now: datetime,
+        release_at: datetime,
+    ) -> int:
+        """Record one dispatch pass's outcomes, each row fenced by its claim token; returns the
+        rows marked SENT."""
+        ...
+
+    def outbox_waiter(self, namespace: str) -> OutboxWaiter:
+        """How a dispatcher waits for new outbox rows between passes."""
+        ...
+
+    # -- the worker ------------------------------------------------------------------------
+
+    async def claim_executions(
+        self,
+        namespace: str,
+        requests: Sequence[ClaimRequest],
+        *,
+        worker_id: str,
+        now: datetime,
+        lease: timedelta,
+    ) -> list[ExecutionClaim | ClaimRefused]:
+        """Take the execution fence for a read batch (answers in request order)."""
+        ...
+
+    async def commit_results(self, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+        """Commit a group of results in one transaction, each fenced on its own; sets each
+        write's ``outcome``."""
+        ...
+
+    async def record_failure(
+        self,
+        claim: ExecutionClaim,
+        *,
+        now: datetime,
+        error_type: str,
+        error_message: str,
+        retry_at: datetime | None,
+        on_failed: Callable[[sa.Connection], None] | None = None,
+    ) -> bool:
+        """Record a failed attempt, fenced: RETRYING with a new delivery due at ``retry_at``,
+        or FAILED (running ``on_failed`` in the same transaction); False when fenced out."""
+        ...
+
+    async def renew_leases(self, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> set[str]:
+        """Extend the leases of running attempts; returns the task ids still held."""
+        ...
+
+    async def heartbeat(self, claim: ExecutionClaim, *, now: datetime, lease: timedelta) -> bool:
+        """Extend one attempt's lease; False once it is fenced out."""
+        ...
+
+    async def mark_solo(self, claim: ExecutionClaim) -> None:
+        """Record that this attempt runs alone (if its worker dies now, the loss is its own)."""
+        ...
+
+    # -- the reaper ------------------------------------------------------------------------
+
+    async def lease_views(self, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
+        """What the database says about each task (absent ids: no such task)."""
+        ...
+
+    async def redeliver(
+        self,
+        namespace: str,
+        *,
+        task_id: str,
+        generation: int,
+        delivery: int,
+        now: datetime,
+        reason: str,
+        count_reclaim: bool,
+    ) -> bool:
+        """Supersede a delivery nobody holds with a new one (delivery + 1); False if stale."""
+        ...
+
+    async def dead_letter_task(
+        self,
+        namespace: str,
+        *,
+        task_id: str,
+        generation: int,
+        delivery: int,
+        now: datetime,
+        reason: str,
+        on_dead: Callable[[sa.Connection, DeadTask], None] | None = None,
+    ) -> bool:
+        """Mark the task DEAD (running ``on_dead`` in the same transaction); False if it moved
+        on meanwhile."""
+        ...
+
+    async def unconfirmed_deliveries(
+        self, namespace: str, *, now: datetime, grace: timedelta, limit: int
+    ) -> list[UnconfirmedDelivery]:
+        """Tasks sent longer than ``grace`` ago, or running on an expired lease, with the entry
+        id of their current delivery (the reconciler checks Redis still has it)."""
+        ...
+
+    async def queue_backlogs(self, namespace: str) -> dict[str, QueueBacklog]:
+        """Pending outbox rows (count, oldest) and the oldest undelivered task, per queue."""
+        ...
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the loops' connections and the engine's pool."""
+        ...
+
+    def close(self) -> None:
+        """The same from sync code (a finished event loop's connections are closed at once)."""
+        ...

@@ -1,0 +1,33 @@
+"""The runtime's tables in a database: creating them, and finding the indexes an older
+database lacks (``durable-tasks doctor`` prints the statements that add them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlmodel import SQLModel
+
+from ..records import attempts_table, outbox_table, tasks_table
+
+__all__ = ["create_all", "missing_indexes"]
+
+
+def create_all(engine: sa.Engine, tables: Sequence[sa.Table]) -> None:
+    """Create ``tables`` where they do not exist."""
+    SQLModel.metadata.create_all(engine, tables=list(tables))
+
+
+def missing_indexes(engine: sa.Engine) -> list[str]:
+    """The CREATE INDEX statements of the runtime's indexes that the database lacks (tables
+    that do not exist at all are left to ``init-db``)."""
+    inspector = sa.inspect(engine)
+    statements = []
+    for table in (tasks_table, outbox_table, attempts_table):
+        if not inspector.has_table(table.name):
+            continue
+        present = {index["name"] for index in inspector.get_indexes(table.name)}
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if index.name not in present:
+                statements.append(str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)).strip())
+    return statements

@@ -1,0 +1,38 @@
+"""``App(**overrides)`` is typed by SettingsOverrides: it must name every setting, with its type."""
+
+from __future__ import annotations
+
+import types
+import typing
+from datetime import timedelta
+from typing import Any, get_type_hints
+
+from durable_tasks import App, Settings, SettingsOverrides
+
+POSITIONAL = {"database_url", "redis_url", "namespace"}  # App's own parameters
+
+
+def _members(annotation: Any) -> set[Any]:
+    """The types a (possibly Annotated, possibly union) annotation admits."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return {m for arg in typing.get_args(annotation) for m in _members(arg)}
+    return {typing.get_origin(annotation) or annotation}
+
+
+def test_every_setting_is_a_keyword_of_app_and_nothing_else() -> None:
+    assert set(get_type_hints(SettingsOverrides)) == set(Settings.model_fields) - POSITIONAL
+
+
+def test_each_keyword_admits_the_settings_type() -> None:
+    overrides = get_type_hints(SettingsOverrides)
+    for name, field in Settings.model_fields.items():
+        if name in POSITIONAL:
+            continue
+        assert _members(field.annotation) <= _members(overrides[name]), name
+
+
+def test_the_keywords_reach_the_settings() -> None:
+    app = App("sqlite:///unused.sqlite3", "redis://127.0.0.1:1", "kw", lease_timeout=timedelta(seconds=42))
+    assert app.settings.lease_timeout == timedelta(seconds=42)
