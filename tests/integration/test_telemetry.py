@@ -31,9 +31,11 @@ _READER = InMemoryMetricReader()
 
 @pytest.fixture(scope="module", autouse=True)
 def sdk() -> None:
-    provider = TracerProvider()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):  # the global provider is set once per process
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider(metric_readers=[_READER]))
 
 
