@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import durable_tasks
 from durable_tasks.cli import cli
 
 from .commands import Command, check_command, make_targets, shell_commands
@@ -216,3 +217,10 @@ def test_links_point_into_the_repository(page: Page) -> None:
         if anchor and relative.suffix == ".md" and anchor not in headings.get(relative, set()):
             problems.append(f"{where}: {relative.as_posix()} has no heading #{anchor}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_api_reference_shows_every_public_name() -> None:
+    reference = (REPO / "docs" / "reference" / "api.md").read_text()
+    shown = set(re.findall(r"^::: durable_tasks\.(\w+)$", reference, re.MULTILINE))
+    missing = sorted(set(durable_tasks.__all__) - shown)
+    assert not missing, f"docs/reference/api.md lacks ::: durable_tasks.NAME for {missing}"
