@@ -206,8 +206,9 @@ def check_pooler(f: Facts) -> Finding:
             Level.WARNING if not f.listen_reaches else Level.OK,
             "pooler",
             f"a pooler in transaction mode between durable_tasks and PostgreSQL ({f.pooling.evidence}): every "
-            "transaction may run on another server connection, so nothing may rely on session state; NOTIFY "
-            "cannot reach a dispatcher's LISTEN through it (point DT_LISTEN_DATABASE_URL at PostgreSQL itself).",
+            "transaction may run on another server connection, so durable_tasks leaves no setting on one and "
+            "prepares no statement through it; NOTIFY cannot reach a dispatcher's LISTEN through it (point "
+            "DT_LISTEN_DATABASE_URL at PostgreSQL itself).",
         )
     if f.pooling.pooling is Pooling.SESSION:
         return Finding(Level.OK, "pooler", f"a pooler in session mode ({f.pooling.evidence}): it keeps sessions")

@@ -9,12 +9,19 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["NAME_PATTERN", "Duration", "Settings", "SettingsOverrides"]
+__all__ = [
+    "NAME_PATTERN",
+    "Duration",
+    "PrepareThreshold",
+    "Settings",
+    "SettingsOverrides",
+    "parse_prepare_threshold",
+]
 
 #: Namespaces and queue names end up inside Redis keys and hash tags: no braces, colons or spaces.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -32,6 +39,31 @@ def _seconds(value: Any) -> Any:
 
 #: A duration: a timedelta, a number of seconds, or ISO 8601 text.
 Duration = Annotated[timedelta, BeforeValidator(_seconds)]
+
+_NEVER = frozenset({"off", "none", "null", ""})
+
+
+def parse_prepare_threshold(value: Any) -> Any:
+    """psycopg's ``prepare_threshold`` as text allows it (an environment variable, a URL query):
+    ``off``/``none`` (never prepare, psycopg's None), ``auto``, or a whole number of executions
+    before a statement is prepared (psycopg's meaning: 0 prepares at the first)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _NEVER:
+            return None
+        if text == "auto":
+            return text
+        if text.isdigit():
+            return int(text)
+        raise ValueError(f"prepare_threshold must be a whole number, 'off' or 'auto', not {value!r}")
+    return value
+
+
+#: psycopg's prepare_threshold, or ``auto``: psycopg's default (5) on a direct connection, and
+#: off behind a pooler in transaction mode (whatever is asked, since preparing cannot work there).
+PrepareThreshold = Annotated[
+    Annotated[int, Field(ge=0)] | Literal["auto"] | None, BeforeValidator(parse_prepare_threshold)
+]
 
 
 class Settings(BaseSettings):
@@ -52,6 +84,12 @@ class Settings(BaseSettings):
         default=None,
         description="PostgreSQL URL of the dispatcher's LISTEN connection; None: database_url. Behind a pooler "
         "in transaction mode NOTIFY does not reach a listener: point this at PostgreSQL directly.",
+    )
+    prepare_threshold: PrepareThreshold = Field(
+        default="auto",
+        description="Executions of a statement on one connection before psycopg prepares it (off: never; "
+        "also read from the database URL's ?prepare_threshold=); auto: psycopg's default, and off behind a "
+        "pooler in transaction mode, where preparing is always off.",
     )
     data_dir: Path = Field(default=Path(".durable_tasks"), description="Embedded servers' home.")
 
@@ -186,6 +224,7 @@ class SettingsOverrides(TypedDict, total=False):
     redis_cluster: bool
     queue_partitions: dict[str, int]
     listen_database_url: str | None
+    prepare_threshold: int | Literal["auto", "off"] | None
     data_dir: Path | str
     batch_size: int
     poll_interval: timedelta

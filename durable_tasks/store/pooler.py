@@ -12,15 +12,39 @@ pooler's console.
 from __future__ import annotations
 
 import enum
+import logging
+import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-__all__ = ["Pooling", "PoolingReport", "conninfo", "detect_pooling", "listen_reaches", "notify_reaches"]
+from ..errors import ConfigurationError
+from ..settings import PrepareThreshold, parse_prepare_threshold
+
+__all__ = [
+    "PSYCOPG_PREPARE_THRESHOLD",
+    "PathProbe",
+    "Pooling",
+    "PoolingReport",
+    "conninfo",
+    "decide_prepare_threshold",
+    "detect_pooling",
+    "listen_reaches",
+    "notify_reaches",
+    "prepare_as_decided",
+    "split_prepare_threshold",
+]
+
+logger = logging.getLogger(__name__)
+
+#: psycopg's own default: a statement is prepared on its sixth execution on a connection.
+PSYCOPG_PREPARE_THRESHOLD = 5
 
 #: The URL query parameters the runtime reads itself: never handed to libpq, which refuses
 #: parameters it does not know.
@@ -51,47 +75,40 @@ def conninfo(url: sa.URL | str) -> str:
     return parsed.set(drivername="postgresql", query=query).render_as_string(hide_password=False)
 
 
-async def _pid(conn: psycopg.AsyncConnection[tuple[int]]) -> int:
-    cursor = await conn.execute("SELECT pg_backend_pid()", prepare=False)
-    row = await cursor.fetchone()
+def _pid(conn: psycopg.Connection[tuple[int]]) -> int:
+    row = conn.execute("SELECT pg_backend_pid()", prepare=False).fetchone()
     assert row is not None
     return int(row[0])
 
 
-async def detect_pooling(dsn: str, *, timeout: float = 5.0) -> PoolingReport:
-    """Probe the path to PostgreSQL with two client connections.
+def detect_pooling(dsn: str, *, tries: int = 5) -> PoolingReport:
+    """Probe the path to PostgreSQL with two client connections, statement by statement.
 
     A pooler answers the client's startup with a backend key of its own, so the pid the client
-    was told differs from ``pg_backend_pid()``. In transaction mode a client's server
-    connection is handed to another client between its transactions: while a second client
-    holds a transaction open, the first one's next statement runs on another backend (or waits
-    for one, when the pool has no other).
+    was told differs from ``pg_backend_pid()``. In transaction mode a server connection goes
+    back to the pool after each transaction, and PgBouncer hands out the one used last: the
+    second client's next statement runs on the backend the first client just used, which never
+    happens on direct connections nor in session mode.
     """
-    first = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
-    try:
-        told, before = first.info.backend_pid, await _pid(first)
-        second = await psycopg.AsyncConnection.connect(dsn, prepare_threshold=None)
-        try:
-            held = await _pid(second)  # a transaction open on ``second`` from here on
-            after: int | None = None
-            with anyio.move_on_after(timeout):
-                after = await _pid(first)
-            await second.rollback()
-        finally:
-            await second.close()
-    finally:
-        await first.close()
-    if after is None:
-        return PoolingReport(Pooling.TRANSACTION, "a client waited for a server connection another client held")
-    if after != before or held == before:
-        return PoolingReport(
-            Pooling.TRANSACTION, f"one client connection ran on backends {before} and {after} (another on {held})"
-        )
-    if told != before:
-        return PoolingReport(
-            Pooling.SESSION, f"the backend pid given at connect ({told}) is not the server's ({before})"
-        )
-    return PoolingReport(Pooling.DIRECT, f"backend {before} throughout")
+    with (
+        psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as first,
+        psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as second,
+    ):
+        told = first.info.backend_pid
+        ran: tuple[set[int], set[int]] = (set(), set())
+        for _ in range(tries):
+            ran[0].add(_pid(first))
+            ran[1].add(_pid(second))
+            if shared := ran[0] & ran[1]:
+                return PoolingReport(Pooling.TRANSACTION, f"backend {min(shared)} served two client connections")
+        if len(ran[0]) > 1:
+            backends = ", ".join(map(str, sorted(ran[0])))
+            return PoolingReport(Pooling.TRANSACTION, f"one client connection ran on backends {backends}")
+    (backend,) = ran[0]
+    if told != backend:
+        evidence = f"the backend pid given at connect ({told}) is not the server's ({backend})"
+        return PoolingReport(Pooling.SESSION, evidence)
+    return PoolingReport(Pooling.DIRECT, f"backend {backend} throughout")
 
 
 async def notify_reaches(
@@ -125,3 +142,74 @@ async def listen_reaches(listen_dsn: str, notify_dsn: str, channel: str, *, time
         return arrived
     finally:
         await listener.close()
+
+
+def split_prepare_threshold(url: sa.URL) -> tuple[sa.URL, PrepareThreshold]:
+    """``url`` without its ``prepare_threshold`` query parameter (libpq does not know it, and
+    SQLAlchemy would hand psycopg the text), and that parameter's value (``auto`` if absent)."""
+    value = url.query.get("prepare_threshold")
+    if value is None:
+        return url, "auto"
+    text = value[-1] if isinstance(value, tuple) else value
+    try:
+        asked: PrepareThreshold = parse_prepare_threshold(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"the database URL's {exc}") from exc
+    return url.difference_update_query(["prepare_threshold"]), asked
+
+
+def decide_prepare_threshold(asked: PrepareThreshold, pooling: Callable[[], Pooling]) -> int | None:
+    """psycopg's threshold for the connections: off when asked, and off behind a pooler in
+    transaction mode whatever was asked (a statement prepared on one server connection is
+    missing, or another, on the next); ``auto`` is psycopg's default elsewhere. ``pooling`` is
+    called only when the answer depends on it."""
+    if asked is None or pooling() is Pooling.TRANSACTION:
+        return None
+    return PSYCOPG_PREPARE_THRESHOLD if asked == "auto" else asked
+
+
+class PathProbe:
+    """What sits between an engine and PostgreSQL, probed once by whoever asks first (any
+    thread). A probe that fails is not kept (the next question probes again) and counts as a
+    pooler in transaction mode meanwhile: what is safe there is safe everywhere."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._lock = threading.Lock()
+        self._report: PoolingReport | None = None
+
+    def report(self) -> PoolingReport:
+        """The probe's verdict (blocks for a few round trips the first time)."""
+        with self._lock:
+            if self._report is None:
+                try:
+                    self._report = detect_pooling(self._dsn)
+                except psycopg.Error as exc:
+                    return PoolingReport(Pooling.TRANSACTION, f"the probe failed: {exc}")
+                if self._report.pooling is not Pooling.DIRECT:
+                    logger.info(
+                        "PostgreSQL is reached through a pooler in %s mode (%s)",
+                        self._report.pooling.value,
+                        self._report.evidence,
+                    )
+            return self._report
+
+    @property
+    def direct(self) -> bool:
+        """Whether the runtime's connections reach PostgreSQL itself: their server sessions
+        are theirs alone, and what they set stays with them."""
+        return self.report().pooling is Pooling.DIRECT
+
+
+def prepare_as_decided(engine: sa.Engine, asked: PrepareThreshold, probe: PathProbe) -> None:
+    """Give every new connection of ``engine`` the threshold :func:`decide_prepare_threshold`
+    picks, asking ``probe`` (once) what sits in front of PostgreSQL when that matters."""
+    decided: list[int | None] = []
+    lock = threading.Lock()
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        with lock:
+            if not decided:
+                decided.append(decide_prepare_threshold(asked, lambda: probe.report().pooling))
+        dbapi_conn.prepare_threshold = decided[0]

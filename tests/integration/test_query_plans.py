@@ -22,6 +22,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.store import sql
+from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
 from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.store.postgres.connections import AsyncConnections
 from durable_tasks.store.postgres.statements import OneStatement
@@ -182,18 +183,34 @@ def empty_tables(database_url: str, tmp_path: Path) -> Iterator[App]:
         admin.dispose()
 
 
+class ProbeSaying(PathProbe):
+    """A probe that reports what it is told (the path through a pooler, on a direct server)."""
+
+    def __init__(self, pooling: Pooling) -> None:
+        super().__init__("")
+        self.pooling = pooling
+
+    def report(self) -> PoolingReport:
+        return PoolingReport(self.pooling, "told")
+
+
 @pytest.mark.anyio
-async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_tables(empty_tables: App) -> None:
+@pytest.mark.parametrize("pooling", [Pooling.DIRECT, Pooling.TRANSACTION, Pooling.SESSION])
+async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_tables(
+    empty_tables: App, pooling: Pooling
+) -> None:
     """A prepared statement keeps the generic plan it got when it was prepared. Planned while
     the tables were small, the lease and the mark-SENT scanned all of dt_outbox and dt_tasks on
     every pass as they grew (docs/performance.md, "Why it is built this way"). On the loops' own connections
     no hot statement may plan a sequential scan of a runtime table, even on tables that are
-    empty and were never analyzed; the application's pool keeps its own planner settings."""
+    empty and were never analyzed; the application's pool keeps its own planner settings. On a
+    direct connection the setting is the session's; through a pooler it travels with each
+    statement, and does not stay on the server connection."""
     app = empty_tables
     now, ids = app.clock(), [f"task-{i}" for i in range(3)]
     names = ("claim_outbox", "mark_sent", "claim_executions", "commit_results", "renew_leases")
     ours = {"dt_tasks", "dt_outbox", "dt_attempts"}
-    connections = AsyncConnections(app.engine)
+    connections = AsyncConnections(app.engine, probe=ProbeSaying(pooling))
     try:
         for name in names:
             params = statement_params(name, "plans", now, ids)
@@ -203,6 +220,12 @@ async def test_the_runtime_connections_plan_the_hot_statements_by_key_on_empty_t
             assert scanned, f"{name} reads none of the runtime's tables?"
             seq = [node["Relation Name"] for node in plan if node["Node Type"] == "Seq Scan"]
             assert not seq, f"{name} plans a sequential scan of {seq} on the runtime's connection"
+        if pooling is not Pooling.DIRECT:  # nothing stayed on the connection after the statement
+            show = OneStatement("SELECT current_setting('enable_seqscan')", {}, lambda r: r[0][0])
+            assert await connections.run(show) == "off"  # in the statement's own transaction
+            async with connections._idle[-1][0].cursor() as cursor:
+                await cursor.execute("SHOW enable_seqscan")
+                assert await cursor.fetchone() == ("on",)
     finally:
         connections.close()
     with app.engine.connect() as conn:  # the application's pool: untouched

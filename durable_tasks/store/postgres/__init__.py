@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
+from anyio import to_thread
 
 from ...loopbound import LoopBound
 from ...records import tasks_table
@@ -31,7 +32,7 @@ from ..engine import ping_when_idle
 from ..execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from ..notify import OutboxWaiter
 from ..outbox import ClaimedDelivery, Dead, Retry, Sent
-from ..pooler import conninfo, detect_pooling, listen_reaches
+from ..pooler import PathProbe, conninfo, detect_pooling, listen_reaches, prepare_as_decided, split_prepare_threshold
 from ..protocol import DatabaseFacts
 from ..results import FinalWrite
 from ..submit import NewTask
@@ -52,29 +53,43 @@ class PostgresStore(SqlStore):
     """:class:`~..protocol.Store` on PostgreSQL (psycopg 3)."""
 
     def __init__(
-        self, engine: sa.Engine, *, listen_url: str | None = None, listen_check: timedelta = LISTEN_CHECK
+        self,
+        engine: sa.Engine,
+        *,
+        listen_url: str | None = None,
+        listen_check: timedelta = LISTEN_CHECK,
+        probe: PathProbe | None = None,
     ) -> None:
         super().__init__(engine)
         self._listen_url = sa.make_url(listen_url) if listen_url else engine.url
         self._listen_check = listen_check
+        self.probe = probe or PathProbe(conninfo(engine.url))
         planner.plan_runtime_transactions(engine)
         self._runtime_engine = planner.runtime_plans(engine)
         self._connections: LoopBound[AsyncConnections] = LoopBound(
-            lambda: AsyncConnections(engine), close_stale=AsyncConnections.close, aclose=_aclose
+            lambda: AsyncConnections(engine, probe=self.probe), close_stale=AsyncConnections.close, aclose=_aclose
         )
 
     @classmethod
     def open(cls, url: sa.URL, settings: Settings | None = None) -> PostgresStore:
         """A store on the database at ``url`` (``postgresql://`` means psycopg 3); dispatchers
         LISTEN on ``settings.listen_database_url`` when it is set (a direct connection behind
-        a transaction pooler)."""
+        a transaction pooler). psycopg prepares statements as ``settings.prepare_threshold``
+        says, or the URL's ``?prepare_threshold=`` when that is ``auto``, and never behind a
+        pooler in transaction mode (:func:`..pooler.decide_prepare_threshold`)."""
         if url.drivername == "postgresql":
             url = url.set(drivername="postgresql+psycopg")
+        url, in_url = split_prepare_threshold(url)
         engine = sa.create_engine(url, pool_size=10, max_overflow=20)
         ping_when_idle(engine)
+        probe = PathProbe(conninfo(engine.url))
+        asked = settings.prepare_threshold if settings is not None else "auto"
+        prepare_as_decided(engine, in_url if asked == "auto" else asked, probe)
         if settings is None:
-            return cls(engine)
-        return cls(engine, listen_url=settings.listen_database_url, listen_check=settings.listen_check_timeout)
+            return cls(engine, probe=probe)
+        return cls(
+            engine, listen_url=settings.listen_database_url, listen_check=settings.listen_check_timeout, probe=probe
+        )
 
     @property
     def runtime_engine(self) -> sa.Engine:
@@ -136,7 +151,7 @@ class PostgresStore(SqlStore):
         test NOTIFY sent through the application's URL reaches a LISTEN on the listener's."""
         facts = await super().facts()
         dsn, listen_dsn = conninfo(self.engine.url), conninfo(self._listen_url)
-        facts.pooling = await detect_pooling(dsn)
+        facts.pooling = await to_thread.run_sync(detect_pooling, dsn)
         timeout = self._listen_check.total_seconds()
         facts.listen_reaches = await listen_reaches(listen_dsn, dsn, statements.NOTIFY_CHANNEL, timeout=timeout)
         return facts

@@ -17,10 +17,12 @@ from typing import Any, TypeVar
 import anyio
 import psycopg
 import sqlalchemy as sa
+from anyio import to_thread
 
 from .. import engine as engine_options
 from ..engine import wrapped_error
-from .planner import SESSION_SQL
+from ..pooler import PathProbe, Pooling, conninfo
+from .planner import SESSION_SQL, TRANSACTION_SQL
 from .statements import OneStatement, Rows
 
 __all__ = ["MAX_CONNECTIONS", "AsyncConnections"]
@@ -42,9 +44,11 @@ class AsyncConnections:
     interrupted, is closed rather than reused.
     """
 
-    def __init__(self, engine: sa.Engine, *, max_size: int = MAX_CONNECTIONS) -> None:
+    def __init__(self, engine: sa.Engine, *, max_size: int = MAX_CONNECTIONS, probe: PathProbe | None = None) -> None:
         self._dialect = engine.dialect
-        self._conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._conninfo = conninfo(engine.url)
+        self._probe = probe or PathProbe(self._conninfo)
+        self._own_sessions: bool | None = None  # known once the first connection opens
         self._idle: list[tuple[psycopg.AsyncConnection[Any], float]] = []
         self._slots = anyio.Semaphore(max_size)
 
@@ -60,9 +64,17 @@ class AsyncConnections:
     async def _execute(self, conn: psycopg.AsyncConnection[Any], statement: OneStatement[Any]) -> Rows:
         reusable = False
         try:
-            async with conn.cursor() as cursor:
-                await cursor.execute(statement.sql, statement.params)
-                rows: Rows = await cursor.fetchall() if cursor.description else []
+            if self._own_sessions:
+                async with conn.cursor() as cursor:
+                    await cursor.execute(statement.sql, statement.params)
+                    rows: Rows = await cursor.fetchall() if cursor.description else []
+            else:
+                # Behind a pooler: the setting travels with the statement, in one message (one
+                # round trip, one implicit transaction), and ends with it.
+                async with psycopg.AsyncClientCursor(conn) as client_side:
+                    await client_side.execute(f"{TRANSACTION_SQL}; {statement.sql}", statement.params)
+                    client_side.nextset()
+                    rows = await client_side.fetchall() if client_side.description else []
             reusable = True
             return rows
         except psycopg.Error as exc:
@@ -93,9 +105,15 @@ class AsyncConnections:
             raise wrapped_error(self._dialect, statement.sql, statement.params, exc, invalidated=False) from exc
 
     async def _open(self) -> psycopg.AsyncConnection[Any]:
+        if self._own_sessions is None:
+            self._own_sessions = (await to_thread.run_sync(self._probe.report)).pooling is Pooling.DIRECT
+        if not self._own_sessions:  # simple-query statements, never prepared
+            return await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True, prepare_threshold=None)
         conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
         try:
-            await conn.execute(SESSION_SQL)  # keyed plans, whatever the statistics say (.planner)
+            # Keyed plans, whatever the statistics say (.planner), on a session of the runtime's
+            # own that no other client is ever handed.
+            await conn.execute(SESSION_SQL)
         except BaseException:  # failed or cancelled before it was handed out: never used
             conn.pgconn.finish()  # no await: this may run while cancelled
             raise

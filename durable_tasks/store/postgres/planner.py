@@ -8,11 +8,13 @@ sequential scans, and a plan made then goes on scanning the whole table on every
 grows. With sequential scans priced out, the keyed plan is the cheapest on any table size,
 with or without statistics.
 
-Applied twice: once on each of the loops' own connections as it opens
-(:data:`SESSION_SQL`, :mod:`.connections`), and as ``SET LOCAL`` at the start of each of the
-runtime's transactions on the application's pool (:func:`runtime_plans`), whose connections
-thus keep their own settings. A SET rather than a startup ``options`` parameter: poolers such
-as PgBouncer refuse (or drop) that parameter.
+No session state on a connection another client may get: the setting is ``SET LOCAL`` at the
+start of each of the runtime's transactions on the application's pool (:func:`runtime_plans`),
+whose connections thus keep their own settings, and, on the loops' own connections
+(:mod:`.connections`), part of each statement's message behind a pooler. Only on a direct
+connection, whose session is the runtime's alone, does a loop's connection set it once as it
+opens (:data:`SESSION_SQL`), so its prepared statements skip that statement. A SET rather than a
+startup ``options`` parameter: poolers such as PgBouncer refuse (or drop) that parameter.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import sqlalchemy as sa
 
 from ..engine import wrapped_error
 
-__all__ = ["SESSION_SQL", "plan_runtime_transactions", "runtime_plans"]
+__all__ = ["SESSION_SQL", "TRANSACTION_SQL", "plan_runtime_transactions", "runtime_plans"]
 
 _SETTING = "enable_seqscan = off"
-#: Run on each of the loops' own connections as it opens.
+#: Run on each of the loops' own connections as it opens, on a direct connection only: that
+#: session is the runtime's alone. Behind a pooler another client could be handed it.
 SESSION_SQL = f"SET {_SETTING}"
-_TRANSACTION_SQL = f"SET LOCAL {_SETTING}"
+#: Behind a pooler, sent with each statement of the loops' connections, and at the start of
+#: each of the runtime's transactions on the application's pool: it ends with the transaction.
+TRANSACTION_SQL = f"SET LOCAL {_SETTING}"
 
 #: Execution option marking the runtime's own transactions on the application's pool.
 _RUNTIME_PLANS = "dt_runtime_plans"
@@ -49,7 +54,7 @@ def plan_runtime_transactions(engine: sa.Engine) -> None:
             driver = conn.connection.driver_connection
             assert driver is not None
             try:
-                driver.execute(_TRANSACTION_SQL)
+                driver.execute(TRANSACTION_SQL)
             except conn.dialect.loaded_dbapi.Error as exc:  # as from any statement: never reused
                 conn.invalidate()
-                raise wrapped_error(conn.dialect, _TRANSACTION_SQL, {}, exc, invalidated=True) from exc
+                raise wrapped_error(conn.dialect, TRANSACTION_SQL, {}, exc, invalidated=True) from exc
