@@ -13,18 +13,26 @@ from .errors import (
     DatabaseUnavailableError,
     DurableTasksError,
     EmbeddedServerError,
+    InvalidDelayError,
     InvalidIdempotencyKeyError,
     PayloadError,
     PayloadNotSerializableError,
     PayloadTooLargeError,
     PayloadValidationError,
     ResultNotSerializableError,
+    ResultTimeoutError,
+    TaskCancelledError,
     TaskDeadLetteredError,
+    TaskFailedError,
     TaskNotFoundError,
+    TaskOutcomeError,
+    UnknownScheduleError,
     UnknownTaskError,
 )
+from .periodic import CatchUp
 from .reaper import ReapReport
 from .records import AttemptOutcome, TaskState
+from .scheduler import ScheduleInfo
 from .settings import Settings, SettingsOverrides
 from .store.retention import PruneReport
 from .tasks import Task, TaskContext, TaskHandle
@@ -35,12 +43,14 @@ __all__ = [
     "AttemptInfo",
     "AttemptOutcome",
     "BrokerUnavailableError",
+    "CatchUp",
     "Clock",
     "ConfigurationError",
     "DatabaseUnavailableError",
     "DurableTasksError",
     "EmbeddedServerError",
     "FrozenClock",
+    "InvalidDelayError",
     "InvalidIdempotencyKeyError",
     "PayloadError",
     "PayloadNotSerializableError",
@@ -50,14 +60,20 @@ __all__ = [
     "QueueStats",
     "ReapReport",
     "ResultNotSerializableError",
+    "ResultTimeoutError",
+    "ScheduleInfo",
     "Settings",
     "SettingsOverrides",
     "Task",
+    "TaskCancelledError",
     "TaskContext",
     "TaskDeadLetteredError",
+    "TaskFailedError",
     "TaskHandle",
     "TaskInfo",
     "TaskNotFoundError",
+    "TaskOutcomeError",
     "TaskState",
+    "UnknownScheduleError",
     "UnknownTaskError",
 ]

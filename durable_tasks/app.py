@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import anyio
 import sqlalchemy as sa
@@ -20,19 +20,23 @@ from sqlalchemy.orm import Session
 from sqlmodel import SQLModel
 
 from . import codec
-from .clock import Clock, system_clock
+from .clock import Clock, due_time, system_clock
 from .dispatcher import Dispatcher
 from .errors import (
     BrokerUnavailableError,
     ConfigurationError,
     DatabaseUnavailableError,
     InvalidIdempotencyKeyError,
+    PayloadError,
     TaskNotFoundError,
     UnknownTaskError,
 )
 from .outages import UNREACHABLE, broker_errors, database_error, database_errors
+from .periodic import TICK, CatchUp, Schedule
 from .reaper import Reaper, ReapReport
+from .result_waits import ResultWaits
 from .runtime import Runtime
+from .scheduler import ScheduleInfo, Scheduler, list_schedules, pause_schedule
 from .settings import NAME_PATTERN, Settings, SettingsOverrides
 from .stats import queue_stats
 from .store import open_store
@@ -43,7 +47,13 @@ from .telemetry import Redactor, Telemetry, traceparent_of
 from .views import QueueStats, TaskInfo
 from .worker import Worker
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
 __all__ = ["App"]
+
+P = TypeVar("P")
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +102,10 @@ class App:
             open_store=lambda: open_store(s),
             redis_url=lambda: self.redis_url,
         )
+        #: Periodic schedules by name (``@app.periodic``).
+        self.schedules: dict[str, Schedule] = {}
+        #: Result waits of this App (``handle.result()``, ``await handle.wait()``).
+        self.results = ResultWaits(self.runtime, redis_url=lambda: self.redis_url)
 
     @property
     def clock(self) -> Clock:
@@ -134,6 +148,7 @@ class App:
             t: Task[Any, Any] = Task(
                 f,
                 submit=self.submit,
+                submit_many=self.submit_many,
                 name=task_name,
                 queue=queue,
                 max_attempts=max_attempts,
@@ -144,6 +159,58 @@ class App:
             return t
 
         return register
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: timedelta | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = "latest",
+        payload: Any = TICK,
+    ) -> Callable[[Task[P, R]], Task[P, R]]:
+        """Submit a task on a schedule: a cron expression (five fields, or six with seconds
+        first) read in ``timezone``, or ``every`` (whole seconds, counted from the epoch in UTC).
+
+        Put it above ``@app.task``. The payload is the tick's time (aware UTC) unless
+        ``payload`` gives one; ``catch_up`` says what happens to ticks missed while no scheduler
+        ran (docs/scheduling.md). ``name`` defaults to the task's name.
+        """
+
+        def register(task: Task[P, R]) -> Task[P, R]:
+            schedule_name = name or task.name
+            if (cron is None) == (every is None):
+                raise ConfigurationError(f"schedule {schedule_name!r}: give a cron expression or every=, not both")
+            if schedule_name in self.schedules:
+                raise ConfigurationError(f"a schedule named {schedule_name!r} exists; pass name=... to add another")
+            if every is not None:
+                schedule = Schedule.interval(schedule_name, task.name, every, catch_up=catch_up, payload=payload)
+            else:
+                assert cron is not None
+                schedule = Schedule.cron_schedule(
+                    schedule_name, task.name, cron, timezone=timezone, catch_up=catch_up, payload=payload
+                )
+            self._checked_item(task, 0, (schedule.payload_for(system_clock()), None))  # its payload fits the task
+            self.schedules[schedule_name] = schedule
+            return task
+
+        return register
+
+    def list_schedules(self) -> list[ScheduleInfo]:
+        """Every schedule with its last and next tick (and rows no code declares any more)."""
+        with self._database_errors():
+            return list_schedules(self, self.schedules)
+
+    def pause_schedule(self, name: str) -> None:
+        """Pause a schedule in the database: every scheduler stops submitting its ticks."""
+        with self._database_errors():
+            pause_schedule(self, self.schedules, name, paused=True)
+
+    def resume_schedule(self, name: str) -> None:
+        """Resume a paused schedule; the ticks that fell while it was paused are skipped."""
+        with self._database_errors():
+            pause_schedule(self, self.schedules, name, paused=False)
 
     @property
     def registry(self) -> Mapping[str, Task[Any, Any]]:
@@ -183,46 +250,119 @@ class App:
         idempotency_key: str | None = None,
         shadow: bool = False,
         partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
     ) -> TaskHandle:
         """Record a task intent in ``session``'s transaction; the caller commits.
 
         ``partition_key`` picks the stream partition of a partitioned queue (tasks with the same
-        key stay in one partition, in order); by default the task id spreads them.
+        key stay in one partition, in order); by default the task id spreads them. ``delay`` or
+        ``not_before`` (timezone-aware) make the task due later: nothing is published before.
 
         Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
-        oversized payload, a bad idempotency key, or an unreachable database.
+        oversized payload, a bad idempotency key, a bad delay, or an unreachable database.
         """
+        (handle,) = self.submit_many(
+            session,
+            task,
+            [(payload, idempotency_key)],
+            shadow=shadow,
+            partition_key=partition_key,
+            delay=delay,
+            not_before=not_before,
+        )
+        return handle
+
+    def submit_many(
+        self,
+        session: Session,
+        task: Task[Any, Any] | str,
+        items: Iterable[tuple[Any, str | None]],
+        *,
+        shadow: bool = False,
+        partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> list[TaskHandle]:
+        """Record several intents of one task, ``(payload, idempotency_key)`` pairs, in
+        ``session``'s transaction; the caller commits. Handles come back in order.
+
+        Every payload and key is checked before anything is written (one bad item: a typed
+        error, nothing written). On PostgreSQL the batch is one statement: one round trip. A
+        duplicate key (in the database, in this transaction, or earlier in the batch) resolves
+        as a single submit does: the existing task's handle, ``created=False``.
+        """
+        task = self._task(task)
+        s, telemetry = self.settings, self.runtime.telemetry
+        now = self.clock()
+        due = due_time(now, delay=delay, not_before=not_before)
+        checked = [self._checked_item(task, i, item) for i, item in enumerate(items)]
+        with telemetry.submit_span(task.name, task.queue) as span:
+            if len(checked) == 1:
+                span.set_attributes(telemetry.payload_attributes(task.name, "payload", checked[0][0]))
+            traceparent = traceparent_of(span)
+            intents = [
+                NewTask(
+                    namespace=s.namespace,
+                    name=task.name,
+                    queue=task.queue,
+                    payload_json=payload_json,
+                    idempotency_key=key,
+                    max_attempts=task.max_attempts,
+                    traceparent=traceparent,
+                    shadow=shadow,
+                    partition_key=partition_key,
+                    due=due,
+                )
+                for payload_json, key in checked
+            ]
+            try:
+                outcomes = self.runtime.store.submit_many(session, intents, now)
+            except UNREACHABLE as exc:  # other errors are the caller's transaction's to handle
+                raise database_error(exc, self.engine) from exc
+            if len(outcomes) == 1:
+                span.set_attributes(
+                    {"durable_tasks.task.id": outcomes[0].task_id, "durable_tasks.created": outcomes[0].created}
+                )
+            else:
+                span.set_attribute("durable_tasks.batch_size", len(outcomes))
+        if created := sum(o.created for o in outcomes):
+            telemetry.submitted.add(created, {"queue": task.queue, "task": task.name})
+        return [TaskHandle(o.task_id, task.name, o.generation, o.created, self.results) for o in outcomes]
+
+    async def asubmit(
+        self, session: AsyncSession, task: Task[Any, Any] | str, payload: Any, **options: Any
+    ) -> TaskHandle:
+        """:meth:`submit` with SQLAlchemy's ``AsyncSession`` (SQLModel's too): the same
+        statements on the session's own connection (``AsyncSession.run_sync``), in its
+        transaction; the caller commits. ``options`` are :meth:`submit`'s."""
+        return await session.run_sync(lambda sync_session: self.submit(sync_session, task, payload, **options))
+
+    def handle(self, task_id: str) -> TaskHandle:
+        """A handle on a task submitted elsewhere (another process, an earlier request), to
+        wait for its result; TaskNotFoundError if there is no such task."""
+        name, generation = self.results.identity(task_id)
+        return TaskHandle(task_id, name, generation, False, self.results)
+
+    def _task(self, task: Task[Any, Any] | str) -> Task[Any, Any]:
         if isinstance(task, str):
             found = self._registry.get(task)
             if found is None:
                 raise UnknownTaskError(f"no task named {task!r}; registered: {sorted(self._registry)}")
-            task = found
-        s, telemetry = self.settings, self.runtime.telemetry
-        self._check_idempotency_key(idempotency_key)
+            return found
+        return task
+
+    def _checked_item(self, task: Task[Any, Any], index: int, item: Any) -> tuple[str, str | None]:
+        """One (payload JSON, key) of a submit, checked; a typed error names the bad item."""
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise PayloadError(f"item {index} of submit_many is not a (payload, idempotency_key) pair")
+        payload, key = item
+        self._check_idempotency_key(key)
+        s = self.settings
         payload_json = codec.encode_payload(
             task.payload_adapter, payload, task=task.name, max_bytes=s.max_payload_bytes, max_depth=s.max_json_depth
         )
-        with telemetry.submit_span(task.name, task.queue) as span:
-            span.set_attributes(telemetry.payload_attributes(task.name, "payload", payload_json))
-            new = NewTask(
-                namespace=s.namespace,
-                name=task.name,
-                queue=task.queue,
-                payload_json=payload_json,
-                idempotency_key=idempotency_key,
-                max_attempts=task.max_attempts,
-                traceparent=traceparent_of(span),
-                shadow=shadow,
-                partition_key=partition_key,
-            )
-            try:
-                outcome = self.runtime.store.submit(session, new, self.clock())
-            except UNREACHABLE as exc:  # other errors are the caller's transaction's to handle
-                raise database_error(exc, self.engine) from exc
-            span.set_attributes({"durable_tasks.task.id": outcome.task_id, "durable_tasks.created": outcome.created})
-        if outcome.created:
-            telemetry.submitted.add(1, {"queue": task.queue, "task": task.name})
-        return TaskHandle(outcome.task_id, task.name, outcome.generation, outcome.created)
+        return payload_json, key
 
     def _check_idempotency_key(self, key: str | None) -> None:
         if key is None:
@@ -235,13 +375,23 @@ class App:
         if any(unicodedata.category(c) == "Cc" for c in key):
             raise InvalidIdempotencyKeyError("idempotency_key contains control characters; strip or hash it")
 
-    def rerun(self, session: Session, task_id: str) -> int:
-        """Start a new generation (rejudge, retry-from-here) in ``session``'s transaction.
+    def rerun(
+        self,
+        session: Session,
+        task_id: str,
+        *,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> int:
+        """Start a new generation (rejudge, retry-from-here) in ``session``'s transaction, due
+        now or after ``delay`` / at ``not_before``.
 
         Returns the new generation; executions of older generations are fenced out.
         """
+        now = self.clock()
+        due = due_time(now, delay=delay, not_before=not_before)
         with self._database_errors():
-            generation = self.runtime.store.rerun(session, self.settings.namespace, task_id, self.clock())
+            generation = self.runtime.store.rerun(session, self.settings.namespace, task_id, now, due=due)
         if generation is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return generation
@@ -319,8 +469,9 @@ class App:
         return stop_valkey(self.settings.data_dir)
 
     async def aclose(self) -> None:
-        """Close the Redis client of this event loop, the loops' database connections, and the
-        engine's pool."""
+        """Close the Redis client of this event loop, the loops' database connections, the
+        engine's pool, and this process's result-wait subscription."""
+        self.results.close()
         await self.runtime.aclose()
 
     # -- running -------------------------------------------------------------------------
@@ -354,10 +505,12 @@ class App:
         dispatcher: bool = True,
         worker: bool = True,
         reaper: bool = True,
+        scheduler: bool = True,
         queues: list[str] | None = None,
         stop: anyio.Event | None = None,
     ) -> None:
-        """Run the chosen components until ``stop`` is set (or cancellation).
+        """Run the chosen components until ``stop`` is set (or cancellation); the scheduler
+        runs only when the App has schedules.
 
         On ``stop`` the worker stops reading and gives in-flight tasks ``shutdown_grace`` to
         finish (whatever is left stays pending for a reaper); then the dispatcher and reaper end.
@@ -369,6 +522,8 @@ class App:
                 tg.start_soon(Dispatcher(self.runtime).run)
             if reaper:
                 tg.start_soon(Reaper(self.runtime).run)
+            if scheduler and self.schedules:
+                tg.start_soon(Scheduler(self, self.schedules).run)
             if w is not None:
 
                 async def work_then_stop_all() -> None:

@@ -21,11 +21,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import failpoints
 from .codec import decode_payload, encode_result
 from .errors import PayloadValidationError, ResultNotSerializableError
+from .outcome import TaskOutcome
 from .policy import FailureDecision, backoff_delay, decide_after_failure
+from .records import TaskState
 from .runtime import Runtime
 from .store.execution import ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .tasks import Task, TaskContext, session_hooks
+from .transport.announce import announce_outcomes
 
 __all__ = ["ExecutionOutcome", "LeaseKeeper", "run_attempt"]
 
@@ -212,4 +215,11 @@ async def _fail(
     if not recorded:
         runtime.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
         return ExecutionOutcome.FENCED_OUT
-    return ExecutionOutcome.RETRYING if retry_at is not None else ExecutionOutcome.FAILED
+    if retry_at is not None:
+        return ExecutionOutcome.RETRYING
+    if not claim.shadow:  # wake the result waits on it
+        failed = TaskOutcome(
+            claim.task_id, claim.generation, TaskState.FAILED, None, type(exc).__qualname__, f"{exc}"[:4000]
+        )
+        await announce_outcomes(runtime.transport().client, s.namespace, [failed], inline_bytes=s.result_inline_bytes)
+    return ExecutionOutcome.FAILED

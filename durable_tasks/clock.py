@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["Clock", "FrozenClock", "system_clock"]
+from .errors import InvalidDelayError
+
+__all__ = ["Clock", "FrozenClock", "due_time", "system_clock"]
 
 #: A clock returns the current time as an aware UTC datetime.
 Clock = Callable[[], datetime]
@@ -28,3 +30,25 @@ class FrozenClock:
     def advance(self, delta: timedelta) -> None:
         """Move the clock forward by ``delta``."""
         self.now += delta
+
+
+def due_time(now: datetime, *, delay: timedelta | None, not_before: datetime | None) -> datetime | None:
+    """When a task submitted at ``now`` with ``delay`` or ``not_before`` is due (None: now).
+
+    Raises :class:`~durable_tasks.errors.InvalidDelayError` for both at once, a negative
+    delay, or a naive ``not_before``; a ``not_before`` in the past means now.
+    """
+    if delay is not None and not_before is not None:
+        raise InvalidDelayError("give delay= or not_before=, not both")
+    if delay is not None:
+        if not isinstance(delay, timedelta) or delay < timedelta(0):
+            raise InvalidDelayError(f"delay={delay!r} must be a timedelta of zero or more")
+        return now + delay if delay else None
+    if not_before is not None:
+        if not isinstance(not_before, datetime) or not_before.tzinfo is None or not_before.utcoffset() is None:
+            raise InvalidDelayError(
+                f"not_before={not_before!r} is a naive datetime; pass an aware one, "
+                "e.g. datetime.now(UTC) + timedelta(hours=1)"
+            )
+        return not_before.astimezone(UTC) if not_before > now else None
+    return None

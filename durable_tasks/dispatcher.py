@@ -16,9 +16,12 @@ import anyio
 from . import failpoints
 from .codec import decode_payload
 from .errors import PayloadValidationError
+from .outcome import TaskOutcome
 from .policy import backoff_delay
+from .records import TaskState
 from .runtime import Runtime
 from .store.outbox import ClaimedDelivery
+from .transport.announce import announce_outcomes
 from .transport.keys import partition_for
 from .transport.messages import OutgoingMessage
 
@@ -95,6 +98,15 @@ class Dispatcher:
             sent=sent, dead=dead, retry=retry, held=held, now=now, release_at=now + s.poll_interval
         )
         self._record(sent, dead, retry, held, now)
+        if dead:  # wake the result waits on them (an invalid payload never runs)
+            outcomes = [
+                TaskOutcome(row.task_id, row.generation, TaskState.DEAD, None, "InvalidPayload", reason)
+                for row, reason in dead
+                if not row.shadow
+            ]
+            await announce_outcomes(
+                runtime.transport().client, s.namespace, outcomes, inline_bytes=s.result_inline_bytes
+            )
 
     def _backoff(self, failures: int) -> timedelta:
         s = self.runtime.settings
@@ -164,8 +176,9 @@ class Dispatcher:
         return sent, failed
 
     async def run(self) -> None:
-        """Dispatch until cancelled: a full batch loops at once; otherwise wait for the store's
-        wake-up (a NOTIFY on PostgreSQL) or the poll interval.
+        """Dispatch until cancelled: a full batch loops at once; otherwise sleep until the
+        earliest row not due yet is due, the store's wake-up (a NOTIFY on PostgreSQL), or the
+        poll interval.
 
         Two passes overlap: the next batch is claimed while the previous one is published
         and settled (publishing itself stays in claim order).
@@ -189,9 +202,21 @@ class Dispatcher:
                     else:
                         lanes.release()
                     if len(rows) < s.batch_size:
-                        await waiter.wait(s.poll_interval)
+                        await waiter.wait(await self._until_next_due(s.poll_interval))
         finally:
             await waiter.aclose()
+
+    async def _until_next_due(self, longest: timedelta) -> timedelta:
+        """How long to sleep: until the earliest row not due yet becomes due (a delayed task, a
+        retry's backoff), at most ``longest``; a NOTIFY (a new row) ends the sleep sooner."""
+        runtime = self.runtime
+        now = runtime.clock()
+        try:
+            due = await runtime.store.next_due(runtime.settings.namespace, now=now)
+        except Exception as exc:  # the claim that follows reports an outage; sleep as before
+            logger.debug("reading the next due time failed: %s", exc)
+            return longest
+        return longest if due is None else max(timedelta(0), min(longest, due - now))
 
     async def _dispatch_then_release(self, rows: list[ClaimedDelivery], lanes: anyio.Semaphore) -> None:
         try:

@@ -20,12 +20,14 @@ import sqlalchemy as sa
 from . import failpoints
 from .codec import decode_payload
 from .errors import PayloadValidationError, TaskDeadLetteredError
+from .outcome import TaskOutcome
 from .policy import ReapAction, TaskLeaseView, decide_reap
 from .records import TaskState
 from .runtime import Runtime
 from .stats import queue_stats
 from .store.recovery import DeadTask, UnconfirmedDelivery
 from .tasks import TaskContext, session_hooks
+from .transport.announce import announce_outcomes
 from .transport.messages import Delivery, MalformedEntryError
 
 __all__ = ["ReapReport", "Reaper"]
@@ -155,6 +157,11 @@ class Reaper:
             )
             if done:
                 await self._publish_dead_letter(queue, entry_id, d, reason)
+                if view is not None:  # wake the result waits on it
+                    dead = TaskOutcome(d.task_id, d.generation, TaskState.DEAD, None, "DeadLettered", reason)
+                    await announce_outcomes(
+                        runtime.transport().client, s.namespace, [dead], inline_bytes=s.result_inline_bytes
+                    )
                 report.dead_lettered += 1
                 runtime.telemetry.dead_lettered.add(1, {"queue": queue})
                 runtime.telemetry.task_event(

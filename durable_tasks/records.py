@@ -114,13 +114,16 @@ class OutboxRecord(SQLModel, table=True):
     """``dt_outbox``: one row per delivery intent; its monotonic id is the cutover watermark."""
 
     __tablename__ = "dt_outbox"
-    # The dispatcher takes PENDING rows in id order: this index holds only those, so a claim
-    # reads ~batch_size entries however many SENT rows wait for `prune` (an index on state or
-    # the primary key would make every claim walk past all of them).
+    # The dispatcher takes PENDING rows in due order (then id order): this index holds only
+    # those, so a claim reads the due entries and stops at the first one not due yet, however
+    # many SENT rows wait for `prune` and however many delayed rows wait for their time (an
+    # index in id order walked past every delayed row on each pass). Its first entry past now
+    # is when the dispatcher must wake next.
     __table_args__ = (
         sa.Index(
-            "ix_dt_outbox_pending",
+            "ix_dt_outbox_pending_due",
             "namespace",
+            "next_attempt_at",
             "id",
             postgresql_where=sa.text("state = 'PENDING'"),
             sqlite_where=sa.text("state = 'PENDING'"),

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar, cast, get_type_hints, overload
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, get_type_hints, overload
 
 import anyio
 import sqlalchemy as sa
 from pydantic import TypeAdapter
 from sqlmodel import Session
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from .result_waits import ResultWaits
+
 __all__ = [
     "OnCommitHook",
     "OnFailureHook",
     "Submit",
+    "SubmitMany",
     "Task",
     "TaskContext",
     "TaskDecorator",
@@ -82,12 +88,34 @@ class TaskContext(Generic[PayloadT]):
 
 @dataclass(frozen=True, slots=True)
 class TaskHandle:
-    """What ``submit`` returns: the durable task's id and generation."""
+    """What ``submit`` returns: the durable task's id and generation; wait on it for the result."""
 
     id: str
     name: str
     generation: int
     created: bool
+    _waits: ResultWaits | None = field(default=None, repr=False, compare=False)
+
+    def result(self, timeout: timedelta | float | None = None) -> Any:
+        """Block until the task settles and return its result (``timeout``: seconds or a
+        timedelta; None waits as long as it takes).
+
+        Returns the first final outcome of this generation or a newer one (a rerun). Raises
+        :class:`~durable_tasks.errors.TaskFailedError` (FAILED, DEAD),
+        :class:`~durable_tasks.errors.TaskCancelledError`, or
+        :class:`~durable_tasks.errors.ResultTimeoutError` when ``timeout`` passes first.
+        Call it from sync code: on an event loop use :meth:`wait`.
+        """
+        return self._require_waits().result(self, timeout)
+
+    async def wait(self, timeout: timedelta | float | None = None) -> Any:
+        """:meth:`result` for async code: the wait holds no thread and no connection."""
+        return await self._require_waits().wait(self, timeout)
+
+    def _require_waits(self) -> ResultWaits:
+        if self._waits is None:
+            raise TypeError("this handle was built by hand; get one from submit() or app.handle(task_id)")
+        return self._waits
 
 
 class Submit(Protocol):
@@ -102,7 +130,25 @@ class Submit(Protocol):
         idempotency_key: str | None = None,
         shadow: bool = False,
         partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
     ) -> TaskHandle: ...
+
+
+class SubmitMany(Protocol):
+    """How a task records several intents: the App's ``submit_many``."""
+
+    def __call__(
+        self,
+        session: Session,
+        task: Task[Any, Any],
+        items: Iterable[tuple[Any, str | None]],
+        *,
+        shadow: bool = False,
+        partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> list[TaskHandle]: ...
 
 
 class Task(Generic[PayloadT, ResultT]):
@@ -117,6 +163,7 @@ class Task(Generic[PayloadT, ResultT]):
         fn: Callable[[TaskContext[PayloadT], PayloadT], ResultT | Awaitable[ResultT]],
         *,
         submit: Submit,
+        submit_many: SubmitMany,
         name: str,
         queue: str,
         max_attempts: int,
@@ -124,6 +171,7 @@ class Task(Generic[PayloadT, ResultT]):
         retry_on: tuple[type[BaseException], ...],
     ) -> None:
         self._submit = submit
+        self._submit_many = submit_many
         self.fn = fn
         self.name = name
         self.queue = queue
@@ -148,13 +196,65 @@ class Task(Generic[PayloadT, ResultT]):
         idempotency_key: str | None = None,
         shadow: bool = False,
         partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
     ) -> TaskHandle:
         """Record the intent in ``session``'s transaction (no commit: the caller commits).
 
         The same ``idempotency_key`` returns the existing task instead of a second one.
+        ``delay`` or ``not_before`` (timezone-aware) make it due later.
         """
         return self._submit(
-            session, self, payload, idempotency_key=idempotency_key, shadow=shadow, partition_key=partition_key
+            session,
+            self,
+            payload,
+            idempotency_key=idempotency_key,
+            shadow=shadow,
+            partition_key=partition_key,
+            delay=delay,
+            not_before=not_before,
+        )
+
+    def submit_many(
+        self,
+        session: Session,
+        items: Iterable[tuple[PayloadT | dict[str, Any], str | None]],
+        *,
+        shadow: bool = False,
+        partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> list[TaskHandle]:
+        """Record several intents, ``(payload, idempotency_key)`` pairs, in ``session``'s
+        transaction (one round trip on PostgreSQL); see ``App.submit_many``."""
+        return self._submit_many(
+            session, self, items, shadow=shadow, partition_key=partition_key, delay=delay, not_before=not_before
+        )
+
+    async def asubmit(
+        self,
+        session: AsyncSession,
+        payload: PayloadT | dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        shadow: bool = False,
+        partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> TaskHandle:
+        """:meth:`submit` with SQLAlchemy's ``AsyncSession`` (SQLModel's too): the same
+        statements on the session's own connection (``AsyncSession.run_sync``), in its
+        transaction; the caller commits."""
+        return await session.run_sync(
+            lambda sync_session: self.submit(
+                cast("Session", sync_session),
+                payload,
+                idempotency_key=idempotency_key,
+                shadow=shadow,
+                partition_key=partition_key,
+                delay=delay,
+                not_before=not_before,
+            )
         )
 
     def on_commit(self, hook: OnCommitHook[PayloadT, ResultT]) -> OnCommitHook[PayloadT, ResultT]:

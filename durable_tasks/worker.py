@@ -30,10 +30,13 @@ from . import failpoints
 from .attempt import ExecutionOutcome, LeaseKeeper, run_attempt
 from .batching import Coalescer
 from .isolation import IsolationGate
+from .outcome import TaskOutcome
+from .records import TaskState
 from .runtime import Runtime
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .telemetry import link_to, traceparent_of
+from .transport.announce import announce_outcomes
 from .transport.keys import CONSUMER_GROUP
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry
 
@@ -357,8 +360,22 @@ class Worker:
         if failpoints.ENABLED:
             failpoints.hit("worker.after_commit")
         settled = [item for item in items if item.write.outcome in _ACKED_OUTCOMES]
+        committed = [
+            TaskOutcome(w.claim.task_id, w.claim.generation, TaskState.SUCCEEDED, w.result_json)
+            for w in writes
+            if w.outcome is CommitOutcome.COMMITTED and not w.claim.shadow
+        ]
         try:
-            await self._ack_now([(item.entry.stream, item.entry.entry_id) for item in settled])
+            # The announcement wakes result waits; it never fails the commit (waits fall back).
+            announced = announce_outcomes(
+                runtime.transport().client,
+                runtime.settings.namespace,
+                committed,
+                inline_bytes=runtime.settings.result_inline_bytes,
+            )
+            await asyncio.gather(
+                self._ack_now([(item.entry.stream, item.entry.entry_id) for item in settled]), announced
+            )
         except RedisError as exc:
             logger.warning("acknowledging %d committed entries failed (%s); the reaper will", len(settled), exc)
             return

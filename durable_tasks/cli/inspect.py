@@ -14,6 +14,7 @@ from .. import dlq
 from ..app import App
 from ..views import QueueStats
 from .base import AppArg, AppOpt, call, cli, console
+from .schedule import schedules_table
 
 __all__: list[str] = []
 
@@ -35,11 +36,14 @@ def status(
     interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch")] = 2.0,
     count: Annotated[int, typer.Option(help="Stop after this many refreshes (0: never)", hidden=True)] = 0,
 ) -> None:
-    """Per-queue statistics: outbox backlog and age, PEL, delays, stream lag, DLQ."""
+    """Per-queue statistics: outbox backlog and age, PEL, delays, stream lag, DLQ; and the
+    App's schedules with their next tick."""
 
     async def show(the_app: App) -> None:
         if not watch:
             console().print(_stats_table(the_app, await the_app.stats()))
+            if the_app.schedules:
+                console().print(schedules_table(the_app.list_schedules()))
             return
         with Live(_stats_table(the_app, await the_app.stats()), console=console()) as live:
             shown = 1

@@ -15,7 +15,9 @@ from .base import AppArg, cli, console, fail, load_app
 __all__ = ["serve"]
 
 
-async def _serve(app: App, *, dispatcher: bool, worker: bool, reaper: bool, queues: list[str] | None) -> None:
+async def _serve(
+    app: App, *, dispatcher: bool, worker: bool, reaper: bool, scheduler: bool, queues: list[str] | None
+) -> None:
     stop = anyio.Event()
 
     async def on_signal() -> None:
@@ -30,18 +32,20 @@ async def _serve(app: App, *, dispatcher: bool, worker: bool, reaper: bool, queu
         await app.check_connections(wait=app.settings.startup_wait)
         async with anyio.create_task_group() as tg:
             tg.start_soon(on_signal)
-            await app.run(dispatcher=dispatcher, worker=worker, reaper=reaper, queues=queues, stop=stop)
+            await app.run(
+                dispatcher=dispatcher, worker=worker, reaper=reaper, scheduler=scheduler, queues=queues, stop=stop
+            )
             tg.cancel_scope.cancel()
     finally:
         await app.aclose()
 
 
-def serve(app: App, **components: bool) -> None:
+def serve(app: App, *, scheduler: bool = False, **components: bool) -> None:
     """Run the chosen components in this process until SIGINT/SIGTERM; typed errors exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_gc(app.settings)  # this process is the runtime's own
     try:
-        anyio.run(lambda: _serve(app, queues=None, **components))
+        anyio.run(lambda: _serve(app, queues=None, scheduler=scheduler, **components))
     except DurableTasksError as exc:
         raise fail(exc) from exc
 
@@ -58,8 +62,9 @@ def init_db(app: AppArg) -> None:
 
 @cli.command()
 def run(app: AppArg) -> None:
-    """Run dispatcher, worker and reaper in one process (Ctrl-C stops gracefully)."""
-    serve(load_app(app), dispatcher=True, worker=True, reaper=True)
+    """Run dispatcher, worker, reaper and (when the App has schedules) a scheduler in one
+    process (Ctrl-C stops gracefully)."""
+    serve(load_app(app), dispatcher=True, worker=True, reaper=True, scheduler=True)
 
 
 @cli.command()

@@ -21,9 +21,10 @@ import anyio
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ..outcome import TaskOutcome
 from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
-from . import execution, leases, outbox, queries, recovery, results, retention, schema, submit
+from . import execution, leases, outbox, outcomes, queries, recovery, results, retention, schema, submit
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .notify import OutboxWaiter, PollingWaiter
@@ -143,10 +144,16 @@ class SqlStore:
             raise RuntimeError("idempotency conflict without a visible task")
         return existing
 
-    def rerun(self, session: Session, namespace: str, task_id: str, now: datetime) -> int | None:
+    def submit_many(self, session: Session, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
+        """Each task as :meth:`submit` writes it, in order."""
+        return [self.submit(session, task, now) for task in tasks]
+
+    def rerun(
+        self, session: Session, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
+    ) -> int | None:
         """Start a new generation; None if there is no such task."""
         conn = session.connection()
-        row = submit.rerun_task(conn, namespace, task_id, now)
+        row = submit.rerun_task(conn, namespace, task_id, now, due=due)
         if row is None:
             return None
         self._wake_dispatchers(conn, namespace)
@@ -193,9 +200,28 @@ class SqlStore:
 
         return await self._in_thread(settle)
 
+    async def next_due(self, namespace: str, *, now: datetime) -> datetime | None:
+        """One probe of ix_dt_outbox_pending_due."""
+
+        def probe() -> datetime | None:
+            with self._read_engine.connect() as conn:
+                return outbox.next_due(conn, namespace, now=now)
+
+        return await self._in_thread(probe)
+
     def outbox_waiter(self, namespace: str) -> OutboxWaiter:
         """Polling (dialects with a notification channel override it)."""
         return PollingWaiter()
+
+    # -- result waits --------------------------------------------------------------------------
+
+    def read_outcomes(self, namespace: str, task_ids: Sequence[str]) -> dict[str, TaskOutcome]:
+        """State and outcome of each task, by id."""
+        return outcomes.read_outcomes(self._read_engine, namespace, task_ids)
+
+    def read_identity(self, namespace: str, task_id: str) -> tuple[str, int] | None:
+        """The task's name and current generation."""
+        return outcomes.read_identity(self._read_engine, namespace, task_id)
 
     # -- the worker --------------------------------------------------------------------------
 

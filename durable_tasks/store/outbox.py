@@ -11,7 +11,7 @@ named statements for the usual pass (:mod:`.postgres`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,6 +28,7 @@ __all__ = [
     "deliveries",
     "mark_dead",
     "mark_sent",
+    "next_due",
     "release",
     "schedule_retry",
 ]
@@ -100,6 +101,20 @@ def deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
     ]
 
 
+def next_due(conn: sa.Connection, namespace: str, *, now: datetime) -> datetime | None:
+    """When the earliest PENDING row that is not due at ``now`` will be (None: none waits):
+    the first entry of ix_dt_outbox_pending_due past now."""
+    found: datetime | None = conn.execute(
+        sa.select(o.next_attempt_at)
+        .where(o.namespace == namespace, o.state == OutboxState.PENDING, o.next_attempt_at > now)
+        .order_by(o.next_attempt_at)
+        .limit(1)
+    ).scalar_one_or_none()
+    if found is not None and found.tzinfo is None:  # SQLite hands back naive UTC
+        found = found.replace(tzinfo=UTC)
+    return found
+
+
 def claim_rows(
     conn: sa.Connection,
     namespace: str,
@@ -125,7 +140,7 @@ def claim_rows(
         conn.execute(
             sa.update(outbox_table)
             .values(lease_expires_at=now + lease, claim_token=token)
-            .where(o.id.in_(due.order_by(o.id).limit(limit).scalar_subquery()))
+            .where(o.id.in_(due.order_by(o.next_attempt_at, o.id).limit(limit).scalar_subquery()))
             .returning(o.id)
         )
         .scalars()

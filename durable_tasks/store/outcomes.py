@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from ..outcome import TaskOutcome
 from ..records import TaskState, tasks_table
 
-__all__ = ["MAX_IDS_PER_READ", "read_outcomes"]
+__all__ = ["MAX_IDS_PER_READ", "read_identity", "read_outcomes"]
 
 #: Ids per statement: far below every dialect's bound-parameter limit.
 MAX_IDS_PER_READ = 500
@@ -35,3 +35,10 @@ def read_outcomes(engine: sa.Engine, namespace: str, task_ids: Sequence[str]) ->
             for task_id, generation, state, result, error_type, error_message in rows:
                 found[task_id] = TaskOutcome(task_id, generation, TaskState(state), result, error_type, error_message)
     return found
+
+
+def read_identity(engine: sa.Engine, namespace: str, task_id: str) -> tuple[str, int] | None:
+    """The task's name and current generation (None: no such task in ``namespace``)."""
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(t.name, t.generation).where(t.namespace == namespace, t.id == task_id)).first()
+    return None if row is None else (row.name, row.generation)

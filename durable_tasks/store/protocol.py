@@ -32,6 +32,7 @@ from typing import Protocol
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ..outcome import TaskOutcome
 from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
@@ -113,8 +114,16 @@ class Store(Protocol):
         the existing task."""
         ...
 
-    def rerun(self, session: Session, namespace: str, task_id: str, now: datetime) -> int | None:
-        """Start a new generation and its first delivery; None if there is no such task."""
+    def submit_many(self, session: Session, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
+        """Several tasks of one name, each as :meth:`submit` writes it; outcomes in order (one
+        statement where the dialect can)."""
+        ...
+
+    def rerun(
+        self, session: Session, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
+    ) -> int | None:
+        """Start a new generation and its first delivery (due at ``due``, default now); None
+        if there is no such task."""
         ...
 
     def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
@@ -142,6 +151,11 @@ class Store(Protocol):
     ) -> int:
         """Record one dispatch pass's outcomes, each row fenced by its claim token; returns the
         rows marked SENT."""
+        ...
+
+    async def next_due(self, namespace: str, *, now: datetime) -> datetime | None:
+        """When the earliest PENDING outbox row not due at ``now`` will be (None: none waits):
+        the dispatcher sleeps until then."""
         ...
 
     def outbox_waiter(self, namespace: str) -> OutboxWaiter:
@@ -191,6 +205,17 @@ class Store(Protocol):
 
     async def mark_solo(self, claim: ExecutionClaim) -> None:
         """Record that this attempt runs alone (if its worker dies now, the loss is its own)."""
+        ...
+
+    # -- result waits ----------------------------------------------------------------------
+
+    def read_outcomes(self, namespace: str, task_ids: Sequence[str]) -> dict[str, TaskOutcome]:
+        """State and outcome of each task, by id (absent: no such task), in one statement per
+        few hundred ids."""
+        ...
+
+    def read_identity(self, namespace: str, task_id: str) -> tuple[str, int] | None:
+        """The task's name and current generation; None if there is no such task."""
         ...
 
     # -- the reaper ------------------------------------------------------------------------

@@ -45,7 +45,7 @@ class SqliteStore(SqlStore):
         # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
         if conn.execute(insert.returning(tasks_table.c.id)).first() is None:
             return False
-        insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now)
+        insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now, due=task.due)
         return True
 
 

@@ -42,6 +42,8 @@ class NewTask:
     traceparent: str | None
     shadow: bool
     partition_key: str | None = None
+    #: When the first delivery is due (None: at once).
+    due: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +119,12 @@ rerun_values: dict[str, Any] = {
 }
 
 
-def rerun_task(conn: sa.Connection, namespace: str, task_id: str, now: datetime) -> RerunRow | None:
-    """Start a new generation of a task and its first delivery (UPDATE … RETURNING); None if
-    no such task. Every execution of an older generation is fenced out from the commit on."""
+def rerun_task(
+    conn: sa.Connection, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
+) -> RerunRow | None:
+    """Start a new generation of a task and its first delivery, due at ``due`` (default now)
+    (UPDATE … RETURNING); None if no such task. Every execution of an older generation is
+    fenced out from the commit on."""
     row = conn.execute(
         sa.update(tasks_table)
         .where(t.id == task_id, t.namespace == namespace)
@@ -128,7 +133,7 @@ def rerun_task(conn: sa.Connection, namespace: str, task_id: str, now: datetime)
     ).one_or_none()
     if row is None:
         return None
-    insert_outbox(conn, namespace, task_id, row.queue, row.generation, 0, row.shadow, now)
+    insert_outbox(conn, namespace, task_id, row.queue, row.generation, 0, row.shadow, now, due=due)
     return RerunRow(int(row.generation), row.queue, bool(row.shadow))
 
 

@@ -190,10 +190,12 @@ def test_doctor_names_an_index_an_older_database_lacks_with_its_create_statement
     app = make_app()
     assert missing_indexes(app) == []
     with app.engine.begin() as conn:
-        conn.execute(sa.text("DROP INDEX ix_dt_outbox_pending"))
+        conn.execute(sa.text("DROP INDEX ix_dt_outbox_pending_due"))
     try:
         [statement] = missing_indexes(app)
-        assert statement.startswith("CREATE INDEX ix_dt_outbox_pending ON dt_outbox (namespace, id)")
+        assert statement.startswith(
+            "CREATE INDEX ix_dt_outbox_pending_due ON dt_outbox (namespace, next_attempt_at, id)"
+        )
         assert "state = 'PENDING'" in statement
         from datetime import UTC, datetime
 

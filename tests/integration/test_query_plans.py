@@ -36,8 +36,15 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
-def plan_of(app: App, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with app.engine.connect() as conn:
+def runtime_engine(app: App) -> sa.Engine:
+    """The pool as the runtime plans on it (sequential scans priced out)."""
+    store = app.runtime.store
+    assert isinstance(store, PostgresStore)
+    return store.runtime_engine
+
+
+def plan_of(app: App, name: str, params: dict[str, Any], *, engine: sa.Engine | None = None) -> list[dict[str, Any]]:
+    with (engine or app.engine).connect() as conn:
         (doc,) = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql.postgres()[name], params).scalar_one()
     return list(nodes(doc["Plan"]))
 
@@ -134,7 +141,9 @@ def test_the_outbox_claim_reads_the_pending_index_after_a_backlog_was_analyzed(m
     namespace by plain equality, the planner walked the primary key in id order past every
     SENT row on each claim (a cost that grows as the backlog drains: quadratic over a drain),
     and looked the leased rows up with a scan of the whole outbox. The claim must read
-    ix_dt_outbox_pending (only PENDING rows) and find the leased rows by id."""
+    ix_dt_outbox_pending_due (only PENDING rows) and find the leased rows by id. Planned as the
+    runtime plans it (sequential scans priced out: the store's runtime engine), where a walk of
+    the primary key, an index scan, is still possible."""
     app = make_app()
     ns = app.settings.namespace
     with app.engine.begin() as conn:  # the plan is read, never run: the rows need no tasks
@@ -151,11 +160,39 @@ def test_the_outbox_claim_reads_the_pending_index_after_a_backlog_was_analyzed(m
             " (SELECT id FROM dt_outbox WHERE namespace = %(ns)s ORDER BY id LIMIT 15000)",
             {"ns": ns},
         )
-    plan = plan_of(app, "claim_outbox", statement_params("claim_outbox", ns, app.clock(), []))
+    params = statement_params("claim_outbox", ns, app.clock(), [])
+    plan = plan_of(app, "claim_outbox", params, engine=runtime_engine(app))
     due = [node.get("Index Name") for node in plan if node.get("Alias") == "d" and node["Node Type"].endswith("Scan")]
-    assert due == ["ix_dt_outbox_pending"], due
+    assert due == ["ix_dt_outbox_pending_due"], due
     leased = [node["Node Type"] for node in plan if node.get("Alias") == "o" and node["Node Type"].endswith("Scan")]
     assert leased == ["Index Scan"], leased
+
+
+def test_delayed_rows_cost_the_claim_and_the_wake_up_nothing_until_due(make_app: Callable[..., App]) -> None:
+    """20,000 rows due in three days and 50 due now, statistics taken: the claim's selection
+    reads the 50 due entries of ix_dt_outbox_pending_due and stops (in id order it walked past
+    every delayed row on each pass), and the next-due probe reads one entry. Run for real
+    (EXPLAIN ANALYZE), as the runtime plans it, in a transaction that is rolled back."""
+    app = make_app()
+    ns, now = app.settings.namespace, app.clock()
+    with runtime_engine(app).connect() as conn, conn.begin():
+        conn.exec_driver_sql(
+            "INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts,"
+            " next_attempt_at, shadow, created_at)"
+            " SELECT %(ns)s, 'task-' || g, 'jobs', 0, 0, 'PENDING', 0,"
+            "        CASE WHEN g <= 20000 THEN %(later)s ELSE %(now)s END, false, %(now)s"
+            " FROM generate_series(1, 20050) AS g",
+            {"ns": ns, "now": now, "later": now + timedelta(days=3)},
+        )
+        conn.exec_driver_sql("ANALYZE dt_outbox")
+        for name, read in (("claim_outbox", 50), ("next_due", 1)):
+            params = statement_params("claim_outbox", ns, now, []) | {"namespaces": [ns], "now": now}
+            (doc,) = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.postgres()[name], params).scalar_one()
+            scans = [n for n in nodes(doc["Plan"]) if n.get("Alias") == "d" and n["Node Type"].endswith("Scan")]
+            assert [n.get("Index Name") for n in scans] == ["ix_dt_outbox_pending_due"], (name, scans)
+            assert scans[0]["Actual Rows"] == read, (name, scans[0])
+            assert scans[0].get("Rows Removed by Filter", 0) == 0, (name, scans[0])
+        conn.rollback()
 
 
 @pytest.fixture

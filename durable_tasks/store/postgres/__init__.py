@@ -17,11 +17,13 @@ planner setting of the runtime's statements lives in :mod:`.planner`.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from anyio import to_thread
+from sqlalchemy.orm import Session
 
 from ...loopbound import LoopBound
 from ...records import tasks_table
@@ -35,7 +37,7 @@ from ..outbox import ClaimedDelivery, Dead, Retry, Sent
 from ..pooler import PathProbe, conninfo, detect_pooling, listen_reaches, prepare_as_decided, split_prepare_threshold
 from ..protocol import DatabaseFacts
 from ..results import FinalWrite
-from ..submit import NewTask
+from ..submit import NewTask, SubmitOutcome, find_by_key
 from . import planner, statements
 from .connections import AsyncConnections
 from .notify import LISTEN_CHECK, PostgresNotifyWaiter
@@ -112,6 +114,25 @@ class PostgresStore(SqlStore):
     def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
         return statements.submit_task(task, task_id, now).run_on(conn)
 
+    def submit_many(self, session: Session, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
+        """A batch is ONE statement (postgres.sql: submit_tasks): one round trip. A key that
+        another transaction committed after the statement began comes back NULL and is read
+        again (ON CONFLICT waited for that commit)."""
+        if len(tasks) < 2:
+            return super().submit_many(session, tasks, now)
+        conn = session.connection()
+        rows = statements.submit_tasks(tasks, [str(uuid.uuid4()) for _ in tasks], now).run_on(conn)
+        found: list[SubmitOutcome] = []
+        for task, (task_id, created, generation, _) in zip(tasks, rows, strict=True):
+            if task_id is not None:
+                found.append(SubmitOutcome(task_id, int(generation), created=bool(created)))
+                continue
+            existing = find_by_key(conn, task)
+            if existing is None:  # pragma: no cover - the conflicting row must be visible now
+                raise RuntimeError("idempotency conflict without a visible task")
+            found.append(existing)
+        return found
+
     def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:
         # Delivered when the transaction commits; a rollback sends nothing.
         conn.execute(sa.select(sa.func.pg_notify(statements.NOTIFY_CHANNEL, namespace)))
@@ -165,6 +186,10 @@ class PostgresStore(SqlStore):
         return await self.connections.run(
             statements.claim_outbox(namespace, now=now, lease=lease, limit=limit, watermark=watermark)
         )
+
+    async def next_due(self, namespace: str, *, now: datetime) -> datetime | None:
+        """One probe of ix_dt_outbox_pending_due, on the event loop's own connection."""
+        return await self.connections.run(statements.next_due(namespace, now))
 
     async def settle_outbox(
         self,

@@ -163,16 +163,17 @@ SELECT count(*) FROM sent;
 -- name: claim_outbox
 -- Commits without waiting for the WAL flush, as mark_sent does: a lease lost with a crash
 -- only means the rows are claimed (and deduplicated) again.
--- Lease up to %(limit)s due PENDING outbox rows (oldest first; rows another dispatcher holds
--- are skipped) and read what publishing needs from their tasks.
+-- Lease up to %(limit)s due PENDING outbox rows (earliest due first, then oldest; rows another
+-- dispatcher holds are skipped) and read what publishing needs from their tasks.
 -- The plan is pinned by the statement's shape, not left to the statistics:
 -- * The namespace is matched with = ANY(%(namespaces)s) (one element) and the rows are
---   ordered by (namespace, id). With a plain equality the planner drops the namespace from
---   the ordering, and the primary key then yields id order too; after an ANALYZE that saw the
---   outbox mostly PENDING (a backlog) it prefers the primary key, and every claim walks past
---   all the rows already SENT (O(backlog) per pass). An = ANY on the leading column keeps the
---   ordering, which only ix_dt_outbox_pending provides: the claim reads ~%(limit)s index
---   entries however many SENT rows wait for prune.
+--   ordered by (namespace, next_attempt_at, id). With a plain equality the planner drops the
+--   namespace from the ordering; after an ANALYZE that saw the outbox mostly PENDING (a
+--   backlog) it preferred the primary key, and every claim walked past all the rows already
+--   SENT (O(backlog) per pass). An = ANY on the leading column keeps the ordering, which only
+--   ix_dt_outbox_pending_due provides: the claim reads the due entries (~%(limit)s) and stops
+--   at the first one not due, however many SENT rows wait for prune and however many delayed
+--   rows wait for their time.
 -- * The leased ids go to the UPDATE as an array (= ANY(ARRAY(...))), which the primary key
 --   looks up; an IN (subquery) was planned as a hash semi-join over a sequential scan of the
 --   whole outbox.
@@ -188,7 +189,7 @@ WHERE o.id = ANY(ARRAY(
       AND d.id >= %(watermark)s
       AND d.next_attempt_at <= %(now)s
       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= %(now)s)
-    ORDER BY d.namespace, d.id
+    ORDER BY d.namespace, d.next_attempt_at, d.id
     LIMIT %(limit)s
     FOR UPDATE OF d SKIP LOCKED
 ))
@@ -197,9 +198,21 @@ WHERE o.id = ANY(ARRAY(
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
           t.name, t.payload, t.traceparent, t.partition_key;
 
+-- name: next_due
+-- When the earliest PENDING outbox row that is not due yet will be (no row: none is waiting):
+-- the dispatcher sleeps until then. The first entry of ix_dt_outbox_pending_due past now, one
+-- probe of the index however many rows wait.
+SELECT d.next_attempt_at
+FROM dt_outbox AS d
+WHERE d.namespace = ANY(%(namespaces)s)
+  AND d.state = 'PENDING'
+  AND d.next_attempt_at > %(now)s
+ORDER BY d.namespace, d.next_attempt_at
+LIMIT 1;
+
 -- name: submit_task
--- A new task, its first outbox row and the dispatchers' wake-up, in one statement (one round
--- trip inside the caller's transaction). A duplicate (namespace, name, idempotency_key)
+-- A new task, its first outbox row (due at %(due)s: now, or later for a delayed task) and the
+-- dispatchers' wake-up, in one statement (one round trip inside the caller's transaction). A duplicate (namespace, name, idempotency_key)
 -- inserts nothing and returns no row: the caller then reads the existing task.
 WITH task AS (
     INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
@@ -212,7 +225,47 @@ WITH task AS (
 ), intent AS (
     INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at,
                            shadow, created_at)
-    SELECT %(namespace)s, task.id, %(queue)s, 0, 0, 'PENDING', 0, %(now)s, %(shadow)s, %(now)s
+    SELECT %(namespace)s, task.id, %(queue)s, 0, 0, 'PENDING', 0, %(due)s, %(shadow)s, %(now)s
     FROM task
 )
 SELECT task.id, pg_notify(%(channel)s, %(namespace)s) FROM task;
+
+-- name: submit_tasks
+-- A batch of new tasks of one name, their first outbox rows and the dispatchers' wake-up, in
+-- one statement (one round trip inside the caller's transaction): arrays ids, keys, payloads,
+-- traceparents, partition_keys, dues, one element per task in submit order. Returns one row
+-- per task, in that order: the id of the task that holds it, whether this statement created
+-- it, and its generation. A key already taken (committed, earlier in this transaction, or
+-- earlier in this batch) inserts nothing and names the task that holds it. A key committed by
+-- another transaction after this statement began is not visible to it: that row comes back
+-- with a NULL id, and the caller reads the key again (ON CONFLICT waited for that commit).
+WITH given AS (
+    SELECT g.id, g.idempotency_key, g.payload, g.traceparent, g.partition_key, g.due, g.ord
+    FROM unnest(%(ids)b::text[], %(keys)b::text[], %(payloads)b::text[], %(traceparents)b::text[],
+                %(partition_keys)b::text[], %(dues)b::timestamptz[]) WITH ORDINALITY
+         AS g (id, idempotency_key, payload, traceparent, partition_key, due, ord)
+), task AS (
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
+                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+                          partition_key, shadow, created_at)
+    SELECT g.id, %(namespace)s, %(name)s, %(queue)s, g.idempotency_key, g.payload, 'PENDING', 0, 0,
+           0, 0, 0, 0, %(max_attempts)s, g.traceparent, g.partition_key, %(shadow)s, %(now)s
+    FROM given AS g
+    ORDER BY g.ord
+    ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
+    RETURNING id, idempotency_key
+), intent AS (
+    INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at,
+                           shadow, created_at)
+    SELECT %(namespace)s, task.id, %(queue)s, 0, 0, 'PENDING', 0, g.due, %(shadow)s, %(now)s
+    FROM task JOIN given AS g ON g.id = task.id
+    ORDER BY g.ord
+)
+SELECT coalesce(mine.id, twin.id, held.id), mine.id IS NOT NULL, coalesce(held.generation, 0),
+       pg_notify(%(channel)s, %(namespace)s)
+FROM given AS g
+LEFT JOIN task AS mine ON mine.id = g.id
+LEFT JOIN task AS twin ON mine.id IS NULL AND twin.idempotency_key = g.idempotency_key
+LEFT JOIN dt_tasks AS held ON mine.id IS NULL AND twin.id IS NULL AND held.namespace = %(namespace)s
+     AND held.name = %(name)s AND held.idempotency_key = g.idempotency_key
+ORDER BY g.ord;

@@ -1,0 +1,128 @@
+"""An App's result waits: the hub of this process (made on the first wait), the read behind
+it, and what a wait returns or raises (see :mod:`durable_tasks.waiting` for how it waits)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import redis
+from sqlalchemy.exc import SQLAlchemyError
+
+from .errors import DatabaseUnavailableError, TaskCancelledError, TaskFailedError, TaskNotFoundError
+from .outcome import TaskOutcome
+from .records import TaskState
+from .transport.keys import outcome_channel
+from .waiting import ResultHub, Subscription, await_outcome, wait_outcome
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+    from .tasks import TaskHandle
+
+__all__ = ["ResultWaits"]
+
+
+class ResultWaits:
+    """Waits for the outcomes of one App's tasks (one per App)."""
+
+    def __init__(self, runtime: Runtime, *, redis_url: Callable[[], str]) -> None:
+        self._runtime = runtime
+        self._settings = runtime.settings
+        self._redis_url = redis_url
+        self._registry = runtime.registry
+        self._lock = threading.Lock()
+        self._hub: tuple[int, ResultHub] | None = None  # (pid, hub): a forked child makes its own
+
+    # -- the hub ---------------------------------------------------------------------------
+
+    def hub(self) -> ResultHub:
+        """This process's hub (its thread and subscription start with the first wait)."""
+        with self._lock:
+            if self._hub is None or self._hub[0] != os.getpid():
+                s = self._settings
+                hub = ResultHub(
+                    channel=outcome_channel(s.namespace),
+                    connect=self._subscribe,
+                    read=self._read,
+                    poll_initial=s.result_poll_initial.total_seconds(),
+                    poll_max=s.result_poll_max.total_seconds(),
+                )
+                self._hub = (os.getpid(), hub)
+            return self._hub[1]
+
+    def _subscribe(self) -> Subscription:
+        url = self._redis_url()
+        cluster = self._settings.redis_cluster or "+cluster://" in url
+        if cluster:
+            seed = url.replace("+cluster", "", 1)
+            host_part = seed.split("://", 1)[1].split("@")[-1].split("/")[0]
+            if "," in host_part:  # several seeds: the first is enough to find the cluster
+                seed = seed.replace(host_part, host_part.split(",")[0], 1)
+            client: Any = redis.RedisCluster.from_url(seed, decode_responses=True, socket_connect_timeout=2)
+        else:
+            client = redis.Redis.from_url(
+                url, decode_responses=True, socket_connect_timeout=2, health_check_interval=30
+            )
+        pubsub: Subscription = client.pubsub()
+        return pubsub
+
+    def _read(self, task_ids: Any) -> dict[str, TaskOutcome]:
+        try:
+            return self._runtime.store.read_outcomes(self._settings.namespace, list(task_ids))
+        except SQLAlchemyError as exc:
+            raise DatabaseUnavailableError(f"cannot read awaited tasks: {type(exc).__name__}") from exc
+
+    def close(self) -> None:
+        """Stop this process's hub thread and subscription (a later wait starts them again)."""
+        with self._lock:
+            held, self._hub = self._hub, None
+        if held is not None and held[0] == os.getpid():
+            held[1].close()
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def identity(self, task_id: str) -> tuple[str, int]:
+        """The task's name and current generation; TaskNotFoundError if there is none."""
+        try:
+            found = self._runtime.store.read_identity(self._settings.namespace, task_id)
+        except SQLAlchemyError as exc:
+            raise DatabaseUnavailableError(f"cannot read task {task_id}: {type(exc).__name__}") from exc
+        if found is None:
+            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self._settings.namespace!r}")
+        return found
+
+    def result(self, handle: TaskHandle, timeout: timedelta | float | None) -> Any:
+        """Block until the handle's task settles (see :meth:`TaskHandle.result`)."""
+        outcome = wait_outcome(self.hub(), self._read, handle.id, handle.generation, _seconds(timeout))
+        return self._value(handle.name, outcome)
+
+    async def wait(self, handle: TaskHandle, timeout: timedelta | float | None) -> Any:
+        """Wait on the event loop until the handle's task settles (see :meth:`TaskHandle.wait`)."""
+        outcome = await await_outcome(self.hub(), self._read, handle.id, handle.generation, _seconds(timeout))
+        return self._value(handle.name, outcome)
+
+    def _value(self, name: str, outcome: TaskOutcome) -> Any:
+        if outcome.state == TaskState.SUCCEEDED:
+            task = self._registry.get(name)
+            raw = outcome.result_json if outcome.result_json is not None else "null"
+            return task.result_adapter.validate_json(raw) if task is not None else json.loads(raw)
+        error = TaskCancelledError if outcome.state == TaskState.CANCELLED else TaskFailedError
+        detail = f": {outcome.error_type}: {outcome.error_message}" if outcome.error_type else ""
+        raise error(
+            f"task {outcome.task_id} ended {outcome.state}{detail}",
+            task_id=outcome.task_id,
+            generation=outcome.generation,
+            state=str(outcome.state),
+            error_type=outcome.error_type,
+            error_message=outcome.error_message,
+        )
+
+
+def _seconds(timeout: timedelta | float | None) -> float | None:
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return None if timeout is None else float(timeout)

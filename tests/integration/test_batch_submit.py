@@ -1,0 +1,149 @@
+"""submit_many and asubmit: the same intents as single submits, in the caller's transaction;
+one round trip per batch on PostgreSQL; SQLAlchemy's and SQLModel's AsyncSession."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlmodel import Session
+from sqlmodel.ext.asyncio.session import AsyncSession as SQLModelAsyncSession
+
+from durable_tasks import App, TaskContext
+from durable_tasks.errors import PayloadError, PayloadValidationError
+from durable_tasks.records import tasks_table
+from tests.helpers import run_until_quiet
+
+pytestmark = pytest.mark.anyio
+
+
+def doubling_app(make_app: Callable[..., App]) -> App:
+    app = make_app()
+
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    return app
+
+
+def task_count(app: App) -> int:
+    t = tasks_table.c
+    with app.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).where(t.namespace == app.settings.namespace)).scalar_one())
+
+
+@contextmanager
+def statements(app: App) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        seen.append(statement)
+
+    sa.event.listen(app.engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", count)
+
+
+async def test_submit_many_writes_every_task_in_order_and_they_run(make_app: Callable[..., App]) -> None:
+    app = doubling_app(make_app)
+    double = app.registry["double"]
+    with Session(app.engine) as session:
+        handles = double.submit_many(session, [(i, f"k{i}") for i in range(100)])
+        session.commit()
+    assert [h.created for h in handles] == [True] * 100
+    assert len({h.id for h in handles}) == 100
+    await run_until_quiet(app)
+    assert [h.result(timeout=30) for h in handles[:3]] == [0, 2, 4]
+    assert app.get_task(handles[99].id).result == 198
+    await app.aclose()
+
+
+async def test_submit_many_resolves_duplicate_keys_like_single_submits(make_app: Callable[..., App]) -> None:
+    app = doubling_app(make_app)
+    double = app.registry["double"]
+    with Session(app.engine) as session:
+        committed = double.submit(session, 1, idempotency_key="old")
+        session.commit()
+    with Session(app.engine) as session:
+        earlier = double.submit(session, 2, idempotency_key="same-transaction")
+        handles = double.submit_many(
+            session,
+            [(1, "old"), (2, "same-transaction"), (3, "twice"), (3, "twice"), (4, None), (4, None)],
+        )
+        session.commit()
+    old, same, first, second, free1, free2 = handles
+    assert (old.id, old.created) == (committed.id, False)
+    assert (same.id, same.created) == (earlier.id, False)
+    assert first.created
+    assert (second.id, second.created) == (first.id, False)
+    assert free1.created
+    assert free2.created
+    assert free1.id != free2.id
+    assert task_count(app) == 5  # old, same-transaction, twice and the two without a key
+    await app.aclose()
+
+
+async def test_submit_many_with_one_bad_item_writes_nothing(make_app: Callable[..., App]) -> None:
+    app = doubling_app(make_app)
+    double = app.registry["double"]
+    with Session(app.engine) as session:
+        with pytest.raises(PayloadValidationError):
+            double.submit_many(session, [(1, None), ("not a number", None), (3, None)])
+        with pytest.raises(PayloadError, match="pair"):
+            double.submit_many(session, [(1, None), 2])  # type: ignore[list-item]
+        session.commit()
+    assert task_count(app) == 0
+    await app.aclose()
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_submit_many_is_one_statement_on_postgres(make_app: Callable[..., App]) -> None:
+    app = doubling_app(make_app)
+    double = app.registry["double"]
+    with Session(app.engine) as session:
+        session.connection()  # the transaction is open: what follows is the batch alone
+        with statements(app) as seen:
+            double.submit_many(session, [(i, f"k{i}") for i in range(500)])
+        session.commit()
+    assert len(seen) == 1, seen
+    assert task_count(app) == 500
+    await app.aclose()
+
+
+@pytest.fixture(params=[AsyncSession, SQLModelAsyncSession], ids=["sqlalchemy", "sqlmodel"])
+async def async_session(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[AsyncSession]:
+    url = sa.engine.make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        url = url.set(drivername="sqlite+aiosqlite")
+    engine = create_async_engine(url)
+    async with request.param(engine) as session:
+        yield session
+    await engine.dispose()
+
+
+async def test_asubmit_writes_in_the_async_sessions_transaction(
+    make_app: Callable[..., App], async_session: AsyncSession
+) -> None:
+    app = doubling_app(make_app)
+    double = app.registry["double"]
+    first = await double.asubmit(async_session, 21, idempotency_key="order-1")
+    again = await app.asubmit(async_session, "double", 21, idempotency_key="order-1")
+    await async_session.rollback()  # rolled back: no task
+    assert task_count(app) == 0
+    assert first.created
+    assert (again.id, again.created) == (first.id, False)
+    kept = await double.asubmit(async_session, 21, idempotency_key="order-1")
+    await async_session.commit()
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(run_until_quiet, app))
+            assert await kept.wait(timeout=60) == 42
+    await app.aclose()
