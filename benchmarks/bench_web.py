@@ -149,6 +149,7 @@ def pages(app: App, rows: int) -> dict[str, str]:
         "doctor": "/doctor",
         "agent runs": "/agents",
         "agent run": f"/agents/{run_id}",
+        "schedules": "/schedules",
         "audit": "/audit",
     }
 
