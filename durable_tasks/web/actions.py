@@ -22,7 +22,6 @@ from starlette.datastructures import URL
 from .. import dlq, readmodel
 from ..errors import DurableTasksError
 from ..records import audit_table
-from ..scheduler import pause_schedule
 from .context import Dashboard
 from .pages import FAILED_STATES
 
@@ -185,7 +184,7 @@ def _add_schedule_actions(router: APIRouter, d: Dashboard, act: Act, guarded: li
         stop = paused == "1"
 
         async def go() -> str:
-            await to_thread.run_sync(lambda: pause_schedule(d.app, d.schedules(), name, paused=stop))
+            await to_thread.run_sync(d.app.pause_schedule if stop else d.app.resume_schedule, name)
             return "paused" if stop else "resumed (the ticks that fell while paused are skipped)"
 
         notice = await act(request, "schedule-pause" if stop else "schedule-resume", name, go)

@@ -17,7 +17,6 @@ from fastapi.templating import Jinja2Templates
 from .. import readmodel
 from ..app import App
 from ..errors import InvalidQueryError
-from ..periodic import Schedule
 from .live import Live
 from .overview import Overview
 from .render import create_templates
@@ -79,12 +78,6 @@ class Dashboard:
     def namespace(self) -> str:
         """The App's namespace."""
         return self.app.settings.namespace
-
-    def schedules(self) -> Mapping[str, Schedule]:
-        """The App's declared periodic schedules (none until the App holds them; the rows of
-        ``dt_schedules`` are listed either way)."""
-        declared = getattr(self.app, "schedules", None)
-        return declared if isinstance(declared, Mapping) else {}
 
     def who(self, request: Request) -> str:
         """Who acts, for the audit log: the user, and the address they came from."""

@@ -15,7 +15,6 @@ from .. import dlq, readmodel
 from ..doctor import diagnose, gather_facts
 from ..errors import InvalidQueryError
 from ..records import TaskState
-from ..scheduler import list_schedules
 from .context import Dashboard, bad_query, parse_time
 from .render import STATIC_DIR, STATIC_FILES
 
@@ -164,7 +163,7 @@ def _add_operations(router: APIRouter, d: Dashboard) -> None:
 
     @router.get("/schedules", name="dt_schedules", response_class=HTMLResponse)
     async def schedules(request: Request) -> HTMLResponse:
-        found = await to_thread.run_sync(lambda: list_schedules(d.app, d.schedules()))
+        found = await to_thread.run_sync(d.app.list_schedules)
         return d.render(request, "schedules.html", {"schedules": found})
 
     @router.get("/audit", name="dt_audit", response_class=HTMLResponse)
