@@ -9,18 +9,21 @@ from .app import App
 from .clock import Clock, FrozenClock
 from .errors import (
     BrokerUnavailableError,
+    ChildTaskFailedError,
     ConfigurationError,
     DatabaseUnavailableError,
     DurableTasksError,
     EmbeddedServerError,
     InvalidDelayError,
     InvalidIdempotencyKeyError,
+    JournalFencedOutError,
     PayloadError,
     PayloadNotSerializableError,
     PayloadTooLargeError,
     PayloadValidationError,
     ResultNotSerializableError,
     ResultTimeoutError,
+    SignalError,
     TaskCancelledError,
     TaskDeadLetteredError,
     TaskFailedError,
@@ -29,14 +32,15 @@ from .errors import (
     UnknownScheduleError,
     UnknownTaskError,
 )
+from .journal import Journal, current_journal
 from .periodic import CatchUp
 from .reaper import ReapReport
 from .records import AttemptOutcome, TaskState
 from .scheduler import ScheduleInfo
 from .settings import Settings, SettingsOverrides
 from .store.retention import PruneReport
-from .tasks import Task, TaskContext, TaskHandle
-from .views import AttemptInfo, QueueStats, TaskInfo
+from .tasks import Task, TaskContext, TaskHandle, current_task
+from .views import AttemptInfo, PendingApproval, QueueStats, StepInfo, TaskInfo
 
 __all__ = [
     "App",
@@ -44,6 +48,7 @@ __all__ = [
     "AttemptOutcome",
     "BrokerUnavailableError",
     "CatchUp",
+    "ChildTaskFailedError",
     "Clock",
     "ConfigurationError",
     "DatabaseUnavailableError",
@@ -52,10 +57,13 @@ __all__ = [
     "FrozenClock",
     "InvalidDelayError",
     "InvalidIdempotencyKeyError",
+    "Journal",
+    "JournalFencedOutError",
     "PayloadError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "PayloadValidationError",
+    "PendingApproval",
     "PruneReport",
     "QueueStats",
     "ReapReport",
@@ -64,6 +72,8 @@ __all__ = [
     "ScheduleInfo",
     "Settings",
     "SettingsOverrides",
+    "SignalError",
+    "StepInfo",
     "Task",
     "TaskCancelledError",
     "TaskContext",
@@ -76,4 +86,6 @@ __all__ = [
     "TaskState",
     "UnknownScheduleError",
     "UnknownTaskError",
+    "current_journal",
+    "current_task",
 ]

@@ -38,6 +38,7 @@ from .result_waits import ResultWaits
 from .runtime import Runtime
 from .scheduler import ScheduleInfo, Scheduler, list_schedules, pause_schedule
 from .settings import NAME_PATTERN, Settings, SettingsOverrides
+from .signals import SignalsMixin
 from .stats import queue_stats
 from .store import open_store
 from .store.retention import PruneReport
@@ -60,7 +61,7 @@ logger = logging.getLogger(__name__)
 _MAX_TASK_NAME = 200  # dt_tasks.name
 
 
-class App:
+class App(SignalsMixin):
     """One durable task runtime: the registry of tasks, the settings, the database and Redis.
 
     ``App()`` with no URLs uses a SQLite file and an embedded Valkey in ``data_dir``; every

@@ -20,7 +20,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import failpoints
 from .codec import decode_payload, encode_result
-from .errors import PayloadValidationError, ResultNotSerializableError
+from .errors import ChildTaskFailedError, JournalFencedOutError, PayloadValidationError, ResultNotSerializableError
+from .journaled import run_handler
 from .outcome import TaskOutcome
 from .policy import FailureDecision, backoff_delay, decide_after_failure
 from .records import TaskState
@@ -34,7 +35,8 @@ __all__ = ["ExecutionOutcome", "LeaseKeeper", "run_attempt"]
 
 logger = logging.getLogger(__name__)
 
-_NOT_RETRYABLE = (PayloadValidationError, ResultNotSerializableError)
+# A child's recorded failure replays the same on every attempt: retrying cannot change it.
+_NOT_RETRYABLE = (PayloadValidationError, ResultNotSerializableError, ChildTaskFailedError)
 
 
 class ExecutionOutcome(StrEnum):
@@ -46,6 +48,7 @@ class ExecutionOutcome(StrEnum):
     RETRYING = "retrying"
     FAILED = "failed"
     FENCED_OUT = "fenced_out"
+    SUSPENDED = "suspended"  # waits for children or a signal, without a worker slot
 
 
 #: ``commit(write)``: hands a final write to the group committer and waits for its outcome.
@@ -85,7 +88,10 @@ async def run_attempt(
     started = time.perf_counter()
     leases.hold(claim, ctx)
     try:
-        result = await _run(task, ctx, handler_threads)
+        result, suspended = await run_handler(runtime, claim, task, ctx, handler_threads)
+        if suspended is not None:
+            logger.debug("task %s attempt %s suspended (%s)", claim.task_id, claim.attempt, suspended)
+            return ExecutionOutcome.SUSPENDED
         result_json = encode_result(
             task.result_adapter,
             result,
@@ -93,6 +99,9 @@ async def run_attempt(
             max_bytes=runtime.settings.max_payload_bytes,
             max_depth=runtime.settings.max_json_depth,
         )
+    except JournalFencedOutError:
+        runtime.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
+        return ExecutionOutcome.FENCED_OUT
     except Exception as exc:
         return await _fail(runtime, claim, task, ctx, exc, span)
     finally:
@@ -115,17 +124,6 @@ async def run_attempt(
         return await _fail(runtime, claim, task, ctx, write.hook_error, span)
     tel.end_to_end.record((runtime.clock() - claim.created_at).total_seconds(), {"queue": claim.queue})
     return ExecutionOutcome.SUCCEEDED
-
-
-async def _run(task: Task[Any, Any], ctx: TaskContext[Any], limiter: anyio.CapacityLimiter | None) -> Any:
-    if task.timeout is None:
-        return await task.run(ctx, limiter=limiter)
-    try:
-        with anyio.fail_after(task.timeout.total_seconds()):
-            return await task.run(ctx, limiter=limiter)
-    except TimeoutError:
-        ctx.cancelled.set()  # an abandoned sync handler learns it should stop
-        raise
 
 
 class LeaseKeeper:

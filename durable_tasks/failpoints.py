@@ -13,7 +13,9 @@ so a disabled failpoint costs one global lookup.
 Points: ``dispatch.after_claim``, ``dispatch.after_xadd`` (published, not yet marked SENT),
 ``worker.after_claim`` (fenced, not yet run), ``worker.after_run`` (ran, result not yet
 committed), ``worker.after_commit`` (committed, not yet acknowledged),
-``reaper.after_reclaim`` (new delivery written, old entry not yet acknowledged).
+``reaper.after_reclaim`` (new delivery written, old entry not yet acknowledged),
+``journal.after_step`` (a step recorded, e.g. a model response, before the handler goes on),
+``journal.after_suspend`` (children submitted and the task WAITING, entry not yet acknowledged).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ POINTS = frozenset(
         "worker.after_run",
         "worker.after_commit",
         "reaper.after_reclaim",
+        "journal.after_step",
+        "journal.after_suspend",
     }
 )
 

@@ -73,6 +73,7 @@ __all__ = [
     "StepKind",
     "Suspended",
     "current_journal",
+    "signal_slot",
     "using_journal",
 ]
 
@@ -81,6 +82,9 @@ MAX_LABEL = 120
 #: Event-loop turns the runtime gives the handler's branches to reach their waits before it
 #: decides they are all blocked (parallel tool calls started together get there in a few).
 QUIET_TURNS = 20
+#: Then this long with nothing new, for branches that wait on something else in between (a
+#: thread hop); one that waits longer only costs an extra suspension, never a wrong result.
+SETTLE_S = 0.005
 
 
 class StepKind(StrEnum):
@@ -243,7 +247,7 @@ class Journal:
     ) -> Any:
         """Wait for ``app.signal(task_id, name, payload)`` and return the payload (decoded JSON);
         ``request`` (JSON) says what is asked, for whoever answers (the approvals CLI shows it)."""
-        slot = f"signal:{_bounded(name)}"
+        slot = signal_slot(name)
         self._begin()
         try:
             recorded = await self._lookup(slot)
@@ -300,6 +304,7 @@ class Journal:
             seen = self._version
             for _ in range(QUIET_TURNS):
                 await asyncio.sleep(0)
+            await asyncio.sleep(SETTLE_S)
             if self._blocked() and self._version == seen:
                 return
 
@@ -353,6 +358,11 @@ def using_journal(journal: Journal) -> Iterator[Journal]:
         yield journal
     finally:
         _current.reset(token)
+
+
+def signal_slot(name: str) -> str:
+    """The journal slot of the signal ``name`` (one per generation)."""
+    return f"signal:{_bounded(name)}"
 
 
 def _bounded(label: str) -> str:

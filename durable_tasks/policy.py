@@ -113,6 +113,8 @@ def decide_reap(
         return ReapAction.DEAD_LETTER if idle >= visibility_timeout else ReapAction.KEEP
     if task.state in TERMINAL_STATES or task.generation != entry_generation or task.delivery != entry_delivery:
         return ReapAction.ACK_STALE
+    if task.state == TaskState.WAITING:
+        return ReapAction.ACK_STALE  # suspended: its resume makes a delivery of its own
     lease_live = task.lease_expires_at is not None and task.lease_expires_at > now
     if task.state == TaskState.RUNNING and lease_live:
         return ReapAction.KEEP

@@ -1,5 +1,6 @@
 """SQLModel tables: the durable intent (``dt_tasks``), delivery intents (``dt_outbox``), the
-audit trail of executions (``dt_attempts``) and of operators' actions (``dt_audit``).
+audit trail of executions (``dt_attempts``), of operators' actions (``dt_audit``) and the step
+journal (``dt_steps``).
 
 Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres). Payloads and results are
 stored as the exact JSON text the runtime validated, so nothing is serialized twice.
@@ -21,6 +22,7 @@ __all__ = [
     "OutboxRecord",
     "OutboxState",
     "ScheduleRecord",
+    "StepRecord",
     "TaskRecord",
     "TaskState",
 ]
@@ -33,6 +35,7 @@ class TaskState(StrEnum):
     ENQUEUED = "ENQUEUED"
     RUNNING = "RUNNING"
     RETRYING = "RETRYING"
+    WAITING = "WAITING"  # suspended on its children or a signal: no worker slot, no lease
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     DEAD = "DEAD"
@@ -58,6 +61,7 @@ class AttemptOutcome(StrEnum):
     FAILED = "failed"
     FENCED_OUT = "fenced_out"
     LOST = "lost"
+    SUSPENDED = "suspended"  # the handler waits for children or a signal (see durable_tasks.journal)
 
 
 class TaskRecord(SQLModel, table=True):
@@ -104,6 +108,10 @@ class TaskRecord(SQLModel, table=True):
     traceparent: str | None = Field(default=None, max_length=128)
     partition_key: str | None = Field(default=None, max_length=200)
     shadow: bool = False
+    #: A child task's parent: the task, generation and journal slot its outcome settles.
+    parent_id: str | None = Field(default=None, max_length=36)
+    parent_generation: int | None = None
+    parent_slot: str | None = Field(default=None, max_length=200)
     created_at: datetime
     enqueued_at: datetime | None = None
     started_at: datetime | None = None
@@ -209,8 +217,47 @@ class AuditRecord(SQLModel, table=True):
     outcome: str = Field(sa_type=sa.Text)
 
 
+class StepRecord(SQLModel, table=True):
+    """``dt_steps``: the step journal of one task generation (``durable_tasks.journal``): a
+    recorded step's result, a child's outcome, a signal's payload, or a wait still open
+    (``done`` false). Unique per task, generation and slot; written only under the task's fence
+    (or, for a child's outcome and a signal, under the task row's lock)."""
+
+    __tablename__ = "dt_steps"
+    __table_args__ = (
+        sa.UniqueConstraint("task_id", "generation", "slot", name="uq_dt_steps_slot"),
+        # Open waits by kind, oldest first: the approvals listing reads only these.
+        sa.Index(
+            "ix_dt_steps_open",
+            "namespace",
+            "kind",
+            "id",
+            postgresql_where=sa.text("NOT done"),
+            sqlite_where=sa.text("NOT done"),
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    namespace: str = Field(max_length=64)
+    task_id: str = Field(max_length=36)
+    generation: int
+    slot: str = Field(max_length=200)
+    kind: str = Field(max_length=16)
+    label: str = Field(max_length=200)
+    done: bool = False
+    result: str | None = Field(default=None, sa_type=sa.Text)
+    request: str | None = Field(default=None, sa_type=sa.Text)
+    child_task_id: str | None = Field(default=None, max_length=36)
+    child_state: str | None = Field(default=None, max_length=16)
+    error_type: str | None = Field(default=None, max_length=200)
+    error_message: str | None = Field(default=None, sa_type=sa.Text)
+    created_at: datetime
+    finished_at: datetime | None = None
+
+
 tasks_table: sa.Table = TaskRecord.__table__  # type: ignore[attr-defined]
 outbox_table: sa.Table = OutboxRecord.__table__  # type: ignore[attr-defined]
 attempts_table: sa.Table = AttemptRecord.__table__  # type: ignore[attr-defined]
+steps_table: sa.Table = StepRecord.__table__  # type: ignore[attr-defined]
 schedules_table: sa.Table = ScheduleRecord.__table__  # type: ignore[attr-defined]
 audit_table: sa.Table = AuditRecord.__table__  # type: ignore[attr-defined]

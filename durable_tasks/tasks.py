@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, get_type_hints, overload
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from .result_waits import ResultWaits
+from .journal import Journal
 
 __all__ = [
     "OnCommitHook",
@@ -28,6 +30,7 @@ __all__ = [
     "TaskContext",
     "TaskDecorator",
     "TaskHandle",
+    "current_task",
     "session_hooks",
 ]
 
@@ -59,6 +62,8 @@ class TaskContext(Generic[PayloadT]):
     _beat: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False)
     fenced_out: bool = False
     _cancelled: threading.Event | None = field(default=None, repr=False)
+    #: The step journal of this attempt (async handlers; see :mod:`durable_tasks.journal`).
+    journal: Journal | None = field(default=None, repr=False)
 
     @property
     def cancelled(self) -> threading.Event:
@@ -271,6 +276,7 @@ class Task(Generic[PayloadT, ResultT]):
     async def run(self, ctx: TaskContext[PayloadT], *, limiter: anyio.CapacityLimiter | None = None) -> ResultT:
         """Run the handler once (sync handlers in a worker thread, counted by ``limiter``: the
         worker gives handlers their own, so they never take the threads its database calls use)."""
+        _current.set(ctx)  # this asyncio task's (and, copied, its worker thread's) current task
         if self.is_async:
             return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
         sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
@@ -304,3 +310,13 @@ def session_hooks(hooks: Sequence[Callable[..., None]], ctx: TaskContext[Any], v
             session.commit()  # releases the session's savepoint; the fenced transaction commits later
 
     return run
+
+
+_current: ContextVar[TaskContext[Any] | None] = ContextVar("durable_tasks_current_task", default=None)
+
+
+def current_task() -> TaskContext[Any] | None:
+    """The context of the task attempt this code runs in (a tool inside its tool task, a
+    handler, code it calls), or None outside one: ``current_task().idempotency_token`` is the
+    key to hand downstream systems."""
+    return _current.get()

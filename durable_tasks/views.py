@@ -9,7 +9,7 @@ from typing import Any
 
 from .records import AttemptOutcome, AttemptRecord, TaskRecord, TaskState
 
-__all__ = ["AttemptInfo", "QueueStats", "TaskInfo"]
+__all__ = ["AttemptInfo", "PendingApproval", "QueueStats", "StepInfo", "TaskInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +119,39 @@ def _loads_or_raw(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """An approval a suspended task waits for: answer it with ``app.approve(task_id, name)``."""
+
+    id: int
+    task_id: str
+    task_name: str
+    generation: int
+    name: str
+    request: Any
+    since: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (the time as ISO 8601)."""
+        out = asdict(self)
+        out["since"] = self.since.isoformat()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One row of a task's step journal: a recorded step, a child's outcome, a signal, or a
+    wait still open (``done`` false)."""
+
+    slot: str
+    kind: str
+    label: str
+    done: bool
+    result: Any
+    child_task_id: str | None
+    child_state: str | None
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None

@@ -55,6 +55,7 @@ class WorkerCounters:
         self.retried = 0
         self.skipped_stale = 0
         self.fenced_out = 0
+        self.suspended = 0
         self.malformed = 0
         self.unsettled = 0
 
@@ -69,6 +70,8 @@ class WorkerCounters:
                 self.failed += 1
             case ExecutionOutcome.FENCED_OUT:
                 self.fenced_out += 1
+            case ExecutionOutcome.SUSPENDED:
+                self.suspended += 1
 
 
 @dataclass(slots=True)

@@ -5,12 +5,12 @@ The Typer app lives in :mod:`.base`; each module here adds one group of commands
 
 from __future__ import annotations
 
-from . import inspect, maintain, schedule, serve, web
+from . import approvals, inspect, maintain, schedule, serve, web
 from .base import cli, load_app
 
 __all__ = ["cli", "load_app", "main"]
 
-_COMMAND_MODULES = (inspect, maintain, schedule, serve, web)  # imported for the commands they register
+_COMMAND_MODULES = (approvals, inspect, maintain, schedule, serve, web)  # imported for the commands they register
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ Streaming (``Runner.run_streamed``) is not durable: use ``run``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -105,7 +106,7 @@ class DurableRunner:
                 decision = await journal.wait_signal(
                     f"approval:{item.call_id}",
                     kind=StepKind.APPROVAL,
-                    request={"tool": item.tool_name, "args": item.arguments, "tool_call_id": item.call_id},
+                    request={"tool": item.tool_name, "args": _arguments(item.arguments), "tool_call_id": item.call_id},
                     order=position,
                 )
                 if isinstance(decision, dict) and decision.get("approved") is True:
@@ -194,6 +195,16 @@ class DurableRunner:
             return {"output": output if isinstance(output, str) else to_jsonable_python(output)}
 
         return run_tool
+
+
+def _arguments(raw: Any) -> Any:
+    """A call's arguments as JSON data (the model sends them as text)."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
 
 
 class _Turn:

@@ -21,12 +21,14 @@ import anyio
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ..journal import ChildOutcome
 from ..outcome import TaskOutcome
 from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
-from . import execution, leases, outbox, outcomes, queries, recovery, results, retention, schema, submit
+from . import execution, journal, leases, outbox, outcomes, queries, recovery, results, retention, schema, submit
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
+from .journaling import JournalStore
 from .notify import OutboxWaiter, PollingWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
 from .protocol import DatabaseFacts
@@ -41,7 +43,7 @@ __all__ = ["SqlStore"]
 R = TypeVar("R")
 
 
-class SqlStore:
+class SqlStore(JournalStore):
     """The operations of :class:`~.protocol.Store` in SQLAlchemy Core, each in a worker thread."""
 
     def __init__(self, engine: sa.Engine) -> None:
@@ -131,7 +133,9 @@ class SqlStore:
         the same transaction, committed long ago, or inserted concurrently (the insert waits for
         the other transaction, then yields to it).
         """
-        conn = session.connection()
+        return self._submit_conn(session.connection(), task, now)
+
+    def _submit_conn(self, conn: sa.Connection, task: NewTask, now: datetime) -> SubmitOutcome:
         if task.idempotency_key is not None:
             existing = submit.find_by_key(conn, task)
             if existing is not None:
@@ -156,12 +160,17 @@ class SqlStore:
         row = submit.rerun_task(conn, namespace, task_id, now, due=due)
         if row is None:
             return None
+        journal.cancel_children(conn, namespace, task_id, row.generation, now)  # the superseded branch
         self._wake_dispatchers(conn, namespace)
         return row.generation
 
     def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
         """Cancel a task with no final write yet."""
-        return submit.cancel_task(session.connection(), namespace, task_id, now)
+        conn = session.connection()
+        cancelled = submit.cancel_task(conn, namespace, task_id, now)
+        if cancelled:
+            self._settle_if_child(conn, namespace, task_id, "CANCELLED", now)
+        return cancelled
 
     # -- the dispatcher ----------------------------------------------------------------------
 
@@ -265,6 +274,8 @@ class SqlStore:
                 still_open = self._commit_plain(conn, plain, now) if plain else []
                 for w in hooked:
                     results.commit_hooked(conn, w, now)
+                    if w.outcome is results.CommitOutcome.COMMITTED:
+                        self._settle_parent(conn, w.claim, ChildOutcome("SUCCEEDED", w.result_json), now)
                 self._finish_attempts(conn, [*still_open, *hooked], now)
 
         await self._in_thread(commit)
@@ -294,6 +305,8 @@ class SqlStore:
                 )
                 if recorded and retry_at is not None:
                     self._wake_dispatchers(conn, claim.namespace)
+                if recorded and retry_at is None:
+                    self._settle_parent(conn, claim, ChildOutcome("FAILED", None, error_type[:200], error_message), now)
             return recorded
 
         return await self._in_thread(record)
@@ -367,7 +380,7 @@ class SqlStore:
 
         def run() -> bool:
             with self._engine.begin() as conn:
-                return recovery.dead_letter_task(
+                dead = recovery.dead_letter_task(
                     conn,
                     namespace,
                     task_id=task_id,
@@ -377,6 +390,9 @@ class SqlStore:
                     reason=reason,
                     on_dead=on_dead,
                 )
+                if dead:
+                    self._settle_if_child(conn, namespace, task_id, "DEAD", now)
+                return dead
 
         return await self._in_thread(run)
 

@@ -69,6 +69,10 @@ class ExecutionClaim:
     worker_id: str
     previous_traceparent: str | None = None
     reclaims: int = 0
+    #: A child task's parent (``durable_tasks.journal``): its final outcome settles that slot.
+    parent_id: str | None = None
+    parent_generation: int | None = None
+    parent_slot: str | None = None
 
     def fence(self) -> sa.ColumnElement[bool]:
         """The WHERE clause every write of this execution carries."""
@@ -118,6 +122,9 @@ class ClaimedRow(NamedTuple):
     generation: int
     delivery: int
     reclaims: int
+    parent_id: str | None
+    parent_generation: int | None
+    parent_slot: str | None
 
 
 _RETURNED = tuple(t[name] for name in ClaimedRow._fields)
@@ -295,6 +302,9 @@ def _claim_from(row: ClaimedRow, namespace: str, worker_id: str, previous: str |
         worker_id=worker_id,
         previous_traceparent=previous,
         reclaims=row.reclaims,
+        parent_id=row.parent_id,
+        parent_generation=row.parent_generation,
+        parent_slot=row.parent_slot,
     )
 
 

@@ -27,15 +27,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ..journal import PendingChild, PendingSignal, RecordedStep, StepKind, Suspended
 from ..outcome import TaskOutcome
 from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
+from .journal import OpenWait
 from .notify import OutboxWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
 from .pooler import PoolingReport
@@ -44,6 +46,9 @@ from .recovery import DeadTask, UnconfirmedDelivery
 from .results import FinalWrite
 from .retention import PruneReport
 from .submit import NewTask, SubmitOutcome
+
+if TYPE_CHECKING:
+    from ..views import StepInfo
 
 __all__ = ["DatabaseFacts", "DatabaseProblem", "Store"]
 
@@ -262,6 +267,42 @@ class Store(Protocol):
 
     async def queue_backlogs(self, namespace: str) -> dict[str, QueueBacklog]:
         """Pending outbox rows (count, oldest) and the oldest undelivered task, per queue."""
+        ...
+
+    # -- the step journal (``durable_tasks.journal``) -------------------------------------------
+
+    async def load_steps(self, task_id: str, generation: int) -> list[RecordedStep]:
+        """Every journal row of the task's generation."""
+        ...
+
+    async def record_step(
+        self, claim: ExecutionClaim, slot: str, label: str, result_json: str, *, now: datetime, lease: timedelta
+    ) -> str | None:
+        """Record a step under the attempt's fence; the recorded result, or None when fenced out."""
+        ...
+
+    async def suspend(
+        self,
+        claim: ExecutionClaim,
+        children: Sequence[tuple[PendingChild, NewTask]],
+        signals: Sequence[PendingSignal],
+        *,
+        now: datetime,
+    ) -> Suspended | None:
+        """Submit the children, open the waits, move the task to WAITING (or redeliver it when
+        nothing is left to wait for), in one fenced transaction; None when fenced out."""
+        ...
+
+    def deliver_signal(self, namespace: str, task_id: str, name: str, payload_json: str, now: datetime) -> bool | None:
+        """Deliver a signal to the task's current generation; None: no such task; False: delivered before."""
+        ...
+
+    def open_waits(self, namespace: str, *, kinds: Sequence[StepKind], limit: int, after_id: int) -> list[OpenWait]:
+        """Open waits of these kinds, oldest first, ``limit`` after ``after_id``."""
+        ...
+
+    def list_steps(self, namespace: str, task_id: str) -> list[StepInfo] | None:
+        """The journal of the task's current generation; None when there is no such task."""
         ...
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -65,8 +65,9 @@ _SUCCEEDED = {
 
 
 def plain(w: FinalWrite) -> bool:
-    """A write whose commit runs no hook (none registered, or a shadow run's, which never runs)."""
-    return w.hook is None or w.claim.shadow
+    """A write whose commit runs no hook (none registered, or a shadow run's, which never runs)
+    and settles no parent (a child task's result goes into its parent's journal)."""
+    return (w.hook is None or w.claim.shadow) and w.claim.parent_id is None
 
 
 def set_outcomes(writes: Sequence[FinalWrite], committed: set[str]) -> None:
@@ -102,9 +103,9 @@ def commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
         savepoint.rollback()
         w.outcome = CommitOutcome.FENCED_OUT
         return
-    assert w.hook is not None
     try:
-        w.hook(conn)
+        if w.hook is not None and not w.claim.shadow:
+            w.hook(conn)
     except Exception as exc:
         savepoint.rollback()
         w.outcome, w.hook_error = CommitOutcome.HOOK_FAILED, exc

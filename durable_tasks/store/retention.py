@@ -12,7 +12,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, tasks_table
+from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
 
 __all__ = ["PruneReport", "prune"]
 
@@ -62,7 +62,8 @@ def prune(engine: sa.Engine, namespace: str, *, before: datetime, batch: int, ma
             )
             if task_ids:
                 report.attempts += conn.execute(sa.delete(attempts_table).where(a.task_id.in_(task_ids))).rowcount
-                # A final task's remaining outbox rows (any state) go with it.
+                # A final task's journal and remaining outbox rows (any state) go with it.
+                conn.execute(sa.delete(steps_table).where(steps_table.c.task_id.in_(task_ids)))
                 report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.task_id.in_(task_ids))).rowcount
                 report.tasks += conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
         report.batches += 1

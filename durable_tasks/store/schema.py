@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlmodel import SQLModel
 
-from ..records import attempts_table, outbox_table, tasks_table
+from ..records import attempts_table, outbox_table, steps_table, tasks_table
 
 __all__ = ["create_all", "missing_indexes"]
 
@@ -23,7 +23,7 @@ def missing_indexes(engine: sa.Engine) -> list[str]:
     that do not exist at all are left to ``init-db``)."""
     inspector = sa.inspect(engine)
     statements = []
-    for table in (tasks_table, outbox_table, attempts_table):
+    for table in (tasks_table, outbox_table, attempts_table, steps_table):
         if not inspector.has_table(table.name):
             continue
         present = {index["name"] for index in inspector.get_indexes(table.name)}

@@ -44,6 +44,10 @@ class NewTask:
     partition_key: str | None = None
     #: When the first delivery is due (None: at once).
     due: datetime | None = None
+    #: A child task's parent (``durable_tasks.journal``): the task, generation and slot it settles.
+    parent_id: str | None = None
+    parent_generation: int | None = None
+    parent_slot: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,9 @@ def task_row(task: NewTask, task_id: str, now: datetime) -> dict[str, Any]:
         "traceparent": task.traceparent,
         "partition_key": task.partition_key,
         "shadow": task.shadow,
+        "parent_id": task.parent_id,
+        "parent_generation": task.parent_generation,
+        "parent_slot": task.parent_slot,
         "state": TaskState.PENDING,
         "generation": 0,
         "attempt": 0,

@@ -219,6 +219,9 @@ _SUBMIT_COLUMNS = (
     "traceparent",
     "partition_key",
     "shadow",
+    "parent_id",
+    "parent_generation",
+    "parent_slot",
 )
 
 

@@ -44,7 +44,8 @@ WITH locked AS MATERIALIZED (
     FROM claimable AS k
     WHERE t.id = k.id
     RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures, t.payload, t.idempotency_key,
-              t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery, t.reclaims
+              t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery, t.reclaims,
+              t.parent_id, t.parent_generation, t.parent_slot
 ), opened AS (
     INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, traceparent)
     SELECT %(namespace)s, c.id, c.generation, c.attempt, c.delivery, %(worker_id)s, %(now)s, p.traceparent
@@ -217,9 +218,10 @@ LIMIT 1;
 WITH task AS (
     INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
                           delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
-                          partition_key, shadow, created_at)
+                          partition_key, shadow, parent_id, parent_generation, parent_slot, created_at)
     VALUES (%(id)s, %(namespace)s, %(name)s, %(queue)s, %(idempotency_key)s, %(payload)s, 'PENDING', 0, 0,
-            0, 0, 0, 0, %(max_attempts)s, %(traceparent)s, %(partition_key)s, %(shadow)s, %(now)s)
+            0, 0, 0, 0, %(max_attempts)s, %(traceparent)s, %(partition_key)s, %(shadow)s, %(parent_id)s,
+            %(parent_generation)s, %(parent_slot)s, %(now)s)
     ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
     RETURNING id
 ), intent AS (

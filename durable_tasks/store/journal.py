@@ -1,0 +1,391 @@
+"""The step journal's SQL (``dt_steps``): recorded steps, suspension, children's outcomes,
+signals, and the resume of a WAITING task. Core statements on a connection; the store runs
+them in its transactions and supplies what its dialect does differently (locking a task row,
+submitting a child, waking dispatchers).
+
+Every write that concerns one task happens under that task's row lock: the attempt's fenced
+UPDATE (record a step, suspend), or the store's lock (a child's outcome, a signal). So exactly
+one of "the task suspends" and "its last awaited thing settles" sees the other, and the task
+is resumed once: the suspension finds nothing open and redelivers at once, or the last settle
+finds the task WAITING and resumes it. A resume is a new delivery of the same generation
+(``delivery + 1``, an outbox row), like a reaper's redelivery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, StepKind, Suspended, signal_slot
+from ..records import TERMINAL_STATES, AttemptOutcome, TaskState, attempts_table, steps_table, tasks_table
+from .execution import ExecutionClaim
+from .submit import NewTask, cancel_task, insert_outbox
+
+__all__ = [
+    "OpenWait",
+    "cancel_children",
+    "child_task",
+    "deliver_signal",
+    "load_steps",
+    "open_waits",
+    "record_step",
+    "resume_if_ready",
+    "settle_child",
+    "settle_if_child",
+    "suspend",
+]
+
+t = tasks_table.c
+s = steps_table.c
+a = attempts_table.c
+
+#: ``lock(conn, task_ids)``: the store's row lock (FOR UPDATE; a no-op where transactions are serialized).
+Lock = Callable[[sa.Connection, Sequence[str]], None]
+#: ``wake(conn, namespace)``: tell dispatchers an outbox row was written.
+Wake = Callable[[sa.Connection, str], None]
+
+
+#: ``submit(conn, task, now) -> child task id``: the store's submit (idempotent by key, waking
+#: dispatchers).
+SubmitChild = Callable[[sa.Connection, NewTask, datetime], str]
+
+
+def child_task(claim: ExecutionClaim, child: PendingChild, *, queue: str, max_attempts: int) -> NewTask:
+    """The child's task row: idempotency key ``task_id:generation:slot`` (one child per slot and
+    generation, however often a suspension is retried) and the link back to the parent."""
+    return NewTask(
+        namespace=claim.namespace,
+        name=child.prepared.task_name,
+        queue=queue,
+        payload_json=child.prepared.payload_json,
+        idempotency_key=f"{claim.task_id}:{claim.generation}:{child.slot}",
+        max_attempts=max_attempts,
+        traceparent=claim.traceparent,
+        shadow=claim.shadow,
+        parent_id=claim.task_id,
+        parent_generation=claim.generation,
+        parent_slot=child.slot,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OpenWait:
+    """A wait still open (the approvals listing): which task, what it waits for, since when."""
+
+    id: int
+    task_id: str
+    task_name: str
+    generation: int
+    name: str
+    kind: str
+    request_json: str | None
+    since: datetime
+
+
+def load_steps(conn: sa.Connection, task_id: str, generation: int) -> list[RecordedStep]:
+    """Every journal row of the task's generation."""
+    rows = conn.execute(
+        sa.select(
+            s.slot, s.kind, s.done, s.result, s.child_state, s.error_type, s.error_message, s.child_task_id
+        ).where(s.task_id == task_id, s.generation == generation)
+    ).all()
+    return [_recorded(r) for r in rows]
+
+
+def _recorded(r: Any) -> RecordedStep:
+    kind = StepKind(r.kind)
+    if kind is StepKind.CHILD:
+        child = ChildOutcome(r.child_state, r.result, r.error_type, r.error_message) if r.done else None
+        return RecordedStep(r.slot, kind, bool(r.done), None, child)
+    return RecordedStep(r.slot, kind, bool(r.done), r.result)
+
+
+def _own(conn: sa.Connection, claim: ExecutionClaim, now: datetime, lease: timedelta) -> bool:
+    """The attempt's fence, as an UPDATE that extends its lease and locks the task row."""
+    return bool(conn.execute(sa.update(tasks_table).where(claim.fence()).values(lease_expires_at=now + lease)).rowcount)
+
+
+def record_step(
+    conn: sa.Connection,
+    claim: ExecutionClaim,
+    slot: str,
+    label: str,
+    result_json: str,
+    *,
+    now: datetime,
+    lease: timedelta,
+) -> str | None:
+    """Record a step's result under the attempt's fence; returns the recorded result (a row
+    already there wins), or None when the attempt no longer owns the task."""
+    if not _own(conn, claim, now, lease):
+        return None
+    existing = conn.execute(
+        sa.select(s.result).where(s.task_id == claim.task_id, s.generation == claim.generation, s.slot == slot)
+    ).first()
+    if existing is not None and existing.result is not None:
+        return str(existing.result)
+    conn.execute(
+        sa.insert(steps_table).values(
+            namespace=claim.namespace,
+            task_id=claim.task_id,
+            generation=claim.generation,
+            slot=slot,
+            kind=StepKind.STEP,
+            label=label[:200],
+            done=True,
+            result=result_json,
+            created_at=now,
+            finished_at=now,
+        )
+    )
+    return result_json
+
+
+def suspend(
+    conn: sa.Connection,
+    claim: ExecutionClaim,
+    children: Sequence[tuple[PendingChild, NewTask]],
+    signals: Sequence[PendingSignal],
+    *,
+    now: datetime,
+    submit_child: SubmitChild,
+    wake: Wake,
+) -> Suspended | None:
+    """Submit the children (in the given order), open the waits, and move the task to WAITING,
+    or redeliver it when everything awaited has settled already; None when fenced out."""
+    waiting = conn.execute(
+        sa.update(tasks_table).where(claim.fence()).values(state=TaskState.WAITING, lease_expires_at=None)
+    ).rowcount
+    if not waiting:
+        return None
+    for child, task in children:
+        child_id = submit_child(conn, task, now)
+        _open(conn, claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=child_id)
+        outcome = _final_outcome(conn, child_id)
+        if outcome is not None:  # a child of an earlier suspension that had ended meanwhile
+            _settle_row(conn, claim.task_id, claim.generation, child.slot, outcome, now)
+    for signal in signals:
+        _open(conn, claim, signal.slot, signal.kind, signal.name, now, request=signal.request_json)
+    _close_attempt(conn, claim, now)
+    if resume_if_ready(conn, claim.namespace, claim.task_id, claim.generation, now, wake=wake):
+        return Suspended.REDELIVERED
+    return Suspended.WAITING
+
+
+def _open(
+    conn: sa.Connection,
+    claim: ExecutionClaim,
+    slot: str,
+    kind: StepKind,
+    label: str,
+    now: datetime,
+    *,
+    child_task_id: str | None = None,
+    request: str | None = None,
+) -> None:
+    """An open wait row, unless the slot has a row already (a delivered signal, a wait
+    opened by an earlier suspension)."""
+    found = conn.execute(
+        sa.select(s.id).where(s.task_id == claim.task_id, s.generation == claim.generation, s.slot == slot)
+    ).first()
+    if found is not None:
+        return
+    conn.execute(
+        sa.insert(steps_table).values(
+            namespace=claim.namespace,
+            task_id=claim.task_id,
+            generation=claim.generation,
+            slot=slot,
+            kind=kind,
+            label=label[:200],
+            done=False,
+            request=request,
+            child_task_id=child_task_id,
+            created_at=now,
+        )
+    )
+
+
+def _final_outcome(conn: sa.Connection, task_id: str) -> ChildOutcome | None:
+    row = conn.execute(sa.select(t.state, t.result, t.error_type, t.error_message).where(t.id == task_id)).first()
+    if row is None or row.state not in TERMINAL_STATES:
+        return None
+    return ChildOutcome(row.state, row.result, row.error_type, row.error_message)
+
+
+def _close_attempt(conn: sa.Connection, claim: ExecutionClaim, now: datetime) -> None:
+    conn.execute(
+        sa.update(attempts_table)
+        .where(a.task_id == claim.task_id, a.generation == claim.generation, a.attempt == claim.attempt)
+        .values(outcome=AttemptOutcome.SUSPENDED, finished_at=now)
+    )
+
+
+def _settle_row(
+    conn: sa.Connection, task_id: str, generation: int, slot: str, outcome: ChildOutcome, now: datetime
+) -> bool:
+    return bool(
+        conn.execute(
+            sa.update(steps_table)
+            .where(s.task_id == task_id, s.generation == generation, s.slot == slot, s.done.is_(False))
+            .values(
+                done=True,
+                child_state=outcome.state,
+                result=outcome.result_json,
+                error_type=outcome.error_type,
+                error_message=outcome.error_message,
+                finished_at=now,
+            )
+        ).rowcount
+    )
+
+
+def settle_child(
+    conn: sa.Connection,
+    namespace: str,
+    *,
+    parent_id: str,
+    parent_generation: int,
+    slot: str,
+    outcome: ChildOutcome,
+    now: datetime,
+    lock: Lock,
+    wake: Wake,
+) -> bool:
+    """Record a child's final outcome in its parent's journal (in the child's final transaction)
+    and resume the parent if it was the last thing it waited for. A parent that moved to a
+    newer generation ignores it (a superseded branch's late result is fenced out). Returns
+    whether the outcome was recorded."""
+    lock(conn, [parent_id])
+    if not _settle_row(conn, parent_id, parent_generation, slot, outcome, now):
+        return False
+    resume_if_ready(conn, namespace, parent_id, parent_generation, now, wake=wake)
+    return True
+
+
+def settle_if_child(
+    conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime, *, lock: Lock, wake: Wake
+) -> None:
+    """After a task ended without a result (dead-lettered, cancelled): settle its parent's slot
+    if it is a child."""
+    row = conn.execute(
+        sa.select(t.parent_id, t.parent_generation, t.parent_slot, t.error_type, t.error_message).where(t.id == task_id)
+    ).first()
+    if row is None or row.parent_id is None:
+        return
+    settle_child(
+        conn,
+        namespace,
+        parent_id=row.parent_id,
+        parent_generation=row.parent_generation,
+        slot=row.parent_slot,
+        outcome=ChildOutcome(state, None, row.error_type, row.error_message),
+        now=now,
+        lock=lock,
+        wake=wake,
+    )
+
+
+def cancel_children(conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime) -> int:
+    """Cancel the unfinished children of the task's generations before ``generation`` (a rerun):
+    a running one is fenced out at its commit. Returns how many were cancelled."""
+    ids = conn.execute(
+        sa.select(s.child_task_id).where(
+            s.task_id == task_id, s.generation < generation, s.kind == StepKind.CHILD, s.done.is_(False)
+        )
+    ).scalars()
+    return sum(1 for child_id in list(ids) if child_id and cancel_task(conn, namespace, child_id, now))
+
+
+def deliver_signal(
+    conn: sa.Connection,
+    namespace: str,
+    task_id: str,
+    name: str,
+    payload_json: str,
+    *,
+    now: datetime,
+    lock: Lock,
+    wake: Wake,
+) -> bool | None:
+    """Deliver a signal to the task's current generation; None when there is no such task,
+    False when that signal was delivered before (the first payload stays)."""
+    lock(conn, [task_id])
+    task = conn.execute(sa.select(t.generation).where(t.id == task_id, t.namespace == namespace)).first()
+    if task is None:
+        return None
+    generation = int(task.generation)
+    slot = signal_slot(name)
+    row = conn.execute(
+        sa.select(s.id, s.done).where(s.task_id == task_id, s.generation == generation, s.slot == slot)
+    ).first()
+    if row is not None and row.done:
+        return False
+    if row is not None:
+        conn.execute(
+            sa.update(steps_table).where(s.id == row.id).values(done=True, result=payload_json, finished_at=now)
+        )
+        resume_if_ready(conn, namespace, task_id, generation, now, wake=wake)
+        return True
+    conn.execute(
+        sa.insert(steps_table).values(
+            namespace=namespace,
+            task_id=task_id,
+            generation=generation,
+            slot=slot,
+            kind=StepKind.SIGNAL,
+            label=name[:200],
+            done=True,
+            result=payload_json,
+            created_at=now,
+            finished_at=now,
+        )
+    )
+    return True
+
+
+def resume_if_ready(
+    conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime, *, wake: Wake
+) -> bool:
+    """A WAITING task with no open wait left becomes PENDING as a new delivery of the same
+    generation (the caller holds the task row's lock)."""
+    still_open = conn.execute(
+        sa.select(s.id).where(s.task_id == task_id, s.generation == generation, s.done.is_(False)).limit(1)
+    ).first()
+    if still_open is not None:
+        return False
+    row = conn.execute(
+        sa.update(tasks_table)
+        .where(
+            t.id == task_id,
+            t.namespace == namespace,
+            t.generation == generation,
+            t.state == TaskState.WAITING,
+        )
+        .values(state=TaskState.PENDING, delivery=t.delivery + 1, lease_expires_at=None, worker_id=None)
+        .returning(t.queue, t.shadow, t.delivery)
+    ).first()
+    if row is None:
+        return False
+    insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
+    wake(conn, namespace)
+    return True
+
+
+def open_waits(
+    conn: sa.Connection, namespace: str, *, kinds: Sequence[StepKind], limit: int, after_id: int = 0
+) -> list[OpenWait]:
+    """Open waits of these kinds in the tasks' current generations, oldest first, ``limit``
+    at a time after ``after_id`` (keyed paging on the partial index of open rows)."""
+    rows = conn.execute(
+        sa.select(s.id, s.task_id, t.name, s.generation, s.label, s.kind, s.request, s.created_at)
+        .join(tasks_table, sa.and_(t.id == s.task_id, t.generation == s.generation))
+        .where(s.namespace == namespace, s.kind.in_([k.value for k in kinds]), s.done.is_(False), s.id > after_id)
+        .order_by(s.id)
+        .limit(limit)
+    ).all()
+    return [OpenWait(r.id, r.task_id, r.name, r.generation, r.label, r.kind, r.request, r.created_at) for r in rows]

@@ -1,0 +1,161 @@
+"""The store's journal operations (``dt_steps``), shared by every dialect: a mixin of
+:class:`~.base.SqlStore` that runs :mod:`.journal`'s statements in its transactions with the
+dialect's row lock and dispatcher wake-up."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import sqlalchemy as sa
+
+from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, StepKind, Suspended
+from ..records import steps_table, tasks_table
+from . import journal
+from .execution import ExecutionClaim
+from .journal import OpenWait
+from .submit import NewTask
+
+if TYPE_CHECKING:
+    from ..views import StepInfo
+
+__all__ = ["JournalStore"]
+
+s = steps_table.c
+t = tasks_table.c
+
+
+class JournalStore:
+    """Journal operations; the concrete store supplies the engine and the dialect's hooks."""
+
+    _engine: sa.Engine
+    _read_engine: sa.Engine
+
+    def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:  # pragma: no cover - dialects
+        raise NotImplementedError
+
+    def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:  # pragma: no cover - dialects
+        raise NotImplementedError
+
+    def _submit_conn(self, conn: sa.Connection, task: NewTask, now: datetime) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- an attempt's journal (the worker) ---------------------------------------------------
+
+    async def load_steps(self, task_id: str, generation: int) -> list[RecordedStep]:
+        """Every journal row of the task's generation."""
+
+        def read() -> list[RecordedStep]:
+            with self._engine.connect() as conn:
+                return journal.load_steps(conn, task_id, generation)
+
+        return await anyio.to_thread.run_sync(read)
+
+    async def record_step(
+        self, claim: ExecutionClaim, slot: str, label: str, result_json: str, *, now: datetime, lease: timedelta
+    ) -> str | None:
+        """Record a step under the attempt's fence (extending its lease); the recorded result,
+        or None when fenced out."""
+
+        def write() -> str | None:
+            with self._engine.begin() as conn:
+                return journal.record_step(conn, claim, slot, label, result_json, now=now, lease=lease)
+
+        return await anyio.to_thread.run_sync(write)
+
+    async def suspend(
+        self,
+        claim: ExecutionClaim,
+        children: Sequence[tuple[PendingChild, NewTask]],
+        signals: Sequence[PendingSignal],
+        *,
+        now: datetime,
+    ) -> Suspended | None:
+        """Submit the children, open the waits, WAITING (or redelivered): one fenced transaction."""
+
+        def write() -> Suspended | None:
+            with self._engine.begin() as conn:
+                return journal.suspend(
+                    conn,
+                    claim,
+                    children,
+                    signals,
+                    now=now,
+                    submit_child=lambda c, task, at: str(self._submit_conn(c, task, at).task_id),
+                    wake=self._wake_dispatchers,
+                )
+
+        return await anyio.to_thread.run_sync(write)
+
+    # -- a task's end, as its parent sees it ----------------------------------------------------
+
+    def _settle_parent(self, conn: sa.Connection, claim: ExecutionClaim, outcome: ChildOutcome, now: datetime) -> None:
+        """In a child's final transaction: record its outcome in the parent's journal."""
+        if claim.parent_id is None or claim.parent_generation is None or claim.parent_slot is None:
+            return
+        journal.settle_child(
+            conn,
+            claim.namespace,
+            parent_id=claim.parent_id,
+            parent_generation=claim.parent_generation,
+            slot=claim.parent_slot,
+            outcome=outcome,
+            now=now,
+            lock=self._lock_tasks,
+            wake=self._wake_dispatchers,
+        )
+
+    def _settle_if_child(self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime) -> None:
+        journal.settle_if_child(
+            conn, namespace, task_id, state, now, lock=self._lock_tasks, wake=self._wake_dispatchers
+        )
+
+    # -- signals and reading (the App) ---------------------------------------------------------
+
+    def deliver_signal(self, namespace: str, task_id: str, name: str, payload_json: str, now: datetime) -> bool | None:
+        """Deliver a signal to the task's current generation (its own transaction)."""
+        with self._engine.begin() as conn:
+            return journal.deliver_signal(
+                conn,
+                namespace,
+                task_id,
+                name,
+                payload_json,
+                now=now,
+                lock=self._lock_tasks,
+                wake=self._wake_dispatchers,
+            )
+
+    def open_waits(self, namespace: str, *, kinds: Sequence[StepKind], limit: int, after_id: int) -> list[OpenWait]:
+        """Open waits of these kinds, oldest first, a page at a time."""
+        with self._read_engine.connect() as conn:
+            return journal.open_waits(conn, namespace, kinds=kinds, limit=limit, after_id=after_id)
+
+    def list_steps(self, namespace: str, task_id: str) -> list[StepInfo] | None:
+        """The journal of the task's current generation in slot order of creation; None if no such task."""
+        from ..views import StepInfo
+
+        with self._read_engine.connect() as conn:
+            task = conn.execute(sa.select(t.generation).where(t.id == task_id, t.namespace == namespace)).first()
+            if task is None:
+                return None
+            rows = conn.execute(
+                sa.select(steps_table).where(s.task_id == task_id, s.generation == task.generation).order_by(s.id)
+            ).all()
+        return [
+            StepInfo(
+                slot=r.slot,
+                kind=r.kind,
+                label=r.label,
+                done=bool(r.done),
+                result=r.result,
+                child_task_id=r.child_task_id,
+                child_state=r.child_state,
+                error=f"{r.error_type}: {r.error_message}" if r.error_type else r.error_message,
+                created_at=r.created_at,
+                finished_at=r.finished_at,
+            )
+            for r in rows
+        ]
