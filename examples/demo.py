@@ -19,7 +19,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 from rich.console import Console
@@ -266,12 +265,20 @@ def _judge_summary(subs: list[Submission], infos: Mapping[int | None, TaskInfo])
 
 
 def run_agent(console: Console, data_dir: Path, redis_url: str, checks: Checks) -> Table:
-    """The agent part: one scripted run with parallel, flaky and slow tool calls, in-process."""
-    from .agent.app import EXPECTED_ANSWER, QUESTION, build, scripted_model
+    """The agent part: one pydantic-ai run with parallel, flaky and slow tool calls, in-process."""
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-    model = scripted_model()
-    app, agent = build(
-        model,
+    from .agent.app import EXPECTED_ANSWER, QUESTION, build, script
+
+    model_calls = [0]
+
+    def counted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        model_calls[0] += 1
+        return script(messages, info)
+
+    assistant = build(
+        FunctionModel(counted),
         database_url=f"sqlite:///{(data_dir / 'demo.sqlite3').resolve()}",
         redis_url=redis_url,
         namespace="demo-agent",
@@ -280,43 +287,43 @@ def run_agent(console: Console, data_dir: Path, redis_url: str, checks: Checks) 
         retry_backoff_initial=0.1,
         retry_backoff_max=0.2,
     )
+    app = assistant.app
     app.create_all()
     with Session(app.engine) as session:
-        run_id = agent.start(session, QUESTION)
+        run_id = assistant.ask.submit(session, QUESTION).id
         session.commit()
     console.print(f"[bold]agent[/] run {run_id}: {QUESTION}")
     started = time.monotonic()
-    anyio.run(_drive_agent, app, agent, run_id)
-    info = agent.get_run(run_id)
-    for turn in info.turns:
-        calls = turn["output"]["tool_calls"]
-        said = turn["output"]["content"] or ""
-        names = ", ".join(f"{c['name']}({c['arguments']})" for c in calls)
-        console.print(f"  turn {turn['index']}: {said[:70]}{' -> ' + names if calls else ''}")
-        for call_id, result in (turn["tool_results"] or {}).items():
-            console.print(f"    {call_id}: {result}")
-    tasks = [app.get_task(task_id) for turn in info.turns for task_id in turn["tasks"].values() if task_id]
-    checks.check("agent run answered", info.state == "DONE" and info.output == EXPECTED_ANSWER)
-    checks.check("model called once per turn", model.calls == len(info.turns))
+    anyio.run(_drive_agent, app, run_id)
+    steps = app.steps(run_id)
+    for step in steps:
+        outcome = step.result if step.child_state in (None, "SUCCEEDED") else f"{step.child_state}: {step.error}"
+        console.print(f"  {step.kind} {step.label[:60]}" + (f" -> {str(outcome)[:70]}" if step.kind == "child" else ""))
+    tasks = [app.get_task(s.child_task_id) for s in steps if s.child_task_id]
+    info = app.get_task(run_id)
+    turns = sum(1 for s in steps if s.kind == "step" and "model.request" in s.label)
+    checks.check("agent run answered", info.state == TaskState.SUCCEEDED and info.result == EXPECTED_ANSWER)
+    checks.check("model called once per turn", model_calls[0] == turns)
     checks.check(
         "each tool call committed once", all(sum(a.outcome == "succeeded" for a in t.attempts) == 1 for t in tasks)
     )
     table = Table(title="agent")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    table.add_row("turns (model calls)", f"{len(info.turns)} ({model.calls})")
+    table.add_row("turns (model calls)", f"{turns} ({model_calls[0]})")
     table.add_row("tool calls", str(len(tasks)))
     table.add_row("tool attempts (flaky_search retried)", str(sum(len(t.attempts) for t in tasks)))
+    table.add_row("run attempts (suspended while its tools ran)", str(len(info.attempts)))
     table.add_row("run time (s)", f"{time.monotonic() - started:.1f}")
     return table
 
 
-async def _drive_agent(app: App, agent: Any, run_id: str) -> None:
+async def _drive_agent(app: App, run_id: str) -> None:
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: app.run(stop=stop))
         with anyio.fail_after(40):
-            while agent.get_run(run_id).state == "RUNNING":  # noqa: ASYNC110 - polling the database
+            while app.get_task(run_id).state not in (TaskState.SUCCEEDED, TaskState.FAILED):  # noqa: ASYNC110
                 await anyio.sleep(0.1)
         stop.set()
     await app.aclose()

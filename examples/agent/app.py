@@ -1,17 +1,17 @@
-"""The assistant agent: four tools, a deterministic scripted model, and ``build(**settings)``.
+"""The assistant: a pydantic-ai agent with four tools, made durable by ``DurableTasksDurability``.
 
-Every model turn and every tool call is a durable task (see ``durable_tasks.agents``): a
-recorded turn is never sent to the model again, a tool call whose result is committed never
-runs again, and whatever a crash interrupts runs again under a fence.
+``build(**settings)`` returns the App, the agent and the task that runs it (``agent.assistant``:
+question in, answer out). The model is a deterministic script (pydantic-ai's ``FunctionModel``),
+so the example runs offline; pass any pydantic-ai model to ``build(model=...)`` instead.
 
-The tools show the three ways a tool call can end:
+The tools show the ways a tool call can end:
 
-- ``calculator`` and ``kv_lookup`` fail *for good* on a bad request (division by zero, an
-  unknown key): only ``OSError`` is retried, so the error goes back to the model at once;
+- ``calculator`` and ``kv_lookup`` fail *for good* on a bad request (division by zero, an unknown
+  key): only ``OSError`` retries, so the error goes back to the model at once;
 - ``flaky_search`` fails *transiently* (``ConnectionError``) on its first two attempts and is
-  retried by the runtime, up to ``max_attempts=3``;
-- ``slow_report`` sleeps ``AGENT_SLOW_SECONDS`` (default 0) first: the crash test kills the
-  process while it sleeps, and the recovered run finishes it without a second model call.
+  retried by the runtime (``max_attempts=3``); the model never sees the failures;
+- ``slow_report`` sleeps ``AGENT_SLOW_SECONDS`` (default 0) first: the crash test kills the process
+  while it sleeps, and the recovered run finishes it without a second model call.
 """
 
 from __future__ import annotations
@@ -19,13 +19,18 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic_ai import Agent, ModelRetry
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models import Model
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from durable_tasks import App, TaskContext
-from durable_tasks.agents import Agent, ChatModel, ModelTurn, ScriptedModel, ToolCall
+from durable_tasks import App, Task, TaskContext, current_task
+from durable_tasks.integrations import ToolPolicy
+from durable_tasks.integrations.pydantic_ai import DurableTasksDurability
 
 __all__ = [
     "AGENT_NAME",
@@ -34,20 +39,15 @@ __all__ = [
     "FACTS",
     "QUESTION",
     "SLOW_SECONDS_ENV",
-    "CalculatorArgs",
-    "LookupArgs",
-    "ReportArgs",
-    "SearchArgs",
+    "Assistant",
     "build",
-    "install_agent",
     "script",
-    "scripted_model",
 ]
 
 AGENT_NAME = "assistant"
 #: Seconds ``slow_report`` sleeps before it answers (read on every call).
 SLOW_SECONDS_ENV = "AGENT_SLOW_SECONDS"
-#: When set, the scripted model appends ``{"turn": n}`` to this file on every call.
+#: When set, the scripted model appends ``{"turn": n}`` to this file each time it answers.
 CALL_LOG_ENV = "AGENT_CALL_LOG"
 
 QUESTION = "What is 6 * 7, what is the capital of France, and what do people say about durable execution?"
@@ -64,152 +64,106 @@ SEARCH_HITS = [
     "At-least-once delivery with idempotent, fenced results",
 ]
 
-#: The scripted model's final answer to :data:`QUESTION` (or to any question: it is a script).
+#: The scripted model's final answer (to any question: it is a script).
 EXPECTED_ANSWER = (
     f"6 * 7 = 42; the capital of France is Paris; top search hit: {SEARCH_HITS[0]}; report: REPORT (3 findings)"
 )
 
-
-class _Args(BaseModel):
-    # extra="forbid": arguments the model invented (or {"__invalid_json__": raw} from an adapter
-    # that could not parse them) fail validation and go back to the model as an error.
-    model_config = ConfigDict(extra="forbid")
-
-
-class CalculatorArgs(_Args):
-    """``a op b``."""
-
-    a: float
-    b: float
-    op: Literal["+", "-", "*", "/"]
+POLICIES = {
+    "calculator": ToolPolicy(retry_on=(OSError,)),
+    "kv_lookup": ToolPolicy(retry_on=(OSError,)),
+    "flaky_search": ToolPolicy(max_attempts=3, retry_on=(ConnectionError,)),
+}
 
 
-class LookupArgs(_Args):
-    """A fact's key."""
+@dataclass(frozen=True)
+class Assistant:
+    """The App, the agent, and the task that runs the agent on one question."""
 
-    key: str = Field(description=f"one of {sorted(FACTS)}")
-
-
-class SearchArgs(_Args):
-    """A search query."""
-
-    query: str
+    app: App
+    agent: Agent[None, str]
+    ask: Task[str, str]
 
 
-class ReportArgs(_Args):
-    """What the report summarises."""
-
-    title: str
-    findings: list[str]
-
-
-def install_agent(app: App, model: ChatModel | None = None) -> Agent:
-    """Register the ``assistant`` agent and its tools on ``app`` (the scripted model by default)."""
-    agent = Agent(app, AGENT_NAME, model if model is not None else scripted_model())
-
-    @agent.tool(description="Evaluate a op b for op in + - * /.", retry_on=(OSError,))
-    def calculator(ctx: TaskContext[Any], args: CalculatorArgs) -> float:
-        if args.op == "+":
-            return args.a + args.b
-        if args.op == "-":
-            return args.a - args.b
-        if args.op == "*":
-            return args.a * args.b
-        if args.b == 0:
-            # Not OSError, so not retried: the task fails at once and the model reads the error.
-            raise ZeroDivisionError("division by zero")
-        return args.a / args.b
-
-    @agent.tool(description="Look up a fact by key.", retry_on=(OSError,))
-    def kv_lookup(ctx: TaskContext[Any], args: LookupArgs) -> str:
-        try:
-            return FACTS[args.key]
-        except KeyError:
-            raise LookupError(f"no fact named {args.key!r}; known: {sorted(FACTS)}") from None
-
-    @agent.tool(description="Search the web (flaky).", max_attempts=3, retry_on=(ConnectionError,))
-    def flaky_search(ctx: TaskContext[Any], args: SearchArgs) -> list[str]:
-        # ctx.attempt comes from the database, so "the first two attempts fail" holds across
-        # processes and restarts. A real tool would send ctx.idempotency_token downstream.
-        if ctx.attempt <= 2:
-            raise ConnectionError(f"search backend unreachable (attempt {ctx.attempt})")
-        return [hit for hit in SEARCH_HITS if any(w in hit.lower() for w in args.query.lower().split())]
-
-    @agent.tool(description="Write a report from findings (slow).")
-    def slow_report(ctx: TaskContext[Any], args: ReportArgs) -> str:
-        # A sync tool runs in a worker thread; the runtime heartbeats its lease meanwhile.
-        time.sleep(float(os.environ.get(SLOW_SECONDS_ENV, "0") or 0))
-        return f"REPORT ({len(args.findings)} findings)"
-
-    return agent
-
-
-def build(model: ChatModel | None = None, **settings: Any) -> tuple[App, Agent]:
-    """``App(**settings)`` (``DT_*`` environment variables fill in what is not given) with the
-    ``assistant`` agent installed."""
+def build(model: Model | None = None, **settings: Any) -> Assistant:
+    """``App(**settings)`` (``DT_*`` variables fill in the rest) with the assistant registered."""
     app = App(**settings)
-    return app, install_agent(app, model)
+    durability = DurableTasksDurability(app, queue="agents", tool_policies=POLICIES)
+    agent: Agent[None, str] = Agent(model or FunctionModel(script), name=AGENT_NAME, capabilities=[durability])
+
+    @agent.tool_plain
+    def calculator(a: float, b: float, op: Literal["+", "-", "*", "/"]) -> float:
+        """Evaluate a op b."""
+        if op == "/" and b == 0:
+            raise ModelRetry("division by zero")  # the model's mistake: it hears about it
+        return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0}[op]
+
+    @agent.tool_plain
+    def kv_lookup(key: str) -> str:
+        """Look up a fact by key."""
+        if key not in FACTS:
+            raise ModelRetry(f"no fact named {key!r}; known: {sorted(FACTS)}")
+        return FACTS[key]
+
+    @agent.tool_plain
+    def flaky_search(query: str) -> list[str]:
+        """Search the web (flaky)."""
+        task = current_task()  # the tool's own task: its attempt number comes from the database
+        if task is not None and task.attempt <= 2:
+            raise ConnectionError(f"search backend unreachable (attempt {task.attempt})")
+        return [hit for hit in SEARCH_HITS if any(w in hit.lower() for w in query.lower().split())]
+
+    @agent.tool_plain
+    def slow_report(title: str, findings: list[str]) -> str:
+        """Write a report from findings (slow)."""
+        time.sleep(float(os.environ.get(SLOW_SECONDS_ENV, "0") or 0))
+        return f"REPORT ({len(findings)} findings)"
+
+    @app.task(name=f"agent.{AGENT_NAME}", queue="agents")
+    async def ask(ctx: TaskContext[str], question: str) -> str:
+        return (await agent.run(question)).output
+
+    return Assistant(app, agent, ask)
 
 
 # -- the scripted model ------------------------------------------------------------------------
 
 
-def scripted_model() -> ScriptedModel:
-    """A deterministic model that follows :func:`script`."""
-    return ScriptedModel(script)
-
-
-def script(messages: list[dict[str, Any]]) -> ModelTurn:
-    """Turn 0: calculator, kv_lookup and flaky_search in parallel; turn 1: slow_report over
-    their results; turn 2: the final answer built from every tool result."""
-    turn = sum(1 for m in messages if m["role"] == "assistant")
-    _log_call(turn)
-    results = _tool_results(messages)
+def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Turn 0: calculator, kv_lookup and flaky_search in parallel; turn 1: slow_report over their
+    results; turn 2: the answer, built from every tool result."""
+    turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+    results = {p.tool_call_id: p.content for m in messages for p in m.parts if isinstance(p, ToolReturnPart)}
     if turn == 0:
-        return ModelTurn(
-            content="I will compute, look up and search at the same time.",
-            tool_calls=[
-                ToolCall(id="call_calc", name="calculator", arguments={"a": 6, "b": 7, "op": "*"}),
-                ToolCall(id="call_kv", name="kv_lookup", arguments={"key": "capital_of_france"}),
-                ToolCall(id="call_search", name="flaky_search", arguments={"query": "durable execution"}),
-            ],
+        response = ModelResponse(
+            parts=[
+                TextPart("I will compute, look up and search at the same time."),
+                ToolCallPart("calculator", {"a": 6, "b": 7, "op": "*"}, tool_call_id="call_calc"),
+                ToolCallPart("kv_lookup", {"key": "capital_of_france"}, tool_call_id="call_kv"),
+                ToolCallPart("flaky_search", {"query": "durable execution"}, tool_call_id="call_search"),
+            ]
         )
-    if turn == 1:
+    elif turn == 1:
         findings = [_show(results.get(c)) for c in ("call_calc", "call_kv", "call_search")]
-        return ModelTurn(
-            content="Now a report over what I found.",
-            tool_calls=[
-                ToolCall(id="call_report", name="slow_report", arguments={"title": "answers", "findings": findings})
-            ],
+        response = ModelResponse(
+            parts=[ToolCallPart("slow_report", {"title": "answers", "findings": findings}, tool_call_id="call_report")]
         )
-    search = results.get("call_search")
-    hits = search.get("ok") if isinstance(search, dict) else None
-    top = hits[0] if isinstance(hits, list) and hits else _show(search)
-    return ModelTurn(
-        content=(
-            f"6 * 7 = {_show(results.get('call_calc'))}; the capital of France is {_show(results.get('call_kv'))}; "
-            f"top search hit: {top}; report: {_show(results.get('call_report'))}"
-        )
-    )
+    else:
+        hits = results.get("call_search")
+        top = hits[0] if isinstance(hits, list) and hits else _show(hits)
+        calc, capital, report = (_show(results.get(c)) for c in ("call_calc", "call_kv", "call_report"))
+        answer = f"6 * 7 = {calc}; the capital of France is {capital}; top search hit: {top}; report: {report}"
+        response = ModelResponse(parts=[TextPart(answer)])
+    _log_call(turn)
+    return response
 
 
-def _tool_results(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every tool result so far, by tool call id (``{"ok": value}`` or ``{"error": text}``)."""
-    return {m["tool_call_id"]: json.loads(m["content"]) for m in messages if m["role"] == "tool"}
-
-
-def _show(result: Any) -> str:
-    """A tool result as text: the value (whole floats without ``.0``) or ``error: ...``."""
-    if not isinstance(result, dict):
-        return "no result"
-    if "ok" not in result:
-        return f"error: {result.get('error')}"
-    value = result["ok"]
+def _show(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     if isinstance(value, list):
         return "; ".join(str(v) for v in value)
-    return str(value)
+    return "no result" if value is None else str(value)
 
 
 def _log_call(turn: int) -> None:
