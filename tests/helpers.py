@@ -1,17 +1,86 @@
-"""Small typed helpers shared by tests."""
+"""Small typed helpers shared by tests.
+
+Waiting: a test never sleeps a fixed time in place of a condition. It waits for the
+condition with a deadline (:func:`wait_until`, or :func:`block_until` in a sync test), and it
+makes time pass instead of waiting for it: the App's :class:`~durable_tasks.FrozenClock` moves
+database leases and due times, and ``XCLAIM ... IDLE`` gives a Redis entry the idle time of a
+consumer that stopped long ago (:func:`outlive_lease`).
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import anyio
 
-from durable_tasks import App
+from durable_tasks import App, FrozenClock
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
-from durable_tasks.transport.keys import QueueKeys
+from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
+
+#: How often a wait checks its condition again.
+POLL_S = 0.02
+
+
+async def wait_until(
+    condition: Callable[[], object | Awaitable[object]], *, timeout: float = 30, what: str | None = None
+) -> None:
+    """Return as soon as ``condition()`` (sync or async) is true; fail the test, naming ``what``,
+    if it is still false after ``timeout`` seconds."""
+    deadline = anyio.current_time() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if anyio.current_time() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        await anyio.sleep(POLL_S)
+
+
+def block_until(condition: Callable[[], object], *, timeout: float = 30, what: str | None = None) -> None:
+    """:func:`wait_until` for a sync test (no event loop running)."""
+    anyio.run(partial(wait_until, condition, timeout=timeout, what=what))
+
+
+async def make_idle(app: App, idle: timedelta) -> int:
+    """Give every pending entry of the app's queues the idle time ``idle``, as if its consumer
+    had stopped that long ago; returns how many entries there were.
+
+    ``XCLAIM ... IDLE`` to the consumer that holds the entry (so nothing changes hands), with
+    ``JUSTID`` so that Redis's delivery counter is not touched.
+    """
+    transport = app.runtime.transport()
+    client: Any = transport.client
+    aged = 0
+    for queue in app.runtime.queues():
+        for stream, _, _ in transport.streams(queue):
+            if not await client.exists(stream):
+                continue
+            pending = await client.xpending_range(stream, CONSUMER_GROUP, min="-", max="+", count=100_000)
+            idle_ms = int(idle.total_seconds() * 1000)
+            for p in pending:
+                await client.xclaim(
+                    stream, CONSUMER_GROUP, p["consumer"], 0, [p["message_id"]], idle=idle_ms, justid=True
+                )
+            aged += len(pending)
+    return aged
+
+
+async def outlive_lease(app: App) -> int:
+    """Make the app's workers look dead for longer than the lease, without waiting: the App's
+    FrozenClock moves past the lease (database leases expire) and every pending entry looks
+    idle that long (:func:`make_idle`). Returns how many entries are pending."""
+    clock = app.clock
+    assert isinstance(clock, FrozenClock), "outlive_lease needs an App built with clock=FrozenClock()"
+    gone = app.settings.lease_timeout + timedelta(seconds=1)
+    clock.advance(gone)
+    return await make_idle(app, gone)
 
 
 def keys(app: App, queue: str = "jobs") -> QueueKeys:

@@ -2,9 +2,9 @@
 
 A "dead worker" is simulated with the runtime's own primitives: the entry is read through the
 consumer group under a consumer name that then never acknowledges it (and, when the scenario
-says so, the execution fence is taken with ``claim_execution`` and never released). Redis idle
-times are real, so the tests sleep past the (FAST, 1 s) lease before a reaper pass; database
-leases follow the App's clock, which some tests freeze.
+says so, the execution fence is taken with ``claim_execution`` and never released). Time is
+made to pass, not waited for: every App here runs on a FrozenClock that moves database leases,
+and ``XCLAIM ... IDLE`` makes a Redis entry look idle (tests.helpers.outlive_lease, make_idle).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from durable_tasks.records import outbox_table
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import CONSUMER_GROUP
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
-from tests.helpers import claim_entry, die_running_alone
+from tests.helpers import claim_entry, die_running_alone, make_idle, outlive_lease
 
 pytestmark = pytest.mark.anyio
 
@@ -54,10 +54,15 @@ def _submit(app: App, task: Task[Job, Any], n: int) -> str:
     return handle.id
 
 
-def _lease_wait(app: App) -> float:
-    """Seconds to sleep so a Redis entry read now is idle past the lease, and a lease taken now
-    (on the system clock) has expired."""
-    return app.settings.lease_timeout.total_seconds() + 0.5
+@pytest.fixture
+def make_app(make_app: Callable[..., App]) -> Callable[..., App]:
+    """Apps on a FrozenClock of their own (the ``app`` fixture's too)."""
+    return lambda **overrides: make_app(**({"clock": FrozenClock()} | overrides))
+
+
+def _past_lease(app: App) -> timedelta:
+    """An idle time past the lease."""
+    return app.settings.lease_timeout + timedelta(seconds=1)
 
 
 def _redis(app: App) -> aioredis.Redis:
@@ -135,7 +140,7 @@ async def test_worker_lost_after_claim_is_redelivered_and_completes(app: App) ->
     assert claim.attempt == 1
     assert app.get_task(task_id).state == TaskState.RUNNING
 
-    await anyio.sleep(_lease_wait(app))  # the worker never heartbeats again
+    assert await outlive_lease(app) == 1  # the worker never heartbeats again
     report = await app.reap_once()
 
     assert report.redelivered == 1
@@ -172,7 +177,7 @@ async def test_entry_read_but_never_claimed_is_redelivered(make_app: Callable[..
         await _read(app, "died-after-xreadgroup")  # no claim: the worker died right after reading
         assert app.get_task(task_id).state == TaskState.ENQUEUED
 
-        await anyio.sleep(_lease_wait(app))
+        assert await outlive_lease(app) == 1
         report = await app.reap_once()
 
         assert report.redelivered == 1
@@ -198,7 +203,7 @@ async def test_entry_whose_task_holds_a_live_lease_is_kept(make_app: Callable[..
 
         # Redis says the entry is idle past the lease; the database (frozen clock) says the
         # worker's lease is live: the worker may simply be running a long task.
-        await anyio.sleep(_lease_wait(app))
+        assert await make_idle(app, _past_lease(app)) == 1
         report = await app.reap_once()
 
         assert report.kept == 1
@@ -211,8 +216,7 @@ async def test_entry_whose_task_holds_a_live_lease_is_kept(make_app: Callable[..
         assert await _pending(app) == 1  # still unacknowledged
 
         # The same entry is recovered once the lease does run out: it was the lease that kept it.
-        clock.advance(app.settings.lease_timeout + timedelta(seconds=1))
-        await anyio.sleep(_lease_wait(app))  # the reaper's XAUTOCLAIM reset the idle time
+        assert await outlive_lease(app) == 1  # again: the reaper's XAUTOCLAIM reset the idle time
         report = await app.reap_once()
         assert report.redelivered == 1
         assert app.get_task(task_id).delivery == 1
@@ -234,7 +238,7 @@ async def test_a_lost_attempt_does_not_use_up_max_attempts(app: App) -> None:
     assert await app.dispatch_once() == 1
     [entry] = await _read(app, "vanished")
     assert await claim_entry(app, entry, "vanished") is not None
-    await anyio.sleep(_lease_wait(app))
+    assert await outlive_lease(app) == 1
     assert (await app.reap_once()).redelivered == 1
 
     assert await app.dispatch_once() == 1
@@ -262,7 +266,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         assert await app.dispatch_once() == 1
         [entry] = await _read(app, "oom-killed-1")
         assert await claim_entry(app, entry, "oom-killed-1") is not None
-        await anyio.sleep(_lease_wait(app))
+        assert await outlive_lease(app) == 1
         report = await app.reap_once()
         assert (report.redelivered, report.dead_lettered) == (1, 0)
         assert await client.xlen(_dlq(app)) == 0
@@ -274,7 +278,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         assert parse_delivery(entry.fields).delivery == 1
         claim = await die_running_alone(app, entry, "oom-killed-2")
         assert claim.reclaims == 1  # a suspect: the worker runs it alone, and this one dies
-        await anyio.sleep(_lease_wait(app))
+        assert await outlive_lease(app) == 1
         report = await app.reap_once()
         assert (report.redelivered, report.dead_lettered) == (0, 1)
 
@@ -304,7 +308,7 @@ async def test_task_past_max_deliveries_goes_dead_with_one_dlq_entry(make_app: C
         dup_id = await client.xadd(_stream(app), {"t": task_id, "g": "0", "d": "1", "n": TASK_NAME})
         [dup] = await _read(app, "oom-killed-3")
         assert dup.entry_id == dup_id
-        await anyio.sleep(_lease_wait(app))
+        assert await outlive_lease(app) == 1
         report = await app.reap_once()
         assert report.acked_stale == 1
         assert (report.redelivered, report.dead_lettered) == (0, 0)
@@ -327,7 +331,7 @@ async def test_malformed_entry_left_pending_is_dead_lettered_and_acked(app: App)
     task_id = _submit(app, double, 50)  # a healthy task queued behind it
     assert await app.dispatch_once() == 1
 
-    await anyio.sleep(_lease_wait(app))
+    assert await outlive_lease(app) == 1  # the garbage (the healthy entry was never read)
     report = await app.reap_once()
 
     assert report.dead_lettered == 1
@@ -390,14 +394,14 @@ async def test_entry_naming_a_missing_task_waits_for_visibility_timeout_then_dlq
         await _read(app, "died-holding-ghost")
 
         # Idle past the lease, but the database may be restoring: kept until visibility_timeout.
-        await anyio.sleep(_lease_wait(app))
+        assert await make_idle(app, _past_lease(app)) == 1
         report = await app.reap_once()
         assert report.kept == 1
         assert report.dead_lettered == 0
         assert await _pending(app) == 1
 
         clock.advance(timedelta(minutes=11))
-        await anyio.sleep(_lease_wait(app))
+        assert await make_idle(app, _past_lease(app)) == 1
         report = await app.reap_once()
         assert report.dead_lettered == 1
         assert await _pending(app) == 0
@@ -512,7 +516,7 @@ async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..
     await app.dispatch_once()
     [entry] = await _read(app, "dies")
     await die_running_alone(app, entry, "dies")  # it died running alone: its own loss
-    await anyio.sleep(_lease_wait(app))
+    assert await outlive_lease(app) == 1
     assert (await app.reap_once()).dead_lettered == 1
     assert app.get_task(task_id).state == TaskState.DEAD
     assert marks == [(task_id, "TaskDeadLetteredError")]
@@ -525,7 +529,7 @@ async def test_concurrent_reapers_redeliver_each_lost_delivery_once(make_app: Ca
         while await app.dispatch_once():
             pass
         await _read(app, "died-with-all-of-them", count=20)
-        await anyio.sleep(_lease_wait(app))
+        assert await outlive_lease(app) == 20
         reports = []
 
         async def reap() -> None:
