@@ -206,13 +206,48 @@ async def measure_durable(app: App, task: Task[str, str], runs: int) -> tuple[li
     return times, statements
 
 
+@contextlib.contextmanager
+def private_schema(url: str | None) -> Iterator[str | None]:
+    """On PostgreSQL, a schema of the benchmark's own (dropped at the end): a shared server's
+    tables are left alone."""
+    if not url or not url.startswith("postgresql"):
+        yield url
+        return
+    schema = f"dt_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield (
+            sa.engine.make_url(url)
+            .update_query_dict({"options": f"-csearch_path={schema}"})
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    app = App(args.database_url, args.redis_url, f"bench{uuid.uuid4().hex[:8]}")
+    with private_schema(args.database_url) as url:
+        return await measure(args, url)
+
+
+async def measure(args: argparse.Namespace, database_url: str | None) -> dict[str, Any]:
+    fast = {"poll_interval": args.poll_interval} if args.poll_interval is not None else {}
+    app = App(database_url, args.redis_url, f"bench{uuid.uuid4().hex[:8]}", **fast)
     builders = {"pydantic_ai": pydantic_ai_agent, "openai_agents": openai_agents_agent}
     agents = {name: builders[name](app) for name in args.frameworks.split(",")}
     app.create_all()
     count_statements(app)
-    report: dict[str, Any] = {"database": app.engine.dialect.name, "runs": args.runs, "turns": TURNS, "tool_calls": 4}
+    report: dict[str, Any] = {
+        "database": app.engine.dialect.name,
+        "poll_interval_s": app.settings.poll_interval.total_seconds(),
+        "runs": args.runs,
+        "turns": TURNS,
+        "tool_calls": 4,
+    }
     for name, (plain, task) in agents.items():
         plain_times = await measure_plain(plain, args.runs)
         durable_times, statements = await measure_durable(app, task, args.runs)
@@ -231,6 +266,9 @@ def main() -> None:
     parser.add_argument("--redis-url", default=None, help="default: DT_REDIS_URL, else the embedded Valkey")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--frameworks", default="pydantic_ai,openai_agents")
+    parser.add_argument(
+        "--poll-interval", type=float, default=None, help="the dispatcher's poll (SQLite has no NOTIFY to wake it)"
+    )
     print(json.dumps(anyio.run(main_async, parser.parse_args()), indent=2))
 
 
