@@ -2,7 +2,10 @@
 audit trail of executions (``dt_attempts``), of operators' actions (``dt_audit``) and the step
 journal (``dt_steps``).
 
-Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres). Payloads and results are
+Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres,
+DATETIME(6) in UTC on MySQL/MariaDB). On MySQL/MariaDB, ids, names and idempotency keys compare
+as bytes (``'CaseKey'`` is not ``'casekey'``), and namespaces and queue names (ASCII by their
+pattern) are ASCII, which keeps the idempotency key's unique index within InnoDB's 3,072 bytes. Payloads and results are
 stored as the exact JSON text the runtime validated, so nothing is serialized twice.
 Schema creation is explicit: ``App.create_all()`` or ``durable-tasks init-db``.
 """
@@ -11,9 +14,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlmodel import Field, SQLModel
+from sqlmodel.sql.sqltypes import UTCDateTime
 
 __all__ = [
     "AttemptOutcome",
@@ -25,7 +31,43 @@ __all__ = [
     "StepRecord",
     "TaskRecord",
     "TaskState",
+    "Timestamp",
 ]
+
+
+_MYSQL = ("mysql", "mariadb")
+
+
+def _key(length: int) -> sa.types.TypeEngine[str]:
+    """Text compared byte for byte (MySQL's default collations ignore case)."""
+    return sa.String(length).with_variant(mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), *_MYSQL)
+
+
+def _ascii(length: int) -> sa.types.TypeEngine[str]:
+    """Names restricted to ASCII (namespaces, queues): one byte a character in a MySQL index."""
+    return sa.String(length).with_variant(mysql.VARCHAR(length, charset="ascii", collation="ascii_bin"), *_MYSQL)
+
+
+class Timestamp(UTCDateTime):
+    """An aware UTC timestamp; microseconds kept on MySQL/MariaDB too (DATETIME(6))."""
+
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[datetime]:
+        return _DATETIME.dialect_impl(dialect)
+
+
+_DATETIME = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *_MYSQL)
+
+
+def _at() -> Any:
+    """A required timestamp column."""
+    return Field(sa_type=Timestamp)
+
+
+def _maybe_at() -> Any:
+    """A timestamp column that may be NULL."""
+    return Field(default=None, sa_type=Timestamp)
 
 
 class TaskState(StrEnum):
@@ -85,11 +127,11 @@ class TaskRecord(SQLModel, table=True):
         ),
     )
 
-    id: str = Field(primary_key=True, max_length=36)
-    namespace: str = Field(max_length=64)
-    name: str = Field(max_length=200)
-    queue: str = Field(max_length=64)
-    idempotency_key: str | None = Field(default=None, max_length=512)
+    id: str = Field(primary_key=True, max_length=36, sa_type=_key(36))
+    namespace: str = Field(max_length=64, sa_type=_ascii(64))
+    name: str = Field(max_length=200, sa_type=_key(200))
+    queue: str = Field(max_length=64, sa_type=_ascii(64))
+    idempotency_key: str | None = Field(default=None, max_length=512, sa_type=_key(512))
     payload: str = Field(sa_type=sa.Text)
     state: str = Field(default=TaskState.PENDING, max_length=16)
     generation: int = 0
@@ -100,22 +142,22 @@ class TaskRecord(SQLModel, table=True):
     solo_attempt: int | None = None
     failures: int = 0
     max_attempts: int = 1
-    lease_expires_at: datetime | None = None
+    lease_expires_at: datetime | None = _maybe_at()
     worker_id: str | None = Field(default=None, max_length=200)
     result: str | None = Field(default=None, sa_type=sa.Text)
     error_type: str | None = Field(default=None, max_length=200)
     error_message: str | None = Field(default=None, sa_type=sa.Text)
     traceparent: str | None = Field(default=None, max_length=128)
-    partition_key: str | None = Field(default=None, max_length=200)
+    partition_key: str | None = Field(default=None, max_length=200, sa_type=_key(200))
     shadow: bool = False
     #: A child task's parent: the task, generation and journal slot its outcome settles.
-    parent_id: str | None = Field(default=None, max_length=36)
+    parent_id: str | None = Field(default=None, max_length=36, sa_type=_key(36))
     parent_generation: int | None = None
     parent_slot: str | None = Field(default=None, max_length=200)
-    created_at: datetime
-    enqueued_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    created_at: datetime = _at()
+    enqueued_at: datetime | None = _maybe_at()
+    started_at: datetime | None = _maybe_at()
+    finished_at: datetime | None = _maybe_at()
 
 
 class OutboxRecord(SQLModel, table=True):
@@ -135,26 +177,30 @@ class OutboxRecord(SQLModel, table=True):
             "id",
             postgresql_where=sa.text("state = 'PENDING'"),
             sqlite_where=sa.text("state = 'PENDING'"),
+        ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # SQLAlchemy takes a tuple
+        # MySQL has no partial index: the PENDING rows of a namespace are one range of this one.
+        sa.Index("ix_dt_outbox_state_due", "namespace", "state", "next_attempt_at", "id").ddl_if(
+            dialect=_MYSQL  # type: ignore[arg-type]
         ),
     )
 
     id: int | None = Field(default=None, primary_key=True)
-    namespace: str = Field(max_length=64)
-    task_id: str = Field(max_length=36, index=True)
-    queue: str = Field(max_length=64)
+    namespace: str = Field(max_length=64, sa_type=_ascii(64))
+    task_id: str = Field(max_length=36, index=True, sa_type=_key(36))
+    queue: str = Field(max_length=64, sa_type=_ascii(64))
     generation: int
     delivery: int
     state: str = Field(default=OutboxState.PENDING, max_length=16)
     attempts: int = 0
-    next_attempt_at: datetime
-    lease_expires_at: datetime | None = None
-    claim_token: str | None = Field(default=None, max_length=36)
+    next_attempt_at: datetime = _at()
+    lease_expires_at: datetime | None = _maybe_at()
+    claim_token: str | None = Field(default=None, max_length=36, sa_type=_key(36))
     last_error: str | None = Field(default=None, sa_type=sa.Text)
     shadow: bool = False
     stream_id: str | None = Field(default=None, max_length=64)
     partition: int | None = None
-    created_at: datetime
-    sent_at: datetime | None = None
+    created_at: datetime = _at()
+    sent_at: datetime | None = _maybe_at()
 
 
 class AttemptRecord(SQLModel, table=True):
@@ -164,14 +210,14 @@ class AttemptRecord(SQLModel, table=True):
     __table_args__ = (sa.Index("ix_dt_attempts_task", "task_id", "generation", "attempt"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    namespace: str = Field(max_length=64)
-    task_id: str = Field(max_length=36)
+    namespace: str = Field(max_length=64, sa_type=_ascii(64))
+    task_id: str = Field(max_length=36, sa_type=_key(36))
     generation: int
     attempt: int
     delivery: int
     worker_id: str = Field(max_length=200)
-    started_at: datetime
-    finished_at: datetime | None = None
+    started_at: datetime = _at()
+    finished_at: datetime | None = _maybe_at()
     outcome: str | None = Field(default=None, max_length=16)
     error_type: str | None = Field(default=None, max_length=200)
     error_message: str | None = Field(default=None, sa_type=sa.Text)
@@ -190,16 +236,16 @@ class ScheduleRecord(SQLModel, table=True):
 
     __tablename__ = "dt_schedules"
 
-    namespace: str = Field(primary_key=True, max_length=64)
-    name: str = Field(primary_key=True, max_length=200)
-    task_name: str = Field(max_length=200)
+    namespace: str = Field(primary_key=True, max_length=64, sa_type=_ascii(64))
+    name: str = Field(primary_key=True, max_length=200, sa_type=_key(200))
+    task_name: str = Field(max_length=200, sa_type=_key(200))
     spec: str = Field(max_length=300)
     catch_up: str = Field(max_length=16)
     paused: bool = False
-    last_tick_at: datetime
-    next_tick_at: datetime | None = None
-    created_at: datetime
-    updated_at: datetime
+    last_tick_at: datetime = _at()
+    next_tick_at: datetime | None = _maybe_at()
+    created_at: datetime = _at()
+    updated_at: datetime = _at()
 
 
 class AuditRecord(SQLModel, table=True):
@@ -209,8 +255,8 @@ class AuditRecord(SQLModel, table=True):
     __table_args__ = (sa.Index("ix_dt_audit_ns", "namespace", "id"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    namespace: str = Field(max_length=64)
-    at: datetime
+    namespace: str = Field(max_length=64, sa_type=_ascii(64))
+    at: datetime = _at()
     actor: str = Field(max_length=200)
     action: str = Field(max_length=64)
     target: str = Field(sa_type=sa.Text)
@@ -238,8 +284,8 @@ class StepRecord(SQLModel, table=True):
     )
 
     id: int | None = Field(default=None, primary_key=True)
-    namespace: str = Field(max_length=64)
-    task_id: str = Field(max_length=36)
+    namespace: str = Field(max_length=64, sa_type=_ascii(64))
+    task_id: str = Field(max_length=36, sa_type=_key(36))
     generation: int
     slot: str = Field(max_length=200)
     kind: str = Field(max_length=16)
@@ -251,8 +297,8 @@ class StepRecord(SQLModel, table=True):
     child_state: str | None = Field(default=None, max_length=16)
     error_type: str | None = Field(default=None, max_length=200)
     error_message: str | None = Field(default=None, sa_type=sa.Text)
-    created_at: datetime
-    finished_at: datetime | None = None
+    created_at: datetime = _at()
+    finished_at: datetime | None = _maybe_at()
 
 
 tasks_table: sa.Table = TaskRecord.__table__  # type: ignore[attr-defined]

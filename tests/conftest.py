@@ -85,11 +85,35 @@ def postgres_url(servers_dir: Path) -> Iterator[str]:
             stop()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    """A database of its own on the MySQL/MariaDB server of ``DT_TEST_MYSQL_URL`` (e.g. the
+    machine's MariaDB, ``mysql+pymysql://root@127.0.0.1:3306/test``), dropped after the run.
+    Without the variable, or without a server there, the tests are skipped, saying why."""
+    configured = os.environ.get("DT_TEST_MYSQL_URL")
+    if not configured:
+        pytest.skip("set DT_TEST_MYSQL_URL (e.g. mysql+pymysql://root@127.0.0.1:3306/test) to run on MySQL/MariaDB")
+    base = sa.engine.make_url(configured)
+    database = f"dt_test_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = sa.create_engine(base, connect_args={"connect_timeout": 3})
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4"))
+    except (ImportError, sa.exc.DBAPIError) as exc:
+        pytest.skip(f"no MySQL/MariaDB server at {base.render_as_string()} ({exc}); set DT_TEST_MYSQL_URL")
+    try:
+        yield base.set(database=database).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE `{database}`"))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'dt.sqlite3'}"
-    url: str = request.getfixturevalue("postgres_url")
+    url: str = request.getfixturevalue(f"{request.param}_url")
     return url
 
 

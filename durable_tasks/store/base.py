@@ -425,8 +425,8 @@ class SqlStore(JournalStore):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    @staticmethod
-    async def _in_thread(call: Callable[[], R]) -> R:
+    async def _in_thread(self, call: Callable[[], R]) -> R:
+        """Run ``call`` (one transaction) in a worker thread."""
         return await anyio.to_thread.run_sync(call)
 
     def _runtime_transaction(self, action: Callable[..., R], *args: object, **kwargs: object) -> R:

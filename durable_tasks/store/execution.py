@@ -127,7 +127,7 @@ class ClaimedRow(NamedTuple):
     parent_slot: str | None
 
 
-_RETURNED = tuple(t[name] for name in ClaimedRow._fields)
+CLAIMED_COLUMNS = tuple(t[name] for name in ClaimedRow._fields)
 
 
 def claim_keys(requests: Sequence[ClaimRequest]) -> tuple[list[tuple[str, int, int]], dict[str, str | None]]:
@@ -227,7 +227,7 @@ def claim_rows(
             worker_id=worker_id,
             started_at=now,
         )
-        .returning(*_RETURNED)
+        .returning(*CLAIMED_COLUMNS)
     )
     return [ClaimedRow._make(row) for row in rows]
 

@@ -6,6 +6,7 @@ import sqlalchemy as sa
 
 from ..errors import ConfigurationError
 from ..settings import Settings
+from .mysql import MySqlStore
 from .postgres import PostgresStore
 from .protocol import Store
 from .sqlite import SqliteStore
@@ -13,7 +14,7 @@ from .sqlite import SqliteStore
 __all__ = ["open_store"]
 
 #: The backends durable_tasks has a store for, by SQLAlchemy backend name.
-SUPPORTED = ("postgresql", "sqlite")
+SUPPORTED = ("postgresql", "sqlite", "mysql", "mariadb")
 
 
 def open_store(settings: Settings) -> Store:
@@ -34,6 +35,8 @@ def open_store(settings: Settings) -> Store:
         return PostgresStore.open(url, settings)
     if backend == "sqlite":
         return SqliteStore.open(url)
+    if backend in ("mysql", "mariadb"):
+        return MySqlStore.open(url, settings)
     raise ConfigurationError(
         f"durable_tasks has no store for {backend!r} databases; use one of {', '.join(SUPPORTED)} "
         "(e.g. postgresql+psycopg://user@host/db)"

@@ -358,7 +358,7 @@ def resume_if_ready(
     ).first()
     if still_open is not None:
         return False
-    row = conn.execute(
+    updated = conn.execute(
         sa.update(tasks_table)
         .where(
             t.id == task_id,
@@ -367,10 +367,11 @@ def resume_if_ready(
             t.state == TaskState.WAITING,
         )
         .values(state=TaskState.PENDING, delivery=t.delivery + 1, lease_expires_at=None, worker_id=None)
-        .returning(t.queue, t.shadow, t.delivery)
-    ).first()
-    if row is None:
+    ).rowcount
+    if not updated:
         return False
+    # The row just updated (and locked): an UPDATE, then a read, on every dialect.
+    row = conn.execute(sa.select(t.queue, t.shadow, t.delivery).where(t.id == task_id)).one()
     insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
     wake(conn, namespace)
     return True

@@ -25,6 +25,7 @@ __all__ = [
     "Retry",
     "Sent",
     "claim_rows",
+    "claimed_rows",
     "deliveries",
     "mark_dead",
     "mark_sent",
@@ -148,12 +149,17 @@ def claim_rows(
     )
     if not leased:
         return []
-    return conn.execute(
+    return conn.execute(claimed_rows(leased)).all()
+
+
+def claimed_rows(ids: Sequence[int]) -> sa.Select[Any]:
+    """The leased rows ``ids`` with what publishing needs, in :func:`deliveries`' column order."""
+    return (
         sa.select(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
         .add_columns(t.name, t.payload, t.traceparent, t.partition_key)
         .join_from(outbox_table, tasks_table, t.id == o.task_id)
-        .where(o.id.in_(leased))
-    ).all()
+        .where(o.id.in_(ids))
+    )
 
 
 def _fenced(row: ClaimedDelivery) -> dict[str, object]:

@@ -93,7 +93,7 @@ def redeliver(
     False when Redis lost it (the reconciler): a broker's data loss is not the task's fault.
     The new delivery intent is written here (the store wakes dispatchers).
     """
-    row = conn.execute(
+    updated = conn.execute(
         sa.update(tasks_table)
         .where(_unowned(task_id, namespace, generation, delivery, now))
         .values(
@@ -103,12 +103,13 @@ def redeliver(
             counted_losses=t.counted_losses + (_LOSS_COUNTS if count_reclaim else sa.literal(0)),
             lease_expires_at=None,
         )
-        .returning(t.queue, t.shadow, t.delivery)
-    ).one_or_none()
-    if row is None:
+    ).rowcount
+    if not updated:
         return False
+    # The row this transaction just locked (an UPDATE, then a read: every dialect).
+    row = conn.execute(sa.select(t.queue, t.shadow).where(t.id == task_id)).one()
     close_open_attempts(conn, task_id, generation, now, reason=reason)
-    insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
+    insert_outbox(conn, namespace, task_id, row.queue, generation, delivery + 1, row.shadow, now)
     return True
 
 
@@ -141,7 +142,7 @@ def dead_letter_task(
     ``on_dead(conn, row)`` (the task's failure hooks) runs in the same transaction with the
     task row; if it raises, its writes roll back and the task is DEAD all the same.
     """
-    row = conn.execute(
+    updated = conn.execute(
         sa.update(tasks_table)
         .where(_unowned(task_id, namespace, generation, delivery, now))
         .values(
@@ -151,10 +152,14 @@ def dead_letter_task(
             finished_at=now,
             lease_expires_at=None,
         )
-        .returning(t.id, t.name, t.queue, t.payload, t.idempotency_key, t.shadow, t.attempt, t.generation)
-    ).one_or_none()
-    if row is None:
+    ).rowcount
+    if not updated:
         return False
+    row = conn.execute(
+        sa.select(t.id, t.name, t.queue, t.payload, t.idempotency_key, t.shadow, t.attempt, t.generation).where(
+            t.id == task_id
+        )
+    ).one()
     close_open_attempts(conn, task_id, generation, now, reason=reason)
     if on_dead is not None and not row.shadow:
         savepoint = conn.begin_nested()

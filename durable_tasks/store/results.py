@@ -56,7 +56,7 @@ class FinalWrite:
     hook_error: BaseException | None = None
 
 
-_SUCCEEDED = {
+SUCCEEDED = {
     "state": TaskState.SUCCEEDED,
     "lease_expires_at": None,
     "error_type": None,
@@ -83,7 +83,7 @@ def write_results(conn: sa.Connection, writes: Sequence[FinalWrite], now: dateti
             sa.update(tasks_table)
             .where(fenced_rows([w.claim for w in writes]))
             .values(
-                **_SUCCEEDED,
+                **SUCCEEDED,
                 finished_at=now,
                 result=sa.case({w.claim.task_id: w.result_json for w in writes}, value=t.id),
             )
@@ -97,7 +97,7 @@ def commit_hooked(conn: sa.Connection, w: FinalWrite, now: datetime) -> None:
     affects only its own task."""
     savepoint = conn.begin_nested()
     updated = conn.execute(
-        sa.update(tasks_table).where(w.claim.fence()).values(**_SUCCEEDED, finished_at=now, result=w.result_json)
+        sa.update(tasks_table).where(w.claim.fence()).values(**SUCCEEDED, finished_at=now, result=w.result_json)
     ).rowcount
     if not updated:
         savepoint.rollback()

@@ -28,6 +28,15 @@ def missing_indexes(engine: sa.Engine) -> list[str]:
             continue
         present = {index["name"] for index in inspector.get_indexes(table.name)}
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            if index.name not in present:
+            if index.name not in present and _made_on(index, engine.dialect):
                 statements.append(str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)).strip())
     return statements
+
+
+def _made_on(index: sa.Index, dialect: sa.Dialect) -> bool:
+    """Whether ``create_all`` makes ``index`` on this dialect (``Index.ddl_if``)."""
+    condition = getattr(index, "_ddl_if", None)
+    if condition is None or condition.dialect is None:
+        return True
+    names = condition.dialect if isinstance(condition.dialect, tuple | list | set) else (condition.dialect,)
+    return dialect.name in names

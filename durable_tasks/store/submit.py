@@ -129,17 +129,13 @@ rerun_values: dict[str, Any] = {
 def rerun_task(
     conn: sa.Connection, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
 ) -> RerunRow | None:
-    """Start a new generation of a task and its first delivery, due at ``due`` (default now)
-    (UPDATE … RETURNING); None if no such task. Every execution of an older generation is
-    fenced out from the commit on."""
-    row = conn.execute(
-        sa.update(tasks_table)
-        .where(t.id == task_id, t.namespace == namespace)
-        .values(rerun_values)
-        .returning(t.generation, t.queue, t.shadow)
-    ).one_or_none()
-    if row is None:
+    """Start a new generation of a task and its first delivery, due at ``due`` (default now);
+    None if no such task. Every execution of an older generation is fenced out from the commit
+    on. (An UPDATE, then a read of the row it locked: every dialect, RETURNING or not.)"""
+    mine = sa.and_(t.id == task_id, t.namespace == namespace)
+    if not conn.execute(sa.update(tasks_table).where(mine).values(rerun_values)).rowcount:
         return None
+    row = conn.execute(sa.select(t.generation, t.queue, t.shadow).where(mine)).one()
     insert_outbox(conn, namespace, task_id, row.queue, row.generation, 0, row.shadow, now, due=due)
     return RerunRow(int(row.generation), row.queue, bool(row.shadow))
 
