@@ -10,14 +10,16 @@ consumer that stopped long ago (:func:`outlive_lease`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import anyio
+from sqlmodel import Session
 
-from durable_tasks import App, FrozenClock
+from durable_tasks import App, FrozenClock, Task, TaskHandle
+from durable_tasks.clock import system_clock
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
@@ -79,8 +81,31 @@ async def outlive_lease(app: App) -> int:
     clock = app.clock
     assert isinstance(clock, FrozenClock), "outlive_lease needs an App built with clock=FrozenClock()"
     gone = app.settings.lease_timeout + timedelta(seconds=1)
-    clock.advance(gone)
+    # From the wall clock if it is ahead: a worker in another process took its lease on it.
+    clock.now = max(clock.now, system_clock()) + gone
     return await make_idle(app, gone)
+
+
+def submit(app: App, task: Task[Any, Any] | str, payload: Any, **options: Any) -> str:
+    """Submit one ``task`` in a transaction of its own, committed; its id. ``options`` are
+    :meth:`App.submit`'s."""
+    [handle] = submit_all(app, task, [payload], **options)
+    return handle.id
+
+
+def submit_all(
+    app: App, task: Task[Any, Any] | str, payloads: Iterable[Any], *, keys: Iterable[str | None] = (), **options: Any
+) -> list[TaskHandle]:
+    """Submit one ``task`` per payload in one committed transaction (with ``keys`` as their
+    idempotency keys, in order); their handles, in order."""
+    key_list = list(keys)
+    with Session(app.engine) as session:
+        handles = [
+            app.submit(session, task, payload, idempotency_key=key_list[i] if key_list else None, **options)
+            for i, payload in enumerate(payloads)
+        ]
+        session.commit()
+    return handles
 
 
 def keys(app: App, queue: str = "jobs") -> QueueKeys:

@@ -13,7 +13,6 @@ import anyio
 import pytest
 import redis
 import sqlalchemy as sa
-from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.errors import ResultTimeoutError, TaskNotFoundError
@@ -22,6 +21,7 @@ from durable_tasks.store.outcomes import read_outcomes
 from durable_tasks.transport.announce import announce_outcomes
 from durable_tasks.transport.keys import outcome_channel
 from durable_tasks.waiting import ResultHub, Subscription, await_outcome, wait_outcome
+from tests.helpers import submit, submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -34,13 +34,6 @@ def doubling_app(make_app: Callable[..., App]) -> App:
         return 2 * n
 
     return app
-
-
-def submit(app: App, n: int) -> list[str]:
-    with Session(app.engine) as session:
-        ids = [app.submit(session, "double", i).id for i in range(n)]
-        session.commit()
-    return ids
 
 
 def hub_for(app: App, connect: Callable[[], Subscription] | None, *, poll: float = 60.0) -> ResultHub:
@@ -82,18 +75,12 @@ async def run_all(app: App, n: int) -> None:
     assert await app.work(max_tasks=n, timeout=timedelta(seconds=60)) == n
 
 
-async def until(condition: Callable[[], bool], timeout: float = 30) -> None:
-    with anyio.fail_after(timeout):
-        while not condition():
-            await anyio.sleep(0.01)
-
-
 async def test_one_subscription_wakes_every_wait_without_a_second_query(
     make_app: Callable[..., App], redis_url: str
 ) -> None:
     app = doubling_app(make_app)
     n = 50
-    ids = submit(app, n)
+    ids = [h.id for h in submit_all(app, "double", range(n))]
     hub = hub_for(app, subscriber(redis_url))
     results: dict[str, str | None] = {}
 
@@ -107,7 +94,7 @@ async def test_one_subscription_wakes_every_wait_without_a_second_query(
         async with anyio.create_task_group() as tg:
             for task_id in ids:
                 tg.start_soon(wait, task_id)
-            await until(lambda: hub.waiting == n and len(statements) >= n)
+            await wait_until(lambda: hub.waiting == n and len(statements) >= n)
             reads_before_work = len(statements)
             await run_all(app, n)
             statements.clear()
@@ -128,7 +115,7 @@ async def test_without_an_announcement_waits_fall_back_to_one_batched_read(
     make_app: Callable[..., App], redis_url: str
 ) -> None:
     app = doubling_app(make_app)
-    ids = submit(app, 20)
+    ids = [h.id for h in submit_all(app, "double", range(20))]
     hub = hub_for(app, subscriber(redis_url), poll=0.2)
     got: list[TaskState] = []
 
@@ -140,7 +127,7 @@ async def test_without_an_announcement_waits_fall_back_to_one_batched_read(
     async with anyio.create_task_group() as tg:
         for task_id in ids:
             tg.start_soon(wait, task_id)
-        await until(lambda: hub.waiting == len(ids))
+        await wait_until(lambda: hub.waiting == len(ids))
         await run_all(app, len(ids))  # settled, never announced
     assert got == [TaskState.SUCCEEDED] * len(ids)
     assert 1 <= hub.polls <= 10  # batched: far fewer reads than waits
@@ -150,7 +137,7 @@ async def test_without_an_announcement_waits_fall_back_to_one_batched_read(
 
 async def test_waits_work_by_polling_when_redis_is_unreachable(make_app: Callable[..., App]) -> None:
     app = doubling_app(make_app)
-    (task_id,) = submit(app, 1)
+    task_id = submit(app, "double", 0)
     hub = hub_for(app, subscriber("redis://127.0.0.1:1/0?socket_connect_timeout=0.2"), poll=0.1)
     read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
     done = threading.Event()
@@ -162,9 +149,9 @@ async def test_waits_work_by_polling_when_redis_is_unreachable(make_app: Callabl
 
     thread = threading.Thread(target=block)
     thread.start()
-    await until(lambda: hub.waiting == 1)
+    await wait_until(lambda: hub.waiting == 1)
     await run_all(app, 1)
-    await until(done.is_set)
+    await wait_until(done.is_set)
     thread.join()
     assert not hub.subscribed
     assert [getattr(o, "result_json", None) for o in outcome] == ["0"]
@@ -176,7 +163,7 @@ async def test_a_wait_times_out_with_the_last_state_seen_and_an_unknown_id_is_no
     make_app: Callable[..., App], redis_url: str
 ) -> None:
     app = doubling_app(make_app)
-    (task_id,) = submit(app, 1)
+    task_id = submit(app, "double", 0)
     hub = hub_for(app, subscriber(redis_url))
     read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
     with pytest.raises(ResultTimeoutError) as caught:

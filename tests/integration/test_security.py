@@ -11,14 +11,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from sqlmodel import Session
 
-from durable_tasks import App, TaskContext, TaskState
+from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks.dlq import list_dead_letters
 from durable_tasks.transport.messages import OutgoingMessage, entry_mac
-from tests.helpers import die_running_alone, keys
+from tests.helpers import die_running_alone, keys, outlive_lease, submit, submit_all
 from tests.servers import private_redis
 
 pytestmark = pytest.mark.anyio
@@ -42,13 +40,6 @@ def register(app: App, ran: list[int]) -> None:
         return n
 
 
-def submit(app: App, n: int = 1) -> str:
-    with Session(app.engine) as s:
-        task_id = app.submit(s, "guarded", n).id
-        s.commit()
-    return task_id
-
-
 async def test_a_pickle_in_the_stream_is_dead_lettered_unexecuted(app: App, tmp_path: Path) -> None:
     ran: list[int] = []
     register(app, ran)
@@ -66,12 +57,12 @@ async def test_signed_entries_run_and_forged_ones_do_not(make_app: Callable[...,
     app = make_app(signing_key="k1-" + "x" * 29)
     ran: list[int] = []
     register(app, ran)
-    good = submit(app, 1)
+    good = submit(app, "guarded", 1)
     await app.dispatch_once()
     assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(good).state == TaskState.SUCCEEDED
 
-    victim = submit(app, 2)  # a real task, not yet dispatched: forgeries name it
+    victim = submit(app, "guarded", 2)  # a real task, not yet dispatched: forgeries name it
     stream = keys(app).stream
     fields = OutgoingMessage("jobs", victim, 0, 0, "guarded").fields()
     client = app.runtime.transport().client
@@ -116,7 +107,7 @@ async def test_a_least_privilege_acl_user_runs_the_whole_path(
         app.create_all()
         ran: list[int] = []
         register(app, ran)
-        task_id = submit(app)
+        task_id = submit(app, "guarded", 1)
         assert await app.dispatch_once() == 1
         assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
         await app.reap_once()
@@ -131,16 +122,13 @@ async def test_a_secret_in_a_payload_stays_out_of_logs_and_the_dlq(
     make_app: Callable[..., App], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    app = make_app(max_deliveries=1)
+    app = make_app(max_deliveries=1, clock=FrozenClock())
 
     @app.task(name="secretive", queue="jobs", max_attempts=2)
     def secretive(ctx: TaskContext[dict[str, str]], p: dict[str, str]) -> str:
         raise RuntimeError("downstream refused the request")
 
-    with Session(app.engine) as s:
-        failing = app.submit(s, "secretive", {"api_token": CANARY}).id
-        lost = app.submit(s, "secretive", {"api_token": CANARY}).id
-        s.commit()
+    failing, lost = (h.id for h in submit_all(app, "secretive", [{"api_token": CANARY}] * 2))
     await app.dispatch_once()
     entries = await app.runtime.transport().read(["jobs"], "dies", count=1, block=timedelta(milliseconds=100))
     lost_task = entries[0].fields["t"]
@@ -148,7 +136,7 @@ async def test_a_secret_in_a_payload_stays_out_of_logs_and_the_dlq(
     await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=timedelta(seconds=10))
-    await anyio.sleep(1.2)
+    assert await outlive_lease(app) == 1
     await app.reap_once()
     assert {app.get_task(failing).state, app.get_task(lost).state} == {TaskState.FAILED, TaskState.DEAD}
     assert app.get_task(lost_task).state == TaskState.DEAD

@@ -16,7 +16,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskHandle
 from durable_tasks.errors import TaskCancelledError, TaskFailedError, TaskNotFoundError
-from tests.helpers import claim_entry
+from tests.helpers import claim_entry, submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -35,13 +35,6 @@ def doubling_app(make_app: Callable[..., App], **overrides: object) -> App:
         raise ValueError(f"no {n}")
 
     return app
-
-
-def submit(app: App, name: str, payloads: range) -> list[TaskHandle]:
-    with Session(app.engine) as session:
-        handles = [app.submit(session, name, n) for n in payloads]
-        session.commit()
-    return handles
 
 
 @contextmanager
@@ -70,16 +63,10 @@ async def running(app: App) -> AsyncIterator[None]:
         stop.set()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 60) -> None:
-    with anyio.fail_after(timeout):
-        while not condition():
-            await anyio.sleep(0.01)
-
-
 async def test_a_thousand_async_waits_cost_one_query_each(make_app: Callable[..., App]) -> None:
     client, runtime = doubling_app(make_app, **QUIET), doubling_app(make_app)
     n = 1000
-    handles = submit(client, "double", range(n))
+    handles = submit_all(client, "double", range(n))
     results: dict[str, int] = {}
 
     async def wait(handle: TaskHandle) -> None:
@@ -89,9 +76,9 @@ async def test_a_thousand_async_waits_cost_one_query_each(make_app: Callable[...
         async with anyio.create_task_group() as tg:
             for handle in handles:
                 tg.start_soon(wait, handle)
-            await until(lambda: client.results.hub().waiting == n and len(reads) == n)
+            await wait_until(lambda: client.results.hub().waiting == n and len(reads) == n, timeout=60)
             async with running(runtime):
-                await until(lambda: len(results) == n, timeout=180)
+                await wait_until(lambda: len(results) == n, timeout=180)
     assert results == {h.id: 2 * i for i, h in enumerate(handles)}
     assert len(reads) == n  # the read each wait made when it started, and nothing after
     assert client.results.hub().polls == 0
@@ -102,12 +89,12 @@ async def test_a_thousand_async_waits_cost_one_query_each(make_app: Callable[...
 async def test_a_thousand_sync_results_cost_one_query_each(make_app: Callable[..., App]) -> None:
     client, runtime = doubling_app(make_app, **QUIET), doubling_app(make_app)
     n = 1000
-    handles = submit(client, "double", range(n))
+    handles = submit_all(client, "double", range(n))
     with task_reads(client) as reads, ThreadPoolExecutor(max_workers=100) as pool:
         futures = [pool.submit(h.result, 120) for h in handles]
-        await until(lambda: client.results.hub().waiting >= 100)
+        await wait_until(lambda: client.results.hub().waiting >= 100, timeout=60)
         async with running(runtime):
-            await until(lambda: all(f.done() for f in futures), timeout=180)
+            await wait_until(lambda: all(f.done() for f in futures), timeout=180)
     assert [f.result() for f in futures] == [2 * i for i in range(n)]
     assert len(reads) <= n  # at most one per wait: the later ones found their task done
     assert client.results.hub().polls == 0
@@ -117,7 +104,7 @@ async def test_a_thousand_sync_results_cost_one_query_each(make_app: Callable[..
 
 async def test_a_failed_task_raises_with_its_state_and_error(make_app: Callable[..., App]) -> None:
     client, runtime = doubling_app(make_app, **QUIET), doubling_app(make_app)
-    (handle,) = submit(client, "fail", range(7, 8))
+    [handle] = submit_all(client, "fail", [7])
     async with running(runtime):
         with pytest.raises(TaskFailedError) as caught:
             await handle.wait(timeout=60)
@@ -129,7 +116,7 @@ async def test_a_failed_task_raises_with_its_state_and_error(make_app: Callable[
 
 async def test_a_cancel_is_seen_by_the_fallback_read(make_app: Callable[..., App]) -> None:
     app = doubling_app(make_app, result_poll_initial=timedelta(milliseconds=100))
-    (handle,) = submit(app, "double", range(1))
+    [handle] = submit_all(app, "double", [0])
     async with anyio.create_task_group() as tg:
 
         async def expect_cancelled() -> None:
@@ -137,7 +124,7 @@ async def test_a_cancel_is_seen_by_the_fallback_read(make_app: Callable[..., App
                 await handle.wait(timeout=60)
 
         tg.start_soon(expect_cancelled)
-        await until(lambda: app.results.hub().waiting == 1)
+        await wait_until(lambda: app.results.hub().waiting == 1)
         with Session(app.engine) as session:
             assert app.cancel(session, handle.id)
             session.commit()
@@ -146,7 +133,7 @@ async def test_a_cancel_is_seen_by_the_fallback_read(make_app: Callable[..., App
 
 async def test_a_wait_follows_a_rerun_to_the_new_generation(make_app: Callable[..., App]) -> None:
     client, runtime = doubling_app(make_app, **QUIET), doubling_app(make_app)
-    (handle,) = submit(client, "double", range(21, 22))
+    [handle] = submit_all(client, "double", [21])
     with Session(client.engine) as session:
         assert client.rerun(session, handle.id) == 1  # before generation 0 ever ran
         session.commit()
@@ -159,7 +146,7 @@ async def test_a_wait_follows_a_rerun_to_the_new_generation(make_app: Callable[.
 
 async def test_a_wait_outlives_a_crashed_worker(make_app: Callable[..., App]) -> None:
     client, runtime = doubling_app(make_app, **QUIET), doubling_app(make_app)
-    (handle,) = submit(client, "double", range(5, 6))
+    [handle] = submit_all(client, "double", [5])
     await runtime.dispatch_once()
     [entry] = await runtime.runtime.transport().read(["jobs"], "doomed", count=1, block=timedelta(seconds=1))
     assert await claim_entry(runtime, entry, "doomed") is not None  # claimed, then its worker "died"
@@ -172,7 +159,7 @@ async def test_a_wait_outlives_a_crashed_worker(make_app: Callable[..., App]) ->
 async def test_app_handle_waits_for_a_task_submitted_elsewhere(make_app: Callable[..., App]) -> None:
     submitter, runtime = doubling_app(make_app), doubling_app(make_app)
     elsewhere = doubling_app(make_app, **QUIET)
-    (handle,) = submit(submitter, "double", range(4, 5))
+    [handle] = submit_all(submitter, "double", [4])
     found = elsewhere.handle(handle.id)
     assert (found.id, found.name, found.generation) == (handle.id, "double", 0)
     async with running(runtime):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -13,11 +13,13 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Field, Session, SQLModel
 
-from durable_tasks import App, TaskContext, TaskState
+from durable_tasks import App, FrozenClock, TaskContext, TaskState
+from durable_tasks.records import tasks_table
 from durable_tasks.store.engine import read_only
-from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
+from durable_tasks.transport.keys import CONSUMER_GROUP
 from durable_tasks.transport.messages import OutgoingMessage
 from durable_tasks.worker import Worker
+from tests.helpers import keys, make_idle, submit, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -44,15 +46,11 @@ def verdicts(app: App, task_id: str) -> list[tuple[int, int]]:
     return [(r[0], r[1]) for r in rows]
 
 
-def submit(app: App, name: str, n: int = 1) -> str:
-    with Session(app.engine) as s:
-        task_id = app.submit(s, name, {"n": n}).id
-        s.commit()
-    return task_id
-
-
-def keys(app: App, queue: str = "jobs") -> QueueKeys:
-    return QueueKeys(app.settings.namespace, queue)
+def lease_expires_at(app: App, task_id: str) -> datetime | None:
+    t = tasks_table.c
+    with read_only(app.engine).connect() as conn:
+        expiry: datetime | None = conn.execute(sa.select(t.lease_expires_at).where(t.id == task_id)).scalar_one()
+    return expiry if expiry is None or expiry.tzinfo else expiry.replace(tzinfo=UTC)
 
 
 async def pending_count(app: App, queue: str = "jobs") -> int:
@@ -78,7 +76,7 @@ async def test_async_handler_runs_and_hook_writes_inside_the_fenced_commit(verdi
     def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
         session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=result))
 
-    task_id = submit(app, "double", 21)
+    task_id = submit(app, "double", {"n": 21})
     await app.dispatch_once()
     assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).result == 42
@@ -94,7 +92,7 @@ async def test_a_duplicate_entry_runs_nothing_and_is_acked(app: App) -> None:
         runs.append(ctx.attempt)
         return p.n
 
-    task_id = submit(app, "count")
+    task_id = submit(app, "count", {"n": 1})
     await app.dispatch_once()
     # A duplicate of the same delivery (what a failed script or a replay would leave).
     await app.runtime.transport().client.xadd(keys(app).stream, {"t": task_id, "g": "0", "d": "0", "n": "count"})
@@ -110,7 +108,7 @@ async def test_an_entry_read_before_mark_sent_still_runs_and_the_mark_never_move
     def early(ctx: TaskContext[Job], p: Job) -> int:
         return 7
 
-    task_id = submit(app, "early")
+    task_id = submit(app, "early", {"n": 1})
     # Published, but the dispatcher's mark-SENT has not committed: the task is still PENDING.
     await app.runtime.transport().publish([OutgoingMessage("jobs", task_id, 0, 0, "early")])
     assert app.get_task(task_id).state == TaskState.PENDING
@@ -137,7 +135,7 @@ async def test_rerun_while_running_fences_out_the_old_result(verdict_app: App) -
     def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
         session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=result))
 
-    task_id = submit(app, "judge")
+    task_id = submit(app, "judge", {"n": 1})
     await app.dispatch_once()
     worker = Worker(app.runtime)
     async with anyio.create_task_group() as tg:
@@ -160,7 +158,7 @@ async def test_failures_retry_through_new_deliveries_then_fail_after_max_attempt
     def boom(ctx: TaskContext[Job], p: Job) -> int:
         raise RuntimeError(f"broken on attempt {ctx.attempt}")
 
-    task_id = submit(app, "boom")
+    task_id = submit(app, "boom", {"n": 1})
     for _ in range(3):
         assert await app.dispatch_once() == 1
         assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
@@ -181,7 +179,7 @@ async def test_retry_on_limits_which_errors_retry(app: App) -> None:
     def picky(ctx: TaskContext[Job], p: Job) -> int:
         raise ValueError("a bug, not a transient error")
 
-    task_id = submit(app, "picky")
+    task_id = submit(app, "picky", {"n": 1})
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     info = app.get_task(task_id)
@@ -202,7 +200,7 @@ async def test_a_failing_on_commit_hook_rolls_back_and_retries(verdict_app: App)
         if ctx.attempt == 1:
             raise RuntimeError("hook failed after writing")
 
-    task_id = submit(app, "hooked")
+    task_id = submit(app, "hooked", {"n": 1})
     for _ in range(2):
         await app.dispatch_once()
         await app.work(max_tasks=1, timeout=timedelta(seconds=10))
@@ -212,21 +210,32 @@ async def test_a_failing_on_commit_hook_rolls_back_and_retries(verdict_app: App)
     assert [a.outcome for a in info.attempts] == ["failed", "succeeded"]
 
 
-async def test_heartbeats_keep_a_long_task_from_being_reclaimed(app: App) -> None:
+async def test_heartbeats_keep_a_long_task_from_being_reclaimed(make_app: Callable[..., App]) -> None:
+    """The task runs for three leases of the App's clock; each time the lease would lapse, the
+    worker's heartbeat has renewed it, and a reaper pass (its entry idle past the lease) keeps it."""
+    clock = FrozenClock()
+    app = make_app(clock=clock)
+    release = anyio.Event()
+
     @app.task(name="long", queue="jobs")
     async def long(ctx: TaskContext[Job], p: Job) -> int:
-        await anyio.sleep(2.5)  # longer than lease_timeout (1 s): only heartbeats keep it
+        await release.wait()
         return 1
 
-    task_id = submit(app, "long")
+    task_id = submit(app, "long", {"n": 1})
     await app.dispatch_once()
-    reports = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: app.work(max_tasks=1, timeout=timedelta(seconds=20)))
+        await wait_until(lambda: app.get_task(task_id).state == TaskState.RUNNING, what="the task to start")
         for _ in range(3):
-            await anyio.sleep(0.8)
-            reports.append(await app.reap_once())
-    assert sum(r.redelivered for r in reports) == 0
+            clock.advance(app.settings.lease_timeout)  # the lease taken or renewed last runs out now
+            await wait_until(
+                lambda: (lease_expires_at(app, task_id) or clock.now) > clock.now, what="a heartbeat", timeout=10
+            )
+            assert await make_idle(app, app.settings.lease_timeout + timedelta(seconds=1)) == 1
+            report = await app.reap_once()
+            assert (report.kept, report.redelivered) == (1, 0)
+        release.set()
     info = app.get_task(task_id)
     assert (info.state, len(info.attempts)) == (TaskState.SUCCEEDED, 1)
 
@@ -236,7 +245,7 @@ async def test_entries_added_before_the_group_existed_are_consumed(app: App) -> 
     def old(ctx: TaskContext[Job], p: Job) -> int:
         return 1
 
-    task_id = submit(app, "old")
+    task_id = submit(app, "old", {"n": 1})
     client = app.runtime.transport().client
     assert not await client.exists(keys(app).stream)
     await app.dispatch_once()  # XADD creates the stream; no group exists yet
@@ -250,12 +259,12 @@ async def test_a_vanished_group_is_recreated(app: App) -> None:
     def again(ctx: TaskContext[Job], p: Job) -> int:
         return 1
 
-    first = submit(app, "again")
+    first = submit(app, "again", {"n": 1})
     await app.dispatch_once()
     worker = Worker(app.runtime)
     assert await worker.run(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     await app.runtime.transport().client.xgroup_destroy(keys(app).stream, CONSUMER_GROUP)
-    second = submit(app, "again")
+    second = submit(app, "again", {"n": 1})
     await app.dispatch_once()
     # The recreated group starts from 0-0: the first entry comes back and is skipped as stale.
     assert await worker.run(max_tasks=2, timeout=timedelta(seconds=10)) == 2
@@ -270,7 +279,7 @@ async def test_a_worker_that_cannot_reach_the_database_does_not_ack(
     def unreached(ctx: TaskContext[Job], p: Job) -> int:
         return 1
 
-    task_id = submit(app, "unreached")
+    task_id = submit(app, "unreached", {"n": 1})
     await app.dispatch_once()
     cut_off = App("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1", redis_url, app.settings.namespace)
 
@@ -300,7 +309,7 @@ async def test_cancel_fences_out_a_running_attempt(verdict_app: App) -> None:
     def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
         session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=result))
 
-    task_id = submit(app, "cancellable")
+    task_id = submit(app, "cancellable", {"n": 1})
     await app.dispatch_once()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: app.work(max_tasks=1, timeout=timedelta(seconds=10)))
@@ -328,7 +337,7 @@ async def test_on_failure_runs_in_the_final_failure_transaction_only(verdict_app
     def mark(session: Session, ctx: TaskContext[Job], error: BaseException) -> None:
         session.add(Verdict(task_id=ctx.task_id, generation=ctx.generation, value=-1))
 
-    task_id = submit(app, "doomed")
+    task_id = submit(app, "doomed", {"n": 1})
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     assert verdicts(app, task_id) == []  # a retry is coming: no final-failure hook yet
@@ -348,7 +357,7 @@ async def test_an_unexpected_error_while_claiming_stops_the_worker_instead_of_va
     def never(ctx: TaskContext[Job], p: Job) -> int:
         return 1
 
-    task_id = submit(app, "never-claimed")
+    task_id = submit(app, "never-claimed", {"n": 1})
     await app.dispatch_once()
 
     def explode(*args: Any, **kwargs: Any) -> Any:
