@@ -22,16 +22,16 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Protocol, get_type_hints
 
 import sqlalchemy as sa
 from pydantic import BaseModel, TypeAdapter, ValidationError
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import Session, col, select
 
 from .app import App
 from .errors import ConfigurationError, DurableTasksError, TaskNotFoundError
-from .records import TERMINAL_STATES, TaskState, tasks_table
+from .records import TERMINAL_STATES, AgentRun, AgentTurn, TaskState, tasks_table
 from .tasks import Task, TaskContext
 
 __all__ = [
@@ -90,38 +90,6 @@ class ScriptedModel:
         """Answer from the script."""
         self.calls += 1
         return self.script(messages)
-
-
-class AgentRun(SQLModel, table=True):
-    """``dt_agent_runs``: one agent run, its current generation and final answer."""
-
-    __tablename__ = "dt_agent_runs"
-    # The dashboard's list of runs, newest first (durable_tasks.readmodel.agent_runs).
-    __table_args__ = (sa.Index("ix_dt_agent_runs_created", "namespace", "created_at", "id"),)
-    id: str = Field(primary_key=True, max_length=36)
-    namespace: str = Field(max_length=64)
-    agent: str = Field(max_length=200)
-    generation: int = 0
-    state: str = Field(default="RUNNING", max_length=16)
-    input: str = Field(sa_type=sa.Text)
-    output: str | None = Field(default=None, sa_type=sa.Text)
-    created_at: datetime
-    finished_at: datetime | None = None
-
-
-class AgentTurn(SQLModel, table=True):
-    """``dt_agent_turns``: one recorded model turn and, once settled, its tool results."""
-
-    __tablename__ = "dt_agent_turns"
-    __table_args__ = (sa.UniqueConstraint("run_id", "generation", "index", name="uq_dt_agent_turn"),)
-    id: int | None = Field(default=None, primary_key=True)
-    run_id: str = Field(max_length=36, index=True)
-    generation: int
-    index: int
-    output: str = Field(sa_type=sa.Text)
-    calls: str = Field(default="[]", sa_type=sa.Text)  # [{id, task_id, error}] in call order
-    tool_results: str | None = Field(default=None, sa_type=sa.Text)
-    created_at: datetime
 
 
 class TurnRequest(BaseModel):

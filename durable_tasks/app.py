@@ -19,7 +19,7 @@ from anyio import to_thread
 from sqlalchemy.orm import Session
 from sqlmodel import SQLModel
 
-from . import codec
+from . import codec, migrations
 from .clock import Clock, due_time, system_clock
 from .dispatcher import Dispatcher
 from .errors import (
@@ -226,13 +226,20 @@ class App(SignalsMixin):
         return self.runtime.store.engine
 
     def create_all(self) -> None:
-        """Create the runtime's tables (dt_tasks, dt_outbox, dt_attempts, and the dt_agent_*
-        tables once durable_tasks.agents is imported) and the application's ``tables``, if
+        """Migrate the runtime's tables to the latest version (creating them in an empty
+        database; :mod:`durable_tasks.migrations`) and create the application's ``tables`` if
         they do not exist. ``durable-tasks init-db`` calls this."""
-        ours = [table for name, table in SQLModel.metadata.tables.items() if name.startswith("dt_")]
-        ours += [model.__table__ for model in self.tables]  # type: ignore[attr-defined]
         with self._database_errors():
-            self.runtime.store.create_all(ours)
+            migrations.migrate(self.engine)
+            if self.tables:
+                self.runtime.store.create_all([model.__table__ for model in self.tables])  # type: ignore[attr-defined]
+
+    def check_schema(self) -> migrations.SchemaStatus:
+        """Raise a :class:`~durable_tasks.errors.SchemaError` naming the command that fixes it
+        if this code cannot run on the database's schema (missing, older than it needs, or
+        contracted by a newer release); a newer schema it can run on is logged as a warning."""
+        with self._database_errors():
+            return migrations.check_schema(self.engine)
 
     def _database_errors(self) -> AbstractContextManager[None]:
         return database_errors(lambda: self.engine)
@@ -517,6 +524,7 @@ class App(SignalsMixin):
         finish (whatever is left stays pending for a reaper); then the dispatcher and reaper end.
         """
         await self.check_connections(wait=self.settings.startup_wait)
+        await to_thread.run_sync(self.check_schema)
         w = Worker(self.runtime, queues=queues) if worker else None
         async with anyio.create_task_group() as tg:
             if dispatcher:

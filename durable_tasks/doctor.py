@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
+from .migrations import SchemaReport, schema_report
 from .settings import Settings
 from .store import DatabaseProblem
 from .store.pooler import Pooling, PoolingReport
@@ -70,6 +71,8 @@ class Facts:
     listen_reaches: bool | None = None
     #: Settings of the database server that can lose or duplicate work (the store knows which).
     database_problems: list[DatabaseProblem] = field(default_factory=list)
+    #: The schema's version and drift (None: not read).
+    schema: SchemaReport | None = None
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -240,6 +243,26 @@ def check_database(f: Facts) -> Finding:
     return Finding(level, "database", " ".join(f"{p.check}: {p.message}" for p in f.database_problems))
 
 
+def check_schema(f: Facts) -> Finding:
+    """A schema older than the code stops every runtime process; drift from the models (a
+    column or index added or dropped by hand, a step applied only in part) breaks or slows
+    the statements that rely on it."""
+    if f.schema is None:
+        return Finding(Level.OK, "schema", "not checked")
+    if f.schema.problem is not None:
+        return Finding(Level.ERROR, "schema", f.schema.problem)
+    missing = [line for line in f.schema.drift if " extra " not in line and not line.startswith("extra ")]
+    if f.schema.drift:
+        return Finding(
+            Level.ERROR if missing else Level.WARNING,
+            "schema",
+            f"{f.schema.status}; the tables differ from this version's models: " + "; ".join(f.schema.drift),
+        )
+    if f.schema.newer:
+        return Finding(Level.WARNING, "schema", f"{f.schema.status}: made by a newer release (compatible)")
+    return Finding(Level.OK, "schema", f"{f.schema.status}; no drift")
+
+
 CHECKS = (
     check_eviction,
     check_persistence,
@@ -253,6 +276,7 @@ CHECKS = (
     check_pooler,
     check_listen,
     check_database,
+    check_schema,
 )
 
 
@@ -306,6 +330,7 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         database.pooling,
         database.listen_reaches,
         database.problems,
+        schema=schema_report(app.engine),
     )
 
 

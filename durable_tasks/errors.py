@@ -25,8 +25,13 @@ Every error the library raises on purpose derives from one root, so callers can 
     ├── JournalFencedOutError         a journal write of an attempt that no longer owns its task
     ├── SignalError                   a signal names no task, or its payload is not plain JSON
     ├── DatabaseUnavailableError      the database cannot be reached (or refused a statement)
-    └── BrokerUnavailableError        Redis / Valkey cannot be reached
-        └── EmbeddedServerError       the embedded Valkey did not start
+    ├── BrokerUnavailableError        Redis / Valkey cannot be reached
+    │   └── EmbeddedServerError       the embedded Valkey did not start
+    └── SchemaError                   the database's durable_tasks schema does not fit this code
+        ├── SchemaMissingError        no durable_tasks tables: run `durable-tasks init-db`
+        ├── SchemaOutdatedError       older than this code needs: run `durable-tasks migrate`
+        ├── SchemaTooNewError         changed by a newer release in a way this code cannot run on
+        └── MigrationError            a migration cannot be applied as the database stands
 
 Each message says what to do next. Nothing is written when one of these is raised at submit.
 """
@@ -44,12 +49,17 @@ __all__ = [
     "InvalidIdempotencyKeyError",
     "InvalidQueryError",
     "JournalFencedOutError",
+    "MigrationError",
     "PayloadError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
     "PayloadValidationError",
     "ResultNotSerializableError",
     "ResultTimeoutError",
+    "SchemaError",
+    "SchemaMissingError",
+    "SchemaOutdatedError",
+    "SchemaTooNewError",
     "SignalError",
     "TaskCancelledError",
     "TaskDeadLetteredError",
@@ -190,3 +200,23 @@ class InvalidQueryError(DurableTasksError):
 class EmbeddedServerError(BrokerUnavailableError):
     """The embedded Valkey server (used when no Redis URL is given) could not be started or
     reached."""
+
+
+class SchemaError(DurableTasksError):
+    """The database's durable_tasks schema does not fit this code (see the subclasses)."""
+
+
+class SchemaMissingError(SchemaError):
+    """The database has no durable_tasks tables yet: ``durable-tasks init-db`` creates them."""
+
+
+class SchemaOutdatedError(SchemaError):
+    """The schema is older than this code needs: ``durable-tasks migrate`` brings it up."""
+
+
+class SchemaTooNewError(SchemaError):
+    """A newer release changed the schema in a way this code cannot run on: deploy that release."""
+
+
+class MigrationError(SchemaError):
+    """A migration cannot be applied as the database stands (it says what differs)."""

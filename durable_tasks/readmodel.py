@@ -16,10 +16,10 @@ from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 from redis.exceptions import ResponseError
-from sqlmodel import SQLModel
 
 from .errors import InvalidQueryError
 from .records import TaskState, attempts_table, audit_table, tasks_table
+from .records import metadata as runtime_metadata
 from .transport.keys import CONSUMER_GROUP
 from .transport.streams import RedisStreamsTransport
 
@@ -411,9 +411,9 @@ async def stream_consumers(transport: RedisStreamsTransport, queue: str) -> list
 
 
 def _agent_tables() -> tuple[sa.Table, sa.Table] | None:
-    """dt_agent_runs and dt_agent_turns once durable_tasks.agents is imported (read from the
-    metadata by name: importing agents here would import the App)."""
-    tables = SQLModel.metadata.tables
+    """dt_agent_runs and dt_agent_turns (on the runtime's metadata, made by the migrations
+    whether or not durable_tasks.agents is in use)."""
+    tables = runtime_metadata.tables
     runs, turns = tables.get("dt_agent_runs"), tables.get("dt_agent_turns")
     return (runs, turns) if runs is not None and turns is not None else None
 

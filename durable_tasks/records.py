@@ -1,15 +1,20 @@
 """SQLModel tables: the durable intent (``dt_tasks``), delivery intents (``dt_outbox``), the
-audit trail of executions (``dt_attempts``), of operators' actions (``dt_audit``) and the step
-journal (``dt_steps``).
+audit trail of executions (``dt_attempts``), of operators' actions (``dt_audit``), the step
+journal (``dt_steps``), periodic schedules (``dt_schedules``) and the agent records
+(``dt_agent_runs``, ``dt_agent_turns``).
 
 Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres,
 DATETIME(6) in UTC on MySQL/MariaDB). On MySQL/MariaDB, ids, names and idempotency keys compare
 as bytes (``'CaseKey'`` is not ``'casekey'``), and namespaces and queue names (ASCII by their
 pattern) are ASCII, which keeps the idempotency key's unique index within InnoDB's 3,072 bytes. Payloads and results are
 stored as the exact JSON text the runtime validated, so nothing is serialized twice.
-Schema creation is explicit: ``App.create_all()`` or ``durable-tasks init-db``.
-"""
 
+The tables live on their own :data:`metadata`, not on SQLModel's global one: an application's
+``SQLModel.metadata.create_all()`` or Alembic autogenerate does not see them. Their schema is
+made and changed by the numbered migrations of :mod:`durable_tasks.migrations`
+(``durable-tasks migrate``, ``App.create_all()``); a column added here needs a migration step,
+and ``tests/integration/test_migrations_match_models.py`` fails until it has one.
+"""
 from __future__ import annotations
 
 from datetime import datetime
@@ -18,21 +23,33 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import UTCDateTime
 
 __all__ = [
+    "AgentRun",
+    "AgentTurn",
     "AttemptOutcome",
     "AttemptRecord",
     "AuditRecord",
     "OutboxRecord",
     "OutboxState",
+    "RuntimeRecord",
     "ScheduleRecord",
     "StepRecord",
     "TaskRecord",
     "TaskState",
     "Timestamp",
+    "metadata",
 ]
+
+#: The runtime's tables, and only those.
+metadata = sa.MetaData()
+
+
+class RuntimeRecord(SQLModel, registry=registry(metadata=metadata)):
+    """Base of the runtime's tables: they register on :data:`metadata`."""
 
 
 _MYSQL = ("mysql", "mariadb")
@@ -106,7 +123,7 @@ class AttemptOutcome(StrEnum):
     SUSPENDED = "suspended"  # the handler waits for children or a signal (see durable_tasks.journal)
 
 
-class TaskRecord(SQLModel, table=True):
+class TaskRecord(RuntimeRecord, table=True):
     """``dt_tasks``: one row per logical task, its current generation and its outcome."""
 
     __tablename__ = "dt_tasks"
@@ -160,7 +177,7 @@ class TaskRecord(SQLModel, table=True):
     finished_at: datetime | None = _maybe_at()
 
 
-class OutboxRecord(SQLModel, table=True):
+class OutboxRecord(RuntimeRecord, table=True):
     """``dt_outbox``: one row per delivery intent; its monotonic id is the cutover watermark."""
 
     __tablename__ = "dt_outbox"
@@ -203,7 +220,7 @@ class OutboxRecord(SQLModel, table=True):
     sent_at: datetime | None = _maybe_at()
 
 
-class AttemptRecord(SQLModel, table=True):
+class AttemptRecord(RuntimeRecord, table=True):
     """``dt_attempts``: the audit trail of every execution attempt, read by operators."""
 
     __tablename__ = "dt_attempts"
@@ -225,7 +242,7 @@ class AttemptRecord(SQLModel, table=True):
     traceparent: str | None = Field(default=None, max_length=128)
 
 
-class ScheduleRecord(SQLModel, table=True):
+class ScheduleRecord(RuntimeRecord, table=True):
     """``dt_schedules``: one row per periodic schedule of a namespace.
 
     What the code declared (``task_name``, ``spec``, ``catch_up``: written by the schedulers,
@@ -248,7 +265,7 @@ class ScheduleRecord(SQLModel, table=True):
     updated_at: datetime = _at()
 
 
-class AuditRecord(SQLModel, table=True):
+class AuditRecord(RuntimeRecord, table=True):
     """``dt_audit``: every operator action taken through the dashboard: who, what, when, result."""
 
     __tablename__ = "dt_audit"
@@ -263,7 +280,7 @@ class AuditRecord(SQLModel, table=True):
     outcome: str = Field(sa_type=sa.Text)
 
 
-class StepRecord(SQLModel, table=True):
+class StepRecord(RuntimeRecord, table=True):
     """``dt_steps``: the step journal of one task generation (``durable_tasks.journal``): a
     recorded step's result, a child's outcome, a signal's payload, or a wait still open
     (``done`` false). Unique per task, generation and slot; written only under the task's fence
@@ -299,6 +316,38 @@ class StepRecord(SQLModel, table=True):
     error_message: str | None = Field(default=None, sa_type=sa.Text)
     created_at: datetime = _at()
     finished_at: datetime | None = _maybe_at()
+
+
+class AgentRun(RuntimeRecord, table=True):
+    """``dt_agent_runs``: one agent run, its current generation and final answer."""
+
+    __tablename__ = "dt_agent_runs"
+    # The dashboard's list of runs, newest first (durable_tasks.readmodel.agent_runs).
+    __table_args__ = (sa.Index("ix_dt_agent_runs_created", "namespace", "created_at", "id"),)
+    id: str = Field(primary_key=True, max_length=36)
+    namespace: str = Field(max_length=64)
+    agent: str = Field(max_length=200)
+    generation: int = 0
+    state: str = Field(default="RUNNING", max_length=16)
+    input: str = Field(sa_type=sa.Text)
+    output: str | None = Field(default=None, sa_type=sa.Text)
+    created_at: datetime
+    finished_at: datetime | None = None
+
+
+class AgentTurn(RuntimeRecord, table=True):
+    """``dt_agent_turns``: one recorded model turn and, once settled, its tool results."""
+
+    __tablename__ = "dt_agent_turns"
+    __table_args__ = (sa.UniqueConstraint("run_id", "generation", "index", name="uq_dt_agent_turn"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(max_length=36, index=True)
+    generation: int
+    index: int
+    output: str = Field(sa_type=sa.Text)
+    calls: str = Field(default="[]", sa_type=sa.Text)  # [{id, task_id, error}] in call order
+    tool_results: str | None = Field(default=None, sa_type=sa.Text)
+    created_at: datetime
 
 
 tasks_table: sa.Table = TaskRecord.__table__  # type: ignore[attr-defined]

@@ -1,16 +1,17 @@
 """The ``durable-tasks`` command: schema, runtime processes, status, operator actions.
 
-The Typer app lives in :mod:`.base`; each module here adds one group of commands to it.
+The Typer app lives in :mod:`.base`; each module here adds one group of commands to it
+(:mod:`.migrate`: the schema's versions).
 """
 
 from __future__ import annotations
 
-from . import approvals, inspect, maintain, schedule, serve, web
+from . import approvals, inspect, maintain, migrate, schedule, serve, web
 from .base import cli, load_app
 
 __all__ = ["cli", "load_app", "main"]
 
-_COMMAND_MODULES = (approvals, inspect, maintain, schedule, serve, web)  # imported for the commands they register
+_COMMAND_MODULES = (approvals, inspect, maintain, migrate, schedule, serve, web)  # imported for the commands they register
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ async def _serve(
     try:
         # Outside the task group: a typed error, not a group.
         await app.check_connections(wait=app.settings.startup_wait)
+        await anyio.to_thread.run_sync(app.check_schema)
         async with anyio.create_task_group() as tg:
             tg.start_soon(on_signal)
             await app.run(
@@ -52,7 +53,8 @@ def serve(app: App, *, scheduler: bool = False, **components: bool) -> None:
 
 @cli.command("init-db")
 def init_db(app: AppArg) -> None:
-    """Create the dt_tasks, dt_outbox and dt_attempts tables."""
+    """Create the runtime's tables, or migrate them to the latest version (and create the
+    App's own ``tables``)."""
     try:
         load_app(app).create_all()
     except DurableTasksError as exc:

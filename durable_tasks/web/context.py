@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -105,9 +106,9 @@ class Dashboard:
         }
 
     def _agents_in_use(self) -> bool:
-        from sqlmodel import SQLModel
-
-        return "dt_agent_runs" in SQLModel.metadata.tables
+        # The agent tables are always there (the migrations make them); the module is imported
+        # only by applications that run agents.
+        return "durable_tasks.agents" in sys.modules
 
     def render(self, request: Request, name: str, values: Mapping[str, Any], status: int = 200) -> HTMLResponse:
         """A page, with its CSRF cookie and security headers."""

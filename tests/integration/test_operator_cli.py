@@ -139,8 +139,10 @@ def test_doctor_passes_on_a_well_configured_server(env: dict[str, str], tmp_path
     with private_redis(tmp_path / "good", "--maxmemory-policy", "noeviction", "--appendonly", "yes") as server:
         os.environ["DT_REDIS_URL"] = server.url
         sys.modules.pop("tests.apps.cli_app", None)
+        assert invoke("init-db", APP)[0] == 0
         code, out = invoke("doctor", APP)
     assert code == 0, out
+    assert "no drift" in out
 
 
 async def test_doctor_checks_clock_skew_groups_trimming_and_timeouts(

@@ -1,0 +1,3 @@
+-- SQLite has no stored functions: producers outside Python write the two rows dt_submit
+-- writes on PostgreSQL with the INSERT pair of docs/sql-submit.md. Nothing to change here;
+-- the step exists so that version numbers mean the same release on every backend.

@@ -1,0 +1,54 @@
+"""The models and the migrations make the same tables, on every backend: a column, index or
+constraint added to durable_tasks/records.py without a migration step (or the reverse) fails
+here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from durable_tasks import App
+from durable_tasks.migrations import differences, migrate, model_shape, reflect_shape
+from durable_tasks.records import metadata
+
+
+def engine_for(url: str, tmp_path: Path) -> sa.Engine:
+    """The engine the runtime would use (SQLite: its transactions take the write lock)."""
+    return App(url, "redis://127.0.0.1:1/0", "models", data_dir=tmp_path).engine
+
+
+def test_migrations_make_exactly_the_tables_the_models_declare(new_database: Callable[[], str], tmp_path: Path) -> None:
+    from_models = engine_for(new_database(), tmp_path)
+    from_migrations = engine_for(new_database(), tmp_path)
+    try:
+        metadata.create_all(from_models)
+        migrate(from_migrations)
+        made_by_models = reflect_shape(from_models)
+        made_by_migrations = reflect_shape(from_migrations)
+        assert all(made_by_models.values())
+        assert differences(made_by_migrations, made_by_models) == []
+        assert differences(made_by_models, made_by_migrations) == []  # extras, either way
+        assert made_by_migrations == made_by_models  # columns, types, nullability, indexes, uniques
+        assert differences(made_by_migrations, model_shape(from_migrations.dialect)) == []
+    finally:
+        from_models.dispose()
+        from_migrations.dispose()
+
+
+def test_a_column_added_to_the_models_without_a_step_is_caught(new_database: Callable[[], str], tmp_path: Path) -> None:
+    engine = engine_for(new_database(), tmp_path)
+    try:
+        migrate(engine)
+        grown = sa.MetaData()
+        for table in metadata.sorted_tables:
+            table.to_metadata(grown)
+        grown.tables["dt_tasks"].append_column(sa.Column("priority", sa.Integer, nullable=False))
+        sa.Index("ix_dt_tasks_priority", grown.tables["dt_tasks"].c.priority)
+        assert differences(reflect_shape(engine), model_shape(engine.dialect, grown)) == [
+            "dt_tasks: missing column priority INTEGER NOT NULL",
+            "dt_tasks: missing index ix_dt_tasks_priority (priority)",
+        ]
+    finally:
+        engine.dispose()

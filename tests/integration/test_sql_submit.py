@@ -1,0 +1,175 @@
+"""Submitting from plain SQL, as docs/sql-submit.md shows it: ``dt_submit(...)`` through psql
+on PostgreSQL, the INSERT pair through the sqlite3 module on SQLite. The rows are those of
+App.submit, the idempotency is the same, the caller's rollback writes nothing, and the task
+runs to completion."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import subprocess
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.migrations.steps import split_statements
+from tests.conftest import FAST
+
+pytestmark = pytest.mark.anyio
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "sql-submit.md"
+
+
+def sql_blocks() -> list[str]:
+    return re.findall(r"```sql\n(.*?)```", PAGE.read_text(encoding="utf-8"), re.S)
+
+
+class Judge(BaseModel):
+    submission_id: int
+
+
+@pytest.fixture
+def clean_redis(redis_url: str, namespace: str) -> Iterator[None]:
+    yield
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+def judge_app(url: str, redis_url: str, namespace: str, tmp_path: Path) -> App:
+    settings: dict[str, Any] = dict(FAST)
+    app = App(url, redis_url, namespace, data_dir=tmp_path / "data", **settings)
+
+    @app.task(name="judge", queue="judge")
+    def judge(ctx: TaskContext[Judge], p: Judge) -> str:
+        return f"judged {p.submission_id}"
+
+    app.create_all()
+    return app
+
+
+async def run_until_settled(app: App, task_ids: list[str], timeout: float = 60) -> None:
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(app.run, reaper=False, stop=stop))
+        with anyio.fail_after(timeout):
+            while not all(app.get_task(t).state is TaskState.SUCCEEDED for t in task_ids):
+                await anyio.sleep(0.1)
+        stop.set()
+
+
+def psql(url: str, script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with the psql client on the database (and schema) of ``url``."""
+    u = sa.make_url(url)
+    host = str(u.query.get("host") or u.host or "127.0.0.1")  # a socket directory for the embedded server
+    command = ["psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-h", host, "-p", str(u.port or 5432)]
+    command += ["-U", u.username or "postgres", "-d", u.database or "postgres"]
+    env = {"PGOPTIONS": str(u.query.get("options", "")), "PATH": "/usr/bin:/bin:/usr/local/bin"}
+    if u.password:
+        env["PGPASSWORD"] = u.password
+    return subprocess.run(command, input=script, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.usefixtures("clean_redis")
+async def test_dt_submit_from_psql_writes_the_rows_of_submit_and_the_task_runs(
+    postgres_url: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    if shutil.which("psql") is None:
+        pytest.skip("psql (the PostgreSQL client) is not installed")
+    base = sa.make_url(postgres_url).difference_update_query(["options"])
+    schema = f"dt_sql_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    try:
+        app = judge_app(url, redis_url, namespace, tmp_path)
+        with app.engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE submissions (id integer PRIMARY KEY, verdict text)"))
+        [block] = [b for b in sql_blocks() if "dt_submit(" in b and "SELECT dt_submit" in b]
+        script = block.replace("'default'", f"'{namespace}'")
+
+        rolled_back = psql(url, script.replace("COMMIT;", "ROLLBACK;"))
+        assert rolled_back.returncode == 0, rolled_back.stderr
+        with app.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM dt_tasks")).scalar_one() == 0  # nothing half-written
+
+        done = psql(url, script)
+        assert done.returncode == 0, done.stderr
+        again = psql(url, f"SELECT dt_submit('{namespace}', 'judge', 'judge', '{{}}', 'submission-42');")
+        assert again.returncode == 0, again.stderr
+        task_id = done.stdout.strip()
+        assert again.stdout.strip() == task_id  # the same key: the same task, nothing written
+        bad = psql(url, f"SELECT dt_submit('{namespace}', 'judge', 'judge', 'not json');")
+        assert bad.returncode != 0
+        assert "invalid input syntax for type json" in bad.stderr
+        with app.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM dt_outbox")).scalar_one() == 1
+            assert conn.execute(sa.text("SELECT verdict FROM submissions")).scalar_one() == "Pending"
+
+        await run_until_settled(app, [task_id])
+        info = app.get_task(task_id)
+        assert (info.state, info.result, info.generation) == (TaskState.SUCCEEDED, "judged 42", 0)
+        await app.aclose()
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.mark.usefixtures("clean_redis")
+async def test_the_sqlite_insert_pair_writes_the_rows_of_submit_and_the_task_runs(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "producer.sqlite3"
+    app = judge_app(f"sqlite:///{path}", redis_url, namespace, tmp_path)
+    [block] = [b for b in sql_blocks() if b.startswith("-- SQLite")]
+    statements = split_statements(block)
+    assert len(statements) == 3
+
+    def submit(conn: sqlite3.Connection, key: str | None, payload: str, *, commit: bool = True) -> str:
+        params = {
+            "id": str(uuid.uuid4()),
+            "namespace": namespace,
+            "task": "judge",
+            "queue": "judge",
+            "payload": payload,
+            "idempotency_key": key,
+            "max_attempts": 3,
+        }
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in statements[:2]:
+                conn.execute(statement, params)
+            [(task_id,)] = conn.execute(statements[2], params).fetchall()
+        except sqlite3.Error:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT" if commit else "ROLLBACK")
+        return str(task_id)
+
+    producer = sqlite3.connect(path, isolation_level=None)
+    submit(producer, "submission-7", '{"submission_id": 7}', commit=False)
+    first = submit(producer, "submission-7", '{"submission_id": 7}')
+    assert submit(producer, "submission-7", '{"submission_id": 7}') == first
+    plain = submit(producer, None, '{"submission_id": 8}')
+    with pytest.raises(sqlite3.OperationalError, match="malformed JSON"):
+        submit(producer, None, "not json")
+    assert producer.execute("SELECT count(*) FROM dt_outbox").fetchone() == (2,)
+    producer.close()
+
+    await run_until_settled(app, [first, plain])
+    assert app.get_task(first).result == "judged 7"
+    assert app.get_task(plain).result == "judged 8"
+    await app.aclose()

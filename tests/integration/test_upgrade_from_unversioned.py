@@ -1,0 +1,162 @@
+"""A database made by the code before versioning (commit LEGACY_COMMIT, its own
+``create_all()``), holding pending, running and finished tasks, upgrades in place with
+``durable-tasks migrate``: nothing is lost, doctor finds no drift, and the tasks left
+unfinished run to completion on the new code."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+from durable_tasks import App, SchemaOutdatedError, TaskContext, TaskState
+from durable_tasks.doctor import diagnose, gather_facts
+from durable_tasks.migrations import schema_report
+from durable_tasks.store.schema import missing_indexes
+from tests.conftest import FAST
+
+#: The last commit whose create_all() made the schema without versions.
+LEGACY_COMMIT = "2966201"
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.anyio]
+
+
+@pytest.fixture(scope="module")
+def legacy_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The durable_tasks package as it was at LEGACY_COMMIT, extracted from git history."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the pre-versioning code cannot be rebuilt")
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", LEGACY_COMMIT, "durable_tasks"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"commit {LEGACY_COMMIT} is not in this clone (shallow?): {archive.stderr.decode().strip()}")
+    dest = tmp_path_factory.mktemp("legacy")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+@pytest.fixture
+def clean_redis(redis_url: str, namespace: str) -> Iterator[None]:
+    yield
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+class Add(BaseModel):
+    a: int
+    b: int
+
+
+def rows(engine: sa.Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the runtime's task tables, as stored."""
+    with engine.connect() as conn:
+        return {
+            table: sorted(tuple(r) for r in conn.execute(sa.text(f"SELECT * FROM {table}")))
+            for table in ("dt_tasks", "dt_outbox", "dt_attempts")
+        }
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from durable_tasks.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=False,
+    )
+
+
+def seed_with_legacy_code(legacy: Path, url: str, redis_url: str, namespace: str, data: Path) -> dict[str, str]:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "apps" / "legacy_seed.py"), url, redis_url, namespace, str(data)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(legacy)},
+        cwd=data.parent,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    seeded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(seeded["module"]).is_relative_to(legacy), seeded["module"]  # the old code ran, not ours
+    states: dict[str, str] = seeded["states"]
+    return states
+
+
+async def run_until_settled(app: App, task_ids: list[str], timeout: float = 90) -> None:
+    """Run dispatcher, worker and reaper until every task has a final state."""
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(app.run, stop=stop))
+        with anyio.fail_after(timeout):
+            while not all(app.get_task(t).state in (TaskState.SUCCEEDED, TaskState.FAILED) for t in task_ids):
+                await anyio.sleep(0.1)
+        stop.set()
+
+
+@pytest.mark.usefixtures("clean_redis")
+async def test_a_database_made_before_versioning_upgrades_in_place(
+    new_database: Callable[[], str], legacy_source: Path, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    url = new_database()
+    data = tmp_path / "data"
+    states = seed_with_legacy_code(legacy_source, url, redis_url, namespace, data)
+    assert sorted(states.values()) == ["ENQUEUED", "ENQUEUED", "PENDING", "PENDING", "RUNNING", "SUCCEEDED"]
+
+    settings: dict[str, Any] = {**FAST, "reaper_interval": timedelta(milliseconds=200)}
+    app = App(url, redis_url, namespace, data_dir=data, **settings)
+
+    @app.task(name="upgrade.add", queue="upgrade")
+    def add(ctx: TaskContext[Add], p: Add) -> int:
+        return p.a + p.b
+
+    before = rows(app.engine)
+    with pytest.raises(SchemaOutdatedError, match=r"predate schema versioning: run `durable-tasks migrate`"):
+        app.check_schema()
+
+    migrated = cli("migrate", env={"DT_DATABASE_URL": url, "DT_DATA_DIR": str(data)})
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    assert "the existing tables match version 1: recorded as version 1" in migrated.stdout
+    assert "applied 0002_dt_submit (pre-deploy)" in migrated.stdout
+    assert "applied 0003_schedules (pre-deploy)" in migrated.stdout
+    assert "applied 0005_task_views (pre-deploy)" in migrated.stdout
+    again = cli("migrate", "--check", env={"DT_DATABASE_URL": url, "DT_DATA_DIR": str(data)})
+    assert again.returncode == 0, again.stdout
+
+    assert rows(app.engine) == before  # not a row lost or changed
+    report = schema_report(app.engine)
+    assert (report.problem, report.drift) == (None, [])
+    assert missing_indexes(app.engine) == []
+    findings = {f.check: f for f in diagnose(await gather_facts(app))}
+    assert findings["schema"].level.value == "ok", findings["schema"].message
+    assert findings["indexes"].level.value == "ok", findings["indexes"].message
+
+    await run_until_settled(app, list(states))
+    for task_id in states:
+        info = app.get_task(task_id)
+        assert info.state is TaskState.SUCCEEDED, (task_id, info)
+        assert info.result is not None
+    await app.aclose()
