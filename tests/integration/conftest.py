@@ -22,9 +22,11 @@ def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
         base = base.difference_update_query(["options"])
         admin = sa.create_engine(base)
 
+    files = iter(range(1_000))
+
     def make() -> str:
         if admin is None or base is None:
-            return f"sqlite:///{tmp_path / f'db{len(made)}.sqlite3'}"
+            return f"sqlite:///{tmp_path / f'db{next(files)}.sqlite3'}"
         schema = f"dt_mig_{uuid.uuid4().hex[:10]}"
         with admin.begin() as conn:
             conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))

@@ -143,6 +143,7 @@ async def test_a_database_made_before_versioning_upgrades_in_place(
     assert "applied 0002_dt_submit (pre-deploy)" in migrated.stdout
     assert "applied 0003_schedules (pre-deploy)" in migrated.stdout
     assert "applied 0005_task_views (pre-deploy)" in migrated.stdout
+    assert "applied 0008_drop_outbox_pending (post-deploy)" in migrated.stdout
     again = cli("migrate", "--check", env={"DT_DATABASE_URL": url, "DT_DATA_DIR": str(data)})
     assert again.returncode == 0, again.stdout
 
