@@ -15,6 +15,7 @@ made and changed by the numbered migrations of :mod:`durable_tasks.migrations`
 (``durable-tasks migrate``, ``App.create_all()``); a column added here needs a migration step,
 and ``tests/integration/test_migrations_match_models.py`` fails until it has one.
 """
+
 from __future__ import annotations
 
 from datetime import datetime

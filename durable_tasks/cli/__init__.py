@@ -11,7 +11,8 @@ from .base import cli, load_app
 
 __all__ = ["cli", "load_app", "main"]
 
-_COMMAND_MODULES = (approvals, inspect, maintain, migrate, schedule, serve, web)  # imported for the commands they register
+# imported for the commands they register
+_COMMAND_MODULES = (approvals, inspect, maintain, migrate, schedule, serve, web)
 
 
 def main() -> None:
