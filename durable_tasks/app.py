@@ -34,6 +34,7 @@ from .errors import (
 from .outages import UNREACHABLE, broker_errors, database_error, database_errors
 from .periodic import TICK, CatchUp, Schedule
 from .reaper import Reaper, ReapReport
+from .records import metadata as runtime_tables
 from .result_waits import ResultWaits
 from .runtime import Runtime
 from .scheduler import ScheduleInfo, Scheduler, list_schedules, pause_schedule
@@ -229,15 +230,21 @@ class App(SignalsMixin):
         """Migrate the runtime's tables to the latest version (creating them in an empty
         database; :mod:`durable_tasks.migrations`) and create the application's ``tables`` if
         they do not exist. ``durable-tasks init-db`` calls this."""
+        tables: list[sa.Table] = [model.__table__ for model in self.tables]  # type: ignore[attr-defined]
         with self._database_errors():
-            migrations.migrate(self.engine)
-            if self.tables:
-                self.runtime.store.create_all([model.__table__ for model in self.tables])  # type: ignore[attr-defined]
+            if migrations.supports(self.engine.dialect):
+                migrations.migrate(self.engine)
+            else:  # MySQL has no numbered steps yet: its store creates the runtime's tables
+                tables = list(runtime_tables.sorted_tables) + tables
+            if tables:
+                self.runtime.store.create_all(tables)
 
-    def check_schema(self) -> migrations.SchemaStatus:
+    def check_schema(self) -> migrations.SchemaStatus | None:
         """Raise a :class:`~durable_tasks.errors.SchemaError` naming the command that fixes it
         if this code cannot run on the database's schema (missing, older than it needs, or
         contracted by a newer release); a newer schema it can run on is logged as a warning."""
+        if not migrations.supports(self.engine.dialect):
+            return None  # no versions to check yet (MySQL)
         with self._database_errors():
             return migrations.check_schema(self.engine)
 

@@ -38,7 +38,7 @@ from .alembic_support import include_name, include_object, is_runtime_table, upg
 from .check import SchemaReport, check_schema, schema_report
 from .runner import VERSION_TABLE, MigrationReport, SchemaStatus, migrate, read_status, render_sql, steps_for
 from .schema import differences, model_shape, reflect_shape, runtime_tables
-from .steps import Phase, Step
+from .steps import BACKENDS, Phase, Step
 
 __all__ = [
     "VERSION_TABLE",
@@ -60,5 +60,11 @@ __all__ = [
     "runtime_tables",
     "schema_report",
     "steps_for",
+    "supports",
     "upgrade",
 ]
+
+
+def supports(dialect: object) -> bool:
+    """Whether durable_tasks ships migration steps for this database (a SQLAlchemy dialect)."""
+    return getattr(dialect, "name", None) in BACKENDS

@@ -109,6 +109,7 @@ def model_shape(dialect: sa.Dialect, tables: sa.MetaData = metadata) -> dict[str
                 ),
             )
             for ix in table.indexes
+            if _made_on(ix, dialect)
         }
         uniques = {
             str(c.name): tuple(col.name for col in c.columns)
@@ -117,6 +118,15 @@ def model_shape(dialect: sa.Dialect, tables: sa.MetaData = metadata) -> dict[str
         }
         shapes[table.name] = TableShape(columns, tuple(c.name for c in table.primary_key.columns), indexes, uniques)
     return shapes
+
+
+def _made_on(index: sa.Index, dialect: sa.Dialect) -> bool:
+    """Whether ``index`` exists on this dialect (``Index(...).ddl_if(dialect=...)``)."""
+    condition = getattr(index, "_ddl_if", None)
+    names = getattr(condition, "dialect", None)
+    if names is None:
+        return True
+    return dialect.name in ((names,) if isinstance(names, str) else tuple(names))
 
 
 def differences(

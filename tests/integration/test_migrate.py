@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from durable_tasks import App, MigrationError, SchemaMissingError, SchemaOutdatedError, SchemaTooNewError
 from durable_tasks.cli import cli
-from durable_tasks.migrations import migrate, read_status, runner
+from durable_tasks.migrations import SchemaStatus, migrate, read_status, runner
 from durable_tasks.migrations.steps import Step, _parse, load_steps
 
 APP = "tests.apps.cli_app:app"
@@ -55,6 +55,12 @@ def version_of(url: str) -> int | None:
             return read_status(conn).version
     finally:
         engine.dispose()
+
+
+def checked(app: App) -> SchemaStatus:
+    status = app.check_schema()
+    assert status is not None
+    return status
 
 
 def test_run_on_an_empty_database_exits_2_with_one_line_naming_init_db(fresh_env: str) -> None:
@@ -127,7 +133,7 @@ def test_the_start_check_names_what_to_run(new_database: Callable[[], str], tmp_
     with pytest.raises(SchemaOutdatedError, match=outdated):
         app.check_schema()
     app.create_all()
-    assert app.check_schema().version == LATEST
+    assert checked(app).version == LATEST
     app.engine.dispose()
 
 
@@ -152,14 +158,14 @@ def test_pre_deploy_steps_first_post_deploy_steps_once_old_code_is_gone(
             app.check_schema()
         report = migrate(app.engine, pre_deploy=True)
         assert [s.label for s in report.applied] == [ADD_NOTE.label]
-        status = app.check_schema()  # the new code runs without its post-deploy step
+        status = checked(app)  # the new code runs without its post-deploy step
         assert (status.version, status.required, status.latest) == (
             ADD_NOTE.version,
             ADD_NOTE.version,
             DROP_NOTE.version,
         )
     with caplog.at_level(logging.WARNING, logger="durable_tasks.migrations.check"):
-        assert app.check_schema().version == ADD_NOTE.version  # the old code still runs on the expanded schema
+        assert checked(app).version == ADD_NOTE.version  # the old code still runs on the expanded schema
     assert f"newer than this code's {LATEST}" in caplog.text
     with monkeypatch.context() as release:
         extra_steps(release, ADD_NOTE, DROP_NOTE)

@@ -46,9 +46,8 @@ def test_a_column_added_to_the_models_without_a_step_is_caught(new_database: Cal
             table.to_metadata(grown)
         grown.tables["dt_tasks"].append_column(sa.Column("priority", sa.Integer, nullable=False))
         sa.Index("ix_dt_tasks_priority", grown.tables["dt_tasks"].c.priority)
-        assert differences(reflect_shape(engine), model_shape(engine.dialect, grown)) == [
-            "dt_tasks: missing column priority INTEGER NOT NULL",
-            "dt_tasks: missing index ix_dt_tasks_priority (priority)",
-        ]
+        found = differences(reflect_shape(engine), model_shape(engine.dialect, grown))
+        assert "dt_tasks: missing column priority INTEGER NOT NULL" in found
+        assert "dt_tasks: missing index ix_dt_tasks_priority (priority)" in found
     finally:
         engine.dispose()
