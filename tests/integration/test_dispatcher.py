@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -16,10 +17,13 @@ from durable_tasks import dispatcher as dispatcher_module
 from durable_tasks.records import OutboxState, outbox_table
 from durable_tasks.store import sql
 from durable_tasks.store.engine import read_only
+from durable_tasks.store.pooler import notify_reaches
+from durable_tasks.store.postgres import notify as pg_notify
 from durable_tasks.store.postgres import statements as pg_statements
 from durable_tasks.transport.keys import QueueKeys
 from durable_tasks.transport.messages import OutgoingMessage
 from tests.helpers import entries as stream_entries
+from tests.helpers import submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -35,10 +39,9 @@ def register(app: App) -> None:
 
 
 def submit_many(app: App, n: int, start: int = 0) -> list[str]:
-    with Session(app.engine) as s:
-        ids = [app.submit(s, "job", {"n": i}, idempotency_key=f"k{i}").id for i in range(start, start + n)]
-        s.commit()
-    return ids
+    """``n`` jobs numbered from ``start``, job i with the idempotency key ``k<i>``."""
+    numbers = range(start, start + n)
+    return [h.id for h in submit_all(app, "job", ({"n": i} for i in numbers), keys=(f"k{i}" for i in numbers))]
 
 
 def outbox_states(app: App) -> list[str]:
@@ -186,18 +189,30 @@ async def test_shadow_tasks_travel_on_the_shadow_stream_and_never_run_hooks(app:
 
 @pytest.mark.postgres_only
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
-async def test_notify_wakes_the_dispatcher_before_the_poll_interval(make_app: Callable[..., App]) -> None:
+async def test_notify_wakes_the_dispatcher_before_the_poll_interval(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = make_app(poll_interval=timedelta(seconds=60))
     register(app)
+    listening = anyio.Event()
+
+    async def check_then_tell(*args: Any, **kwargs: Any) -> tuple[bool, list[str]]:
+        reached = await notify_reaches(*args, **kwargs)
+        listening.set()  # the waiter's LISTEN is proven: a NOTIFY from now on reaches it
+        return reached
+
+    monkeypatch.setattr(pg_notify, "notify_reaches", check_then_tell)  # the waiter's own check
     async with anyio.create_task_group() as tg:
         from durable_tasks.dispatcher import Dispatcher
 
         tg.start_soon(Dispatcher(app.runtime).run)
-        await anyio.sleep(0.5)  # the first pass found nothing and is now waiting (60 s poll)
+        with anyio.fail_after(20):
+            await listening.wait()  # the first pass found nothing; the dispatcher waits (60 s poll)
         [task_id] = submit_many(app, 1)
-        with anyio.fail_after(20):  # far below the 60 s poll: only NOTIFY can explain it
-            while app.get_task(task_id).state != TaskState.ENQUEUED:
-                await anyio.sleep(0.05)
+        # Far below the 60 s poll: only NOTIFY can explain it.
+        await wait_until(
+            lambda: app.get_task(task_id).state == TaskState.ENQUEUED, timeout=20, what="NOTIFY to wake the dispatcher"
+        )
         tg.cancel_scope.cancel()
     await app.aclose()
 

@@ -16,10 +16,11 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, TaskState
+from durable_tasks import App, FrozenClock, TaskState
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import CONSUMER_GROUP
 from tests.apps.crash_app import CrashJob, crash_verdicts_table, create_business_tables, register
+from tests.helpers import outlive_lease, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -66,7 +67,7 @@ async def _tail(path: Path) -> str:
 async def test_sigkilled_worker_task_is_finished_by_another_worker_and_written_once(
     make_app: Callable[..., App], tmp_path: Path
 ) -> None:
-    app = make_app()
+    app = make_app(clock=FrozenClock())
     try:
         judge = register(app, hold_seconds=0)  # the in-process worker finishes at once
         create_business_tables(app.engine)
@@ -88,11 +89,12 @@ async def test_sigkilled_worker_task_is_finished_by_another_worker_and_written_o
             )
         try:
             # Wait until the child is inside the handler (it claimed the task, then wrote the marker).
-            with anyio.move_on_after(MARKER_TIMEOUT_S):
-                while not await _markers(marker_dir):
-                    if child.returncode is not None:
-                        pytest.fail(f"worker exited early ({child.returncode}):\n{await _tail(log)}")
-                    await anyio.sleep(0.05)
+            async def child_in_handler() -> bool:
+                if child.returncode is not None:
+                    pytest.fail(f"worker exited early ({child.returncode}):\n{await _tail(log)}")
+                return bool(await _markers(marker_dir))
+
+            await wait_until(child_in_handler, timeout=MARKER_TIMEOUT_S, what="the child worker to run the handler")
             started = await _markers(marker_dir)
             assert started == [f"attempt-1-pid-{child.pid}"], await _tail(log)
             running = app.get_task(task_id)
@@ -107,8 +109,8 @@ async def test_sigkilled_worker_task_is_finished_by_another_worker_and_written_o
                 await child.wait()
             await child.aclose()
 
-        # Heartbeats stopped with the process: the lease (1 s) lapses, the PEL entry idles past it.
-        await anyio.sleep(app.settings.lease_timeout.total_seconds() + 0.5)
+        # Heartbeats stopped with the process: time passes (the clock, the entry's idle time) past the lease.
+        assert await outlive_lease(app) == 1
         report = await app.reap_once()
         assert report.redelivered == 1, report
         lost = app.get_task(task_id)
