@@ -4,65 +4,48 @@ it assembles (settings, clock, telemetry, registry, store, transport)."""
 
 from __future__ import annotations
 
-import logging
-import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack
 
 import anyio
 import sqlalchemy as sa
-import tenacity
 from anyio import to_thread
-from sqlalchemy.orm import Session
 from sqlmodel import SQLModel
 
-from . import codec, migrations
-from .clock import Clock, due_time, system_clock
+from . import migrations
+from .clock import Clock, system_clock
 from .dispatcher import Dispatcher
-from .errors import (
-    BrokerUnavailableError,
-    ConfigurationError,
-    DatabaseUnavailableError,
-    InvalidIdempotencyKeyError,
-    PayloadError,
-    TaskNotFoundError,
-    UnknownTaskError,
-)
-from .outages import UNREACHABLE, broker_errors, database_error, database_errors
+from .errors import ConfigurationError, TaskNotFoundError
+from .intents import IntentsMixin
+from .outages import broker_errors, database_errors
 from .periodic import TICK, CatchUp, Schedule
-from .reaper import Reaper, ReapReport
+from .reaper import Reaper
 from .records import metadata as runtime_tables
 from .result_waits import ResultWaits
+from .running import RunningMixin
 from .runtime import Runtime
 from .scheduler import ScheduleInfo, Scheduler, list_schedules, pause_schedule
 from .settings import NAME_PATTERN, Settings, SettingsOverrides
 from .signals import SignalsMixin
-from .stats import queue_stats
 from .store import open_store
 from .store.retention import PruneReport
-from .store.submit import NewTask
-from .tasks import Task, TaskContext, TaskDecorator, TaskHandle
-from .telemetry import Redactor, Telemetry, traceparent_of
-from .views import QueueStats, TaskInfo
+from .tasks import Task, TaskContext, TaskDecorator
+from .telemetry import Redactor, Telemetry
+from .views import TaskInfo
 from .worker import Worker
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession
 
 __all__ = ["App"]
 
 P = TypeVar("P")
 R = TypeVar("R")
 
-logger = logging.getLogger(__name__)
-
 _MAX_TASK_NAME = 200  # dt_tasks.name
 
 
-class App(SignalsMixin):
+class App(IntentsMixin, RunningMixin, SignalsMixin):
     """One durable task runtime: the registry of tasks, the settings, the database and Redis.
 
     ``App()`` with no URLs uses a SQLite file and an embedded Valkey in ``data_dir``; every
@@ -254,173 +237,7 @@ class App(SignalsMixin):
     def _broker_errors(self) -> AbstractContextManager[None]:
         return broker_errors(lambda: self.redis_url)
 
-    # -- writing intents -----------------------------------------------------------------
-
-    def submit(
-        self,
-        session: Session,
-        task: Task[Any, Any] | str,
-        payload: Any,
-        *,
-        idempotency_key: str | None = None,
-        shadow: bool = False,
-        partition_key: str | None = None,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-    ) -> TaskHandle:
-        """Record a task intent in ``session``'s transaction; the caller commits.
-
-        ``partition_key`` picks the stream partition of a partitioned queue (tasks with the same
-        key stay in one partition, in order); by default the task id spreads them. ``delay`` or
-        ``not_before`` (timezone-aware) make the task due later: nothing is published before.
-
-        Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
-        oversized payload, a bad idempotency key, a bad delay, or an unreachable database.
-        """
-        (handle,) = self.submit_many(
-            session,
-            task,
-            [(payload, idempotency_key)],
-            shadow=shadow,
-            partition_key=partition_key,
-            delay=delay,
-            not_before=not_before,
-        )
-        return handle
-
-    def submit_many(
-        self,
-        session: Session,
-        task: Task[Any, Any] | str,
-        items: Iterable[tuple[Any, str | None]],
-        *,
-        shadow: bool = False,
-        partition_key: str | None = None,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-    ) -> list[TaskHandle]:
-        """Record several intents of one task, ``(payload, idempotency_key)`` pairs, in
-        ``session``'s transaction; the caller commits. Handles come back in order.
-
-        Every payload and key is checked before anything is written (one bad item: a typed
-        error, nothing written). On PostgreSQL the batch is one statement: one round trip. A
-        duplicate key (in the database, in this transaction, or earlier in the batch) resolves
-        as a single submit does: the existing task's handle, ``created=False``.
-        """
-        task = self._task(task)
-        s, telemetry = self.settings, self.runtime.telemetry
-        now = self.clock()
-        due = due_time(now, delay=delay, not_before=not_before)
-        checked = [self._checked_item(task, i, item) for i, item in enumerate(items)]
-        with telemetry.submit_span(task.name, task.queue) as span:
-            if len(checked) == 1:
-                span.set_attributes(telemetry.payload_attributes(task.name, "payload", checked[0][0]))
-            traceparent = traceparent_of(span)
-            intents = [
-                NewTask(
-                    namespace=s.namespace,
-                    name=task.name,
-                    queue=task.queue,
-                    payload_json=payload_json,
-                    idempotency_key=key,
-                    max_attempts=task.max_attempts,
-                    traceparent=traceparent,
-                    shadow=shadow,
-                    partition_key=partition_key,
-                    due=due,
-                )
-                for payload_json, key in checked
-            ]
-            try:
-                outcomes = self.runtime.store.submit_many(session, intents, now)
-            except UNREACHABLE as exc:  # other errors are the caller's transaction's to handle
-                raise database_error(exc, self.engine) from exc
-            if len(outcomes) == 1:
-                span.set_attributes(
-                    {"durable_tasks.task.id": outcomes[0].task_id, "durable_tasks.created": outcomes[0].created}
-                )
-            else:
-                span.set_attribute("durable_tasks.batch_size", len(outcomes))
-        if created := sum(o.created for o in outcomes):
-            telemetry.submitted.add(created, {"queue": task.queue, "task": task.name})
-        return [TaskHandle(o.task_id, task.name, o.generation, o.created, self.results) for o in outcomes]
-
-    async def asubmit(
-        self, session: AsyncSession, task: Task[Any, Any] | str, payload: Any, **options: Any
-    ) -> TaskHandle:
-        """:meth:`submit` with SQLAlchemy's ``AsyncSession`` (SQLModel's too): the same
-        statements on the session's own connection (``AsyncSession.run_sync``), in its
-        transaction; the caller commits. ``options`` are :meth:`submit`'s."""
-        return await session.run_sync(lambda sync_session: self.submit(sync_session, task, payload, **options))
-
-    def handle(self, task_id: str) -> TaskHandle:
-        """A handle on a task submitted elsewhere (another process, an earlier request), to
-        wait for its result; TaskNotFoundError if there is no such task."""
-        name, generation = self.results.identity(task_id)
-        return TaskHandle(task_id, name, generation, False, self.results)
-
-    def _task(self, task: Task[Any, Any] | str) -> Task[Any, Any]:
-        if isinstance(task, str):
-            found = self._registry.get(task)
-            if found is None:
-                raise UnknownTaskError(f"no task named {task!r}; registered: {sorted(self._registry)}")
-            return found
-        return task
-
-    def _checked_item(self, task: Task[Any, Any], index: int, item: Any) -> tuple[str, str | None]:
-        """One (payload JSON, key) of a submit, checked; a typed error names the bad item."""
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise PayloadError(f"item {index} of submit_many is not a (payload, idempotency_key) pair")
-        payload, key = item
-        self._check_idempotency_key(key)
-        s = self.settings
-        payload_json = codec.encode_payload(
-            task.payload_adapter, payload, task=task.name, max_bytes=s.max_payload_bytes, max_depth=s.max_json_depth
-        )
-        return payload_json, key
-
-    def _check_idempotency_key(self, key: str | None) -> None:
-        if key is None:
-            return
-        limit = self.settings.max_idempotency_key_length
-        if not key.strip():
-            raise InvalidIdempotencyKeyError("idempotency_key is empty; pass None or a stable request id")
-        if len(key) > limit:
-            raise InvalidIdempotencyKeyError(f"idempotency_key is {len(key)} characters, over {limit}; hash it")
-        if any(unicodedata.category(c) == "Cc" for c in key):
-            raise InvalidIdempotencyKeyError("idempotency_key contains control characters; strip or hash it")
-
-    def rerun(
-        self,
-        session: Session,
-        task_id: str,
-        *,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-    ) -> int:
-        """Start a new generation (rejudge, retry-from-here) in ``session``'s transaction, due
-        now or after ``delay`` / at ``not_before``.
-
-        Returns the new generation; executions of older generations are fenced out.
-        """
-        now = self.clock()
-        due = due_time(now, delay=delay, not_before=not_before)
-        with self._database_errors():
-            generation = self.runtime.store.rerun(session, self.settings.namespace, task_id, now, due=due)
-        if generation is None:
-            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
-        return generation
-
-    def cancel(self, session: Session, task_id: str) -> bool:
-        """Cancel a task in ``session``'s transaction; False if it already has a final state.
-
-        A running attempt keeps running but its result is fenced out.
-        """
-        with self._database_errors():
-            cancelled = self.runtime.store.cancel(session, self.settings.namespace, task_id, self.clock())
-        if cancelled is None:
-            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
-        return cancelled
+    # -- reading and pruning tasks -------------------------------------------------------
 
     def get_task(self, task_id: str) -> TaskInfo:
         """The task's state, generation, attempt, result, error and attempts history."""
@@ -449,32 +266,6 @@ class App(SignalsMixin):
             self._redis_url = ensure_valkey(self.settings.data_dir)
         return self._redis_url
 
-    async def check_connections(self, *, wait: timedelta = timedelta(0)) -> None:
-        """Raise DatabaseUnavailableError / BrokerUnavailableError if either cannot be reached.
-
-        With ``wait``, keep trying for that long first (backing off up to 2 s, logging each
-        failure): a process started during a Redis Cluster failover or before its servers are
-        up then starts when they are, instead of exiting and waiting for its supervisor.
-        """
-        retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type((DatabaseUnavailableError, BrokerUnavailableError)),
-            stop=tenacity.stop_after_delay(wait.total_seconds()),
-            wait=tenacity.wait_exponential(multiplier=0.1, max=2),
-            before_sleep=lambda state: logger.warning(
-                "%s; retrying for up to %s", state.outcome.exception() if state.outcome else "?", wait
-            ),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                await self._check_connections_once()
-
-    async def _check_connections_once(self) -> None:
-        with self._database_errors():
-            await to_thread.run_sync(lambda: self.engine.connect().close())
-        with self._broker_errors():
-            await self.runtime.transport().client.ping()
-
     def stop_embedded(self) -> bool:
         """Stop the embedded Valkey this process started (no-op with a configured Redis URL)."""
         if self.settings.redis_url is not None:
@@ -490,29 +281,6 @@ class App(SignalsMixin):
         await self.runtime.aclose()
 
     # -- running -------------------------------------------------------------------------
-
-    async def dispatch_once(self) -> int:
-        """One dispatcher pass; returns how many outbox rows it handled (0 when none were due)."""
-        return await Dispatcher(self.runtime).dispatch_once()
-
-    async def work(
-        self, max_tasks: int | None = None, timeout: timedelta | None = None, *, queues: list[str] | None = None
-    ) -> int:
-        """Run a worker until ``max_tasks`` deliveries are settled or ``timeout`` passes
-        (a number of seconds is accepted too); returns how many it settled."""
-        if isinstance(timeout, int | float):
-            timeout = timedelta(seconds=timeout)
-        return await Worker(self.runtime, queues=queues).run(max_tasks=max_tasks, timeout=timeout)
-
-    async def reap_once(self) -> ReapReport:
-        """One reaper pass (reclaim, dead-letter, reconcile, trim)."""
-        return await Reaper(self.runtime).reap_once()
-
-    async def stats(self) -> dict[str, QueueStats]:
-        """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,
-        stream lag, DLQ length."""
-        with self._database_errors(), self._broker_errors():
-            return await queue_stats(self.runtime)
 
     async def run(
         self,

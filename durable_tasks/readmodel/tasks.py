@@ -1,98 +1,34 @@
-"""The read model: the queries an operator's view runs (CLI, dashboard, doctor), in one place.
-
-Every list is keyed and paged (newest first, a cursor names the last row shown: no OFFSET);
-every count is capped (``COUNT_CAP``), so no view counts the whole history on each refresh.
-Functions take an engine and a namespace and return plain dataclasses or mappings; what
-Redis knows (consumers) is read through the transport. Nothing here writes.
-"""
+"""Tasks as an operator's view lists them: the keyed search, a task's detail, the overview's
+capped counts and the feed of finished tasks."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
-from redis.exceptions import ResponseError
 
-from .errors import InvalidQueryError
-from .records import TaskState, attempts_table, audit_table, tasks_table
-from .records import metadata as runtime_metadata
-from .transport.keys import CONSUMER_GROUP
-from .transport.streams import RedisStreamsTransport
+from ..errors import InvalidQueryError
+from ..records import TaskState, attempts_table, tasks_table
+from .paging import COUNT_CAP, MAX_NAMES, PAGE_SIZE, Page, decode_cursor, encode_cursor, utc
 
 __all__ = [
-    "COUNT_CAP",
-    "PAGE_SIZE",
-    "AgentRunDetail",
-    "ConsumerInfo",
     "FinishedRow",
-    "Page",
     "TaskDetail",
     "TaskFilter",
     "TaskRow",
-    "WorkerLoad",
-    "agent_run",
-    "agent_runs",
-    "audit_entries",
-    "decode_cursor",
-    "encode_cursor",
     "finished_after",
     "list_finished",
     "list_tasks",
-    "running_by_worker",
     "state_counts",
-    "stream_consumers",
     "task_detail",
     "task_names",
 ]
 
-#: Rows per page of every list.
-PAGE_SIZE = 50
-#: A count stops here ("10,000+"): the cost of a count is bounded by the cap, not the table.
-COUNT_CAP = 10_000
-#: The loose index scan of task names stops here.
-MAX_NAMES = 1_000
-
-T = TypeVar("T")
 t = tasks_table.c
 a = attempts_table.c
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    """One page of a list, and the cursor of the next page (None on the last)."""
-
-    items: list[T]
-    next_cursor: str | None
-
-
-def encode_cursor(at: datetime, key: str) -> str:
-    """The cursor after a row: its sort time and its id."""
-    return f"{at.isoformat()}|{key}"
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The (time, id) a cursor names; InvalidQueryError for text that is not a cursor."""
-    at, sep, key = cursor.partition("|")
-    try:
-        if not sep or not key:
-            raise ValueError(cursor)
-        return datetime.fromisoformat(at), key
-    except ValueError:
-        raise InvalidQueryError(f"{cursor[:60]!r} is not a page cursor; start from the first page") from None
-
-
-def utc(value: datetime | None) -> datetime | None:
-    """A stored time as aware UTC (SQLite and timestamp columns hand back naive UTC)."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=UTC)
-
-
-# -- tasks -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,165 +274,3 @@ def finished_after(
             .limit(limit)
         ).all()
     return [FinishedRow(r.id, r.queue, r.state, utc(r.created_at), utc(r.finished_at)) for r in rows]  # type: ignore[arg-type]
-
-
-# -- workers -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """What the database says one worker holds: its running tasks and their leases."""
-
-    worker_id: str
-    running: int
-    oldest_started_at: datetime | None
-    earliest_lease_expiry: datetime | None
-    latest_lease_expiry: datetime | None
-
-
-def running_by_worker(engine: sa.Engine, namespace: str) -> list[WorkerLoad]:
-    """RUNNING tasks grouped by worker (ix_dt_tasks_state: reads the running tasks only)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                t.worker_id,
-                sa.func.count().label("n"),
-                sa.func.min(t.started_at).label("oldest"),
-                sa.func.min(t.lease_expires_at).label("lease_min"),
-                sa.func.max(t.lease_expires_at).label("lease_max"),
-            )
-            .where(t.namespace == namespace, t.state == TaskState.RUNNING)
-            .group_by(t.worker_id)
-            .order_by(t.worker_id)
-        ).all()
-    return [WorkerLoad(r.worker_id or "?", int(r.n), utc(r.oldest), utc(r.lease_min), utc(r.lease_max)) for r in rows]
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerInfo:
-    """One consumer of a queue's stream, as XINFO CONSUMERS reports it."""
-
-    stream: str
-    name: str
-    pending: int
-    idle_ms: int
-    inactive_ms: int | None
-
-
-async def stream_consumers(transport: RedisStreamsTransport, queue: str) -> list[ConsumerInfo]:
-    """The consumers of every stream (and partition) of ``queue`` in the workers' group."""
-    found: list[ConsumerInfo] = []
-    for stream, _shadow, _partition in transport.streams(queue):
-        if not await transport.client.exists(stream):
-            continue
-        try:
-            consumers: Any = await transport.client.xinfo_consumers(stream, CONSUMER_GROUP)
-        except ResponseError:  # NOGROUP: no worker ever started on this stream
-            continue
-        for c in consumers:
-            inactive = c.get("inactive")
-            found.append(
-                ConsumerInfo(
-                    stream,
-                    str(c["name"]),
-                    int(c.get("pending") or 0),
-                    int(c.get("idle") or 0),
-                    int(inactive) if inactive is not None else None,
-                )
-            )
-    return found
-
-
-# -- agent runs --------------------------------------------------------------------------
-
-
-def _agent_tables() -> tuple[sa.Table, sa.Table] | None:
-    """dt_agent_runs and dt_agent_turns (on the runtime's metadata, made by the migrations
-    whether or not durable_tasks.agents is in use)."""
-    tables = runtime_metadata.tables
-    runs, turns = tables.get("dt_agent_runs"), tables.get("dt_agent_turns")
-    return (runs, turns) if runs is not None and turns is not None else None
-
-
-def agent_runs(
-    engine: sa.Engine, namespace: str, *, cursor: str | None = None, limit: int = PAGE_SIZE
-) -> Page[dict[str, Any]]:
-    """Agent runs, newest first, one page after ``cursor``; empty when agents are not in use."""
-    found = _agent_tables()
-    if found is None:
-        return Page([], None)
-    runs = found[0].c
-    where = [runs.namespace == namespace]
-    if cursor:
-        at, key = decode_cursor(cursor)
-        where.append(
-            sa.tuple_(runs.created_at, runs.id) < sa.tuple_(sa.literal(at, runs.created_at.type), sa.literal(key))
-        )
-    columns = (runs.id, runs.agent, runs.state, runs.generation, runs.created_at, runs.finished_at)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(*columns).where(*where).order_by(runs.created_at.desc(), runs.id.desc()).limit(limit + 1)
-        ).all()
-    items = [dict(r._mapping) | {"created_at": utc(r.created_at)} for r in rows[:limit]]
-    more = len(rows) > limit and items
-    return Page(items, encode_cursor(items[-1]["created_at"], items[-1]["id"]) if more else None)
-
-
-@dataclass(frozen=True, slots=True)
-class AgentRunDetail:
-    """A run, its turns (every generation, in order) and the states of its tool-call tasks."""
-
-    run: dict[str, Any]
-    turns: list[dict[str, Any]]
-    task_states: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def agent_run(engine: sa.Engine, namespace: str, run_id: str) -> AgentRunDetail | None:
-    """One run with its turns and tool-call task states, or None."""
-    found = _agent_tables()
-    if found is None:
-        return None
-    runs, turns = found
-    with engine.connect() as conn:
-        run = conn.execute(sa.select(runs).where(runs.c.namespace == namespace, runs.c.id == run_id)).one_or_none()
-        if run is None:
-            return None
-        turn_rows = conn.execute(
-            sa.select(turns).where(turns.c.run_id == run_id).order_by(turns.c.generation, turns.c.index)
-        ).all()
-        detail = AgentRunDetail(dict(run._mapping), [dict(r._mapping) for r in turn_rows])
-        task_ids = _call_task_ids(detail.turns)
-        if task_ids:
-            for r in conn.execute(
-                sa.select(t.id, t.name, t.state, t.attempt, t.error_type, t.error_message).where(
-                    t.namespace == namespace, t.id.in_(task_ids)
-                )
-            ):
-                detail.task_states[r.id] = dict(r._mapping)
-    return detail
-
-
-def _call_task_ids(turns: list[dict[str, Any]]) -> list[str]:
-    ids: list[str] = []
-    for turn in turns:
-        try:
-            calls = json.loads(turn.get("calls") or "[]")
-        except ValueError:
-            continue
-        ids += [str(c["task_id"]) for c in calls if isinstance(c, dict) and c.get("task_id")]
-    return ids
-
-
-# -- the audit log -----------------------------------------------------------------------
-
-
-def audit_entries(
-    engine: sa.Engine, namespace: str, *, before: int | None = None, limit: int = PAGE_SIZE
-) -> Page[dict[str, Any]]:
-    """Operators' actions, newest first (ix_dt_audit_ns); the cursor is the last id shown."""
-    c = audit_table.c
-    where = [c.namespace == namespace] + ([c.id < before] if before else [])
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(audit_table).where(*where).order_by(c.id.desc()).limit(limit + 1)).all()
-    items = [dict(r._mapping) | {"at": utc(r.at)} for r in rows[:limit]]
-    return Page(items, str(items[-1]["id"]) if len(rows) > limit and items else None)

@@ -1,124 +1,25 @@
-"""Durable tool calls for agent frameworks, with any model client.
-
-An agent run and its turns are durable records. Recording a model turn writes the turn and
-one durable task per tool call in ONE transaction (the fenced result transaction of the turn
-task); the tool call's position in the turn is its idempotency key within the run (the id the
-model returned may repeat or be unusable as a key; it stays in the payload). When every
-tool call of a turn has settled, the next model turn is scheduled in the same transaction as
-the last tool result. So, after a crash at any point:
-
-- a turn whose output is recorded is never sent to the model again (the turn task committed);
-- a tool call whose result is committed never runs again (its task is final);
-- everything in between is at-least-once and fenced, like any task.
-
-``retry_from(run, turn)`` starts a new run generation from a turn: the superseded branch's
-pending tasks are cancelled (a running one is fenced out) and its late results are ignored.
-"""
+"""The Agent: a model, its tools, and the turn and tool tasks that drive its durable runs."""
 
 from __future__ import annotations
 
 import inspect
 import json
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Protocol, get_type_hints
+from typing import Any, get_type_hints
 
 import sqlalchemy as sa
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from sqlmodel import Session, col, select
 
-from .app import App
-from .errors import ConfigurationError, DurableTasksError, TaskNotFoundError
-from .records import TERMINAL_STATES, AgentRun, AgentTurn, TaskState, tasks_table
-from .tasks import Task, TaskContext
+from ..app import App
+from ..errors import ConfigurationError, DurableTasksError, TaskNotFoundError
+from ..records import TERMINAL_STATES, AgentRun, AgentTurn, TaskState, tasks_table
+from ..tasks import Task, TaskContext
+from .model import ChatModel, Message, ModelTurn, RunInfo, ToolCall, ToolRequest, ToolSpec, TurnRequest
 
-__all__ = [
-    "Agent",
-    "AgentRun",
-    "AgentTurn",
-    "ChatModel",
-    "ModelTurn",
-    "RunInfo",
-    "ScriptedModel",
-    "ToolCall",
-    "ToolSpec",
-]
-
-Message = dict[str, Any]
-
-
-class ToolCall(BaseModel):
-    """One tool call as the model asked for it."""
-
-    id: str
-    name: str
-    arguments: dict[str, Any]
-
-
-class ModelTurn(BaseModel):
-    """What the model said in one turn: text, tool calls, or both."""
-
-    content: str | None = None
-    tool_calls: list[ToolCall] = []
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool as a model sees it: name, description, JSON schema of its arguments."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-
-
-class ChatModel(Protocol):
-    """Any model client: messages (OpenAI chat shape) and tool specs in, one turn out."""
-
-    def complete(self, messages: list[Message], tools: Sequence[ToolSpec]) -> ModelTurn: ...
-
-
-class ScriptedModel:
-    """A deterministic model for tests and demos: ``script(messages) -> ModelTurn``."""
-
-    def __init__(self, script: Callable[[list[Message]], ModelTurn]) -> None:
-        self.script = script
-        self.calls = 0
-
-    def complete(self, messages: list[Message], tools: Sequence[ToolSpec]) -> ModelTurn:
-        """Answer from the script."""
-        self.calls += 1
-        return self.script(messages)
-
-
-class TurnRequest(BaseModel):
-    """Payload of a turn task."""
-
-    run_id: str
-    generation: int
-    index: int
-
-
-class ToolRequest(BaseModel):
-    """Payload of a tool task."""
-
-    run_id: str
-    generation: int
-    turn: int
-    call_id: str
-    arguments: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """A run as recorded: state, answer, and each turn with its tool results."""
-
-    id: str
-    state: str
-    generation: int
-    output: str | None
-    turns: list[dict[str, Any]]
+__all__ = ["Agent"]
 
 
 class Agent:

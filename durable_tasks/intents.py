@@ -1,0 +1,209 @@
+"""Writing intents, the App's side: submit (one, many, from an ``AsyncSession``), rerun and
+cancel, each in the caller's transaction, and a handle on a task submitted elsewhere."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+
+from . import codec
+from .clock import due_time
+from .errors import InvalidIdempotencyKeyError, PayloadError, TaskNotFoundError, UnknownTaskError
+from .outages import UNREACHABLE, database_error
+from .store.submit import NewTask
+from .tasks import Task, TaskHandle
+from .telemetry import traceparent_of
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from .clock import Clock
+    from .result_waits import ResultWaits
+    from .runtime import Runtime
+    from .settings import Settings
+
+__all__ = ["IntentsMixin"]
+
+
+class IntentsMixin:
+    """submit, submit_many, asubmit, handle, rerun, cancel; mixed into :class:`~durable_tasks.App`."""
+
+    runtime: Runtime
+    settings: Settings
+    clock: Clock
+    results: ResultWaits
+    _registry: dict[str, Task[Any, Any]]
+
+    def _database_errors(self) -> AbstractContextManager[None]:  # pragma: no cover - the App's
+        raise NotImplementedError
+
+    def submit(
+        self,
+        session: Session,
+        task: Task[Any, Any] | str,
+        payload: Any,
+        *,
+        idempotency_key: str | None = None,
+        shadow: bool = False,
+        partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> TaskHandle:
+        """Record a task intent in ``session``'s transaction; the caller commits.
+
+        ``partition_key`` picks the stream partition of a partitioned queue (tasks with the same
+        key stay in one partition, in order); by default the task id spreads them. ``delay`` or
+        ``not_before`` (timezone-aware) make the task due later: nothing is published before.
+
+        Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
+        oversized payload, a bad idempotency key, a bad delay, or an unreachable database.
+        """
+        (handle,) = self.submit_many(
+            session,
+            task,
+            [(payload, idempotency_key)],
+            shadow=shadow,
+            partition_key=partition_key,
+            delay=delay,
+            not_before=not_before,
+        )
+        return handle
+
+    def submit_many(
+        self,
+        session: Session,
+        task: Task[Any, Any] | str,
+        items: Iterable[tuple[Any, str | None]],
+        *,
+        shadow: bool = False,
+        partition_key: str | None = None,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> list[TaskHandle]:
+        """Record several intents of one task, ``(payload, idempotency_key)`` pairs, in
+        ``session``'s transaction; the caller commits. Handles come back in order.
+
+        Every payload and key is checked before anything is written (one bad item: a typed
+        error, nothing written). On PostgreSQL the batch is one statement: one round trip. A
+        duplicate key (in the database, in this transaction, or earlier in the batch) resolves
+        as a single submit does: the existing task's handle, ``created=False``.
+        """
+        task = self._task(task)
+        s, telemetry = self.settings, self.runtime.telemetry
+        now = self.clock()
+        due = due_time(now, delay=delay, not_before=not_before)
+        checked = [self._checked_item(task, i, item) for i, item in enumerate(items)]
+        with telemetry.submit_span(task.name, task.queue) as span:
+            if len(checked) == 1:
+                span.set_attributes(telemetry.payload_attributes(task.name, "payload", checked[0][0]))
+            traceparent = traceparent_of(span)
+            intents = [
+                NewTask(
+                    namespace=s.namespace,
+                    name=task.name,
+                    queue=task.queue,
+                    payload_json=payload_json,
+                    idempotency_key=key,
+                    max_attempts=task.max_attempts,
+                    traceparent=traceparent,
+                    shadow=shadow,
+                    partition_key=partition_key,
+                    due=due,
+                )
+                for payload_json, key in checked
+            ]
+            try:
+                outcomes = self.runtime.store.submit_many(session, intents, now)
+            except UNREACHABLE as exc:  # other errors are the caller's transaction's to handle
+                raise database_error(exc, self.runtime.store.engine) from exc
+            if len(outcomes) == 1:
+                span.set_attributes(
+                    {"durable_tasks.task.id": outcomes[0].task_id, "durable_tasks.created": outcomes[0].created}
+                )
+            else:
+                span.set_attribute("durable_tasks.batch_size", len(outcomes))
+        if created := sum(o.created for o in outcomes):
+            telemetry.submitted.add(created, {"queue": task.queue, "task": task.name})
+        return [TaskHandle(o.task_id, task.name, o.generation, o.created, self.results) for o in outcomes]
+
+    async def asubmit(
+        self, session: AsyncSession, task: Task[Any, Any] | str, payload: Any, **options: Any
+    ) -> TaskHandle:
+        """:meth:`submit` with SQLAlchemy's ``AsyncSession`` (SQLModel's too): the same
+        statements on the session's own connection (``AsyncSession.run_sync``), in its
+        transaction; the caller commits. ``options`` are :meth:`submit`'s."""
+        return await session.run_sync(lambda sync_session: self.submit(sync_session, task, payload, **options))
+
+    def handle(self, task_id: str) -> TaskHandle:
+        """A handle on a task submitted elsewhere (another process, an earlier request), to
+        wait for its result; TaskNotFoundError if there is no such task."""
+        name, generation = self.results.identity(task_id)
+        return TaskHandle(task_id, name, generation, False, self.results)
+
+    def _task(self, task: Task[Any, Any] | str) -> Task[Any, Any]:
+        if isinstance(task, str):
+            found = self._registry.get(task)
+            if found is None:
+                raise UnknownTaskError(f"no task named {task!r}; registered: {sorted(self._registry)}")
+            return found
+        return task
+
+    def _checked_item(self, task: Task[Any, Any], index: int, item: Any) -> tuple[str, str | None]:
+        """One (payload JSON, key) of a submit, checked; a typed error names the bad item."""
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise PayloadError(f"item {index} of submit_many is not a (payload, idempotency_key) pair")
+        payload, key = item
+        self._check_idempotency_key(key)
+        s = self.settings
+        payload_json = codec.encode_payload(
+            task.payload_adapter, payload, task=task.name, max_bytes=s.max_payload_bytes, max_depth=s.max_json_depth
+        )
+        return payload_json, key
+
+    def _check_idempotency_key(self, key: str | None) -> None:
+        if key is None:
+            return
+        limit = self.settings.max_idempotency_key_length
+        if not key.strip():
+            raise InvalidIdempotencyKeyError("idempotency_key is empty; pass None or a stable request id")
+        if len(key) > limit:
+            raise InvalidIdempotencyKeyError(f"idempotency_key is {len(key)} characters, over {limit}; hash it")
+        if any(unicodedata.category(c) == "Cc" for c in key):
+            raise InvalidIdempotencyKeyError("idempotency_key contains control characters; strip or hash it")
+
+    def rerun(
+        self,
+        session: Session,
+        task_id: str,
+        *,
+        delay: timedelta | None = None,
+        not_before: datetime | None = None,
+    ) -> int:
+        """Start a new generation (rejudge, retry-from-here) in ``session``'s transaction, due
+        now or after ``delay`` / at ``not_before``.
+
+        Returns the new generation; executions of older generations are fenced out.
+        """
+        now = self.clock()
+        due = due_time(now, delay=delay, not_before=not_before)
+        with self._database_errors():
+            generation = self.runtime.store.rerun(session, self.settings.namespace, task_id, now, due=due)
+        if generation is None:
+            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
+        return generation
+
+    def cancel(self, session: Session, task_id: str) -> bool:
+        """Cancel a task in ``session``'s transaction; False if it already has a final state.
+
+        A running attempt keeps running but its result is fenced out.
+        """
+        with self._database_errors():
+            cancelled = self.runtime.store.cancel(session, self.settings.namespace, task_id, self.clock())
+        if cancelled is None:
+            raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
+        return cancelled
