@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -21,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import failpoints
 from .codec import decode_payload, encode_result
 from .errors import ChildTaskFailedError, JournalFencedOutError, PayloadValidationError, ResultNotSerializableError
+from .failures import Failure
 from .journaled import run_handler
 from .outcome import TaskOutcome
 from .policy import FailureDecision, backoff_delay, decide_after_failure
@@ -121,7 +123,7 @@ async def run_attempt(
         return ExecutionOutcome.FENCED_OUT
     if write.outcome is CommitOutcome.HOOK_FAILED:
         assert write.hook_error is not None
-        return await _fail(runtime, claim, task, ctx, write.hook_error, span)
+        return await _fail(runtime, claim, task, ctx, write.hook_error, span, in_hook=True)
     tel.end_to_end.record((runtime.clock() - claim.created_at).total_seconds(), {"queue": claim.queue})
     return ExecutionOutcome.SUCCEEDED
 
@@ -180,9 +182,12 @@ async def _fail(
     ctx: TaskContext[Any],
     exc: BaseException,
     span: Span,
+    *,
+    in_hook: bool = False,
 ) -> ExecutionOutcome:
     s = runtime.settings
     runtime.telemetry.record_failure(span, exc)
+    failure = Failure.of(exc, in_hook=in_hook)
     retryable = not isinstance(exc, _NOT_RETRYABLE) and (
         task is None or not task.retry_on or isinstance(exc, task.retry_on)
     )
@@ -198,18 +203,14 @@ async def _fail(
     recorded = await runtime.store.record_failure(
         claim,
         now=now,
-        error_type=type(exc).__qualname__,
-        error_message=f"{exc}"[:4000],
+        error_type=failure.error_type,
+        error_message=failure.message,
         retry_at=retry_at,
         on_failed=session_hooks(task.failure_hooks, ctx, exc) if task else None,
+        traceback=failure.traceback,
+        in_hook=in_hook,
     )
-    logger.info(
-        "task %s attempt %s failed with %s (%s)",
-        claim.task_id,
-        claim.attempt,
-        type(exc).__qualname__,
-        "retrying" if retry_at else "final",
-    )
+    _log_failure(claim, failure, retry_at if recorded else None, recorded=recorded)
     if not recorded:
         runtime.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
         return ExecutionOutcome.FENCED_OUT
@@ -217,7 +218,34 @@ async def _fail(
         return ExecutionOutcome.RETRYING
     if not claim.shadow:  # wake the result waits on it
         failed = TaskOutcome(
-            claim.task_id, claim.generation, TaskState.FAILED, None, type(exc).__qualname__, f"{exc}"[:4000]
+            claim.task_id, claim.generation, TaskState.FAILED, None, failure.error_type, failure.message
         )
         await announce_outcomes(runtime.transport().client, s.namespace, [failed], inline_bytes=s.result_inline_bytes)
     return ExecutionOutcome.FAILED
+
+
+def _log_failure(claim: ExecutionClaim, failure: Failure, retry_at: datetime | None, *, recorded: bool) -> None:
+    """One record per failed attempt: what failed (the body or its on_commit hook), where, what
+    comes next, and the traceback (scrubbed and bounded as stored)."""
+    if not recorded:
+        then, level = "a newer execution owns the task: nothing recorded", logging.INFO
+    elif retry_at is not None:
+        then, level = f"retrying at {retry_at:%Y-%m-%dT%H:%M:%S}Z", logging.WARNING
+    else:
+        then, level = "FAILED, no attempts left", logging.ERROR
+    what = "task"
+    if failure.in_hook:
+        what, then = "the on_commit hook of task", f"its result and the hook's writes rolled back; {then}"
+    logger.log(
+        level,
+        "%s %s (id %s, queue %s) attempt %s raised %s: %s; %s\n%s",
+        what,
+        claim.name,
+        claim.task_id,
+        claim.queue,
+        claim.attempt,
+        failure.error_type,
+        failure.message,
+        then,
+        failure.traceback.rstrip(),
+    )

@@ -122,6 +122,7 @@ class AttemptOutcome(StrEnum):
     FENCED_OUT = "fenced_out"
     LOST = "lost"
     SUSPENDED = "suspended"  # the handler waits for children or a signal (see durable_tasks.journal)
+    HOOK_FAILED = "hook_failed"  # the body succeeded, its on_commit hook raised: nothing was committed
 
 
 class TaskRecord(RuntimeRecord, table=True):
@@ -241,6 +242,8 @@ class AttemptRecord(RuntimeRecord, table=True):
     error_message: str | None = Field(default=None, sa_type=sa.Text)
     retry_reason: str | None = Field(default=None, sa_type=sa.Text)
     traceparent: str | None = Field(default=None, max_length=128)
+    #: The failure's traceback, scrubbed and bounded (durable_tasks.failures).
+    traceback: str | None = Field(default=None, sa_type=sa.Text)
 
 
 class ScheduleRecord(RuntimeRecord, table=True):

@@ -27,6 +27,9 @@ class AttemptInfo:
     error_type: str | None
     error_message: str | None
     retry_reason: str | None
+    #: The failure's traceback (chained causes included), secrets masked, at most 8 KB: its
+    #: end is kept. None for an attempt that did not fail.
+    traceback: str | None = None
 
     @classmethod
     def from_record(cls, r: AttemptRecord) -> AttemptInfo:
@@ -42,6 +45,7 @@ class AttemptInfo:
             r.error_type,
             r.error_message,
             r.retry_reason,
+            r.traceback,
         )
 
 

@@ -289,6 +289,8 @@ class SqlStore(JournalStore):
         error_message: str,
         retry_at: datetime | None,
         on_failed: Callable[[sa.Connection], None] | None = None,
+        traceback: str | None = None,
+        in_hook: bool = False,
     ) -> bool:
         """Record a failed attempt, fenced (on the application's engine: it runs hooks)."""
 
@@ -302,6 +304,8 @@ class SqlStore(JournalStore):
                     error_message=error_message,
                     retry_at=retry_at,
                     on_failed=on_failed,
+                    traceback=traceback,
+                    in_hook=in_hook,
                 )
                 if recorded and retry_at is not None:
                     self._wake_dispatchers(conn, claim.namespace)

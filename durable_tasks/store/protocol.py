@@ -195,9 +195,12 @@ class Store(Protocol):
         error_message: str,
         retry_at: datetime | None,
         on_failed: Callable[[sa.Connection], None] | None = None,
+        traceback: str | None = None,
+        in_hook: bool = False,
     ) -> bool:
         """Record a failed attempt, fenced: RETRYING with a new delivery due at ``retry_at``,
-        or FAILED (running ``on_failed`` in the same transaction); False when fenced out."""
+        or FAILED (running ``on_failed`` in the same transaction); False when fenced out. The
+        attempt keeps ``traceback``, and says ``hook_failed`` when the on_commit hook raised."""
         ...
 
     async def renew_leases(self, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> set[str]:

@@ -149,13 +149,16 @@ def record_failure(
     error_message: str,
     retry_at: datetime | None,
     on_failed: Callable[[sa.Connection], None] | None = None,
+    traceback: str | None = None,
+    in_hook: bool = False,
 ) -> bool:
     """Record a failed attempt: RETRYING with a new delivery at ``retry_at``, or FAILED.
 
     Fenced like a result: False (and outcome ``fenced_out``) when a newer execution owns
     the task. ``on_failed`` runs inside the same transaction when the failure is final; if
     it raises, its writes are rolled back and the task is FAILED all the same. A retry's
-    delivery intent is written here (the store wakes dispatchers).
+    delivery intent is written here (the store wakes dispatchers). The attempt keeps
+    ``traceback``; its outcome is ``hook_failed`` when the on_commit hook raised (``in_hook``).
     """
     final = retry_at is None
     values: dict[str, object] = {
@@ -169,10 +172,12 @@ def record_failure(
         values |= {"state": TaskState.RETRYING, "delivery": t.delivery + 1, "failures": t.failures + 1}
     # Under the fence the row's delivery is the claim's: the retry's is the next one.
     if not conn.execute(sa.update(tasks_table).where(claim.fence()).values(values)).rowcount:
-        _finish_attempt(conn, claim, now, AttemptOutcome.FENCED_OUT, error_type, error_message)
+        _finish_attempt(conn, claim, now, AttemptOutcome.FENCED_OUT, error_type, error_message, traceback=traceback)
         return False
-    reason = None if final else f"retry at {retry_at:%Y-%m-%dT%H:%M:%S} after {error_type}"
-    _finish_attempt(conn, claim, now, AttemptOutcome.FAILED, error_type, error_message, reason)
+    where = " in the on_commit hook" if in_hook else ""
+    reason = None if final else f"retry at {retry_at:%Y-%m-%dT%H:%M:%S} after {error_type}{where}"
+    outcome = AttemptOutcome.HOOK_FAILED if in_hook else AttemptOutcome.FAILED
+    _finish_attempt(conn, claim, now, outcome, error_type, error_message, reason, traceback=traceback)
     if final and on_failed is not None and not claim.shadow:
         savepoint = conn.begin_nested()
         try:
@@ -204,6 +209,8 @@ def _finish_attempt(
     error_type: str | None = None,
     error_message: str | None = None,
     retry_reason: str | None = None,
+    *,
+    traceback: str | None = None,
 ) -> None:
     conn.execute(
         sa.update(attempts_table)
@@ -218,5 +225,6 @@ def _finish_attempt(
             error_type=error_type,
             error_message=error_message,
             retry_reason=retry_reason,
+            traceback=traceback,
         )
     )

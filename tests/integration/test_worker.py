@@ -207,7 +207,7 @@ async def test_a_failing_on_commit_hook_rolls_back_and_retries(verdict_app: App)
     info = app.get_task(task_id)
     assert (info.state, info.result) == (TaskState.SUCCEEDED, 2)
     assert verdicts(app, task_id) == [(0, 2)]  # attempt 1's row was rolled back with its result
-    assert [a.outcome for a in info.attempts] == ["failed", "succeeded"]
+    assert [a.outcome for a in info.attempts] == ["hook_failed", "succeeded"]
 
 
 async def test_heartbeats_keep_a_long_task_from_being_reclaimed(make_app: Callable[..., App]) -> None:
