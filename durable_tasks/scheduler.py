@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from anyio import to_thread
@@ -31,9 +31,15 @@ from .periodic import Schedule, plan_ticks
 from .store import schedules as store
 
 if TYPE_CHECKING:
-    from .app import App
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session as OrmSession
 
-__all__ = ["ScheduleInfo", "Scheduler", "list_schedules", "pause_schedule"]
+    from .clock import Clock
+    from .runtime import Runtime
+    from .settings import Settings
+    from .tasks import TaskHandle
+
+__all__ = ["ScheduleInfo", "Scheduler", "SchedulingApp", "list_schedules", "pause_schedule"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,35 @@ logger = logging.getLogger(__name__)
 _TICKS_PER_TRANSACTION = 100
 #: A wake-up that comes a hair early sleeps again at least this long (never a busy loop).
 _MIN_SLEEP_S = 0.001
+
+
+class SchedulingApp(Protocol):
+    """What the scheduler uses of the :class:`~durable_tasks.App` whose schedules it ticks
+    (a protocol, so that this module does not import the App that imports it)."""
+
+    @property
+    def settings(self) -> Settings:
+        """The App's settings."""
+        ...
+
+    @property
+    def runtime(self) -> Runtime:
+        """The App's runtime (its store reads the schedules)."""
+        ...
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The engine the ticks are submitted on."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """The App's clock."""
+        ...
+
+    def submit(self, session: OrmSession, task: Any, payload: Any, *, idempotency_key: str | None = None) -> TaskHandle:
+        """Record a task intent in ``session``'s transaction."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +96,7 @@ class ScheduleInfo:
 class Scheduler:
     """Submits the due ticks of an App's schedules; see the module docstring."""
 
-    def __init__(self, app: App, schedules: Mapping[str, Schedule]) -> None:
+    def __init__(self, app: SchedulingApp, schedules: Mapping[str, Schedule]) -> None:
         self.app = app
         self.schedules = schedules
         self._declared = False
@@ -171,7 +206,7 @@ def _declared(schedule: Schedule, now: datetime) -> store.DeclaredSchedule:
     )
 
 
-def list_schedules(app: App, schedules: Mapping[str, Schedule]) -> list[ScheduleInfo]:
+def list_schedules(app: SchedulingApp, schedules: Mapping[str, Schedule]) -> list[ScheduleInfo]:
     """Every schedule of the App's namespace with its next tick: the declared ones (a row or
     not yet) and rows that no code declares any more."""
     now = app.clock()
@@ -197,7 +232,7 @@ def list_schedules(app: App, schedules: Mapping[str, Schedule]) -> list[Schedule
     return found
 
 
-def pause_schedule(app: App, schedules: Mapping[str, Schedule], name: str, *, paused: bool) -> None:
+def pause_schedule(app: SchedulingApp, schedules: Mapping[str, Schedule], name: str, *, paused: bool) -> None:
     """Pause (or resume) a schedule in the database: every scheduler sees it on its next pass;
     no deploy or restart is needed."""
     schedule = schedules.get(name)

@@ -17,13 +17,12 @@ from sqlmodel import Session
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
-
-    from .result_waits import ResultWaits
 from .journal import Journal
 
 __all__ = [
     "OnCommitHook",
     "OnFailureHook",
+    "ResultWaiter",
     "Submit",
     "SubmitMany",
     "Task",
@@ -99,7 +98,7 @@ class TaskHandle:
     name: str
     generation: int
     created: bool
-    _waits: ResultWaits | None = field(default=None, repr=False, compare=False)
+    _waits: ResultWaiter | None = field(default=None, repr=False, compare=False)
 
     def result(self, timeout: timedelta | float | None = None) -> Any:
         """Block until the task settles and return its result (``timeout``: seconds or a
@@ -117,10 +116,23 @@ class TaskHandle:
         """:meth:`result` for async code: the wait holds no thread and no connection."""
         return await self._require_waits().wait(self, timeout)
 
-    def _require_waits(self) -> ResultWaits:
+    def _require_waits(self) -> ResultWaiter:
         if self._waits is None:
             raise TypeError("this handle was built by hand; get one from submit() or app.handle(task_id)")
         return self._waits
+
+
+class ResultWaiter(Protocol):
+    """Where a handle waits for its task's outcome: the App's
+    :class:`~durable_tasks.result_waits.ResultWaits`."""
+
+    def result(self, handle: TaskHandle, timeout: timedelta | float | None) -> Any:
+        """Block until the handle's task settles."""
+        ...
+
+    async def wait(self, handle: TaskHandle, timeout: timedelta | float | None) -> Any:
+        """Wait on the event loop until the handle's task settles."""
+        ...
 
 
 class Submit(Protocol):
