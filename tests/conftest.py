@@ -65,7 +65,7 @@ def postgres_url(servers_dir: Path) -> Iterator[str]:
     base = os.environ.get("DT_TEST_DATABASE_URL")
     stop: Callable[[], None] | None = None
     if not base:
-        from durable_tasks.embedded import start_embedded_postgres
+        from tests.embedded_postgres import start_embedded_postgres
 
         base, stop = start_embedded_postgres(servers_dir / "postgres")
     url = sa.engine.make_url(base)

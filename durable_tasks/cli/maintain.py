@@ -1,11 +1,9 @@
-"""Looking after the system: ``prune``, ``doctor``, ``demo``."""
+"""Looking after the system: ``prune``, ``doctor``."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -57,23 +55,3 @@ def doctor(app: AppArg) -> None:
 
 async def _facts_then(app: App, gather: Callable[[App], Awaitable[Any]], judge: Callable[[Any], T]) -> T:
     return judge(await gather(app))
-
-
-@cli.command()
-def demo(
-    part: Annotated[str, typer.Argument(help="judge, agent, or all")] = "all",
-    data_dir: Annotated[str, typer.Option(help="Where the demo's SQLite file and Valkey live")] = ".durable_tasks/demo",
-    trace: Annotated[
-        str | None, typer.Option(help="Export every process's spans to this file and draw one trace")
-    ] = None,
-) -> None:
-    """The two users end to end on the embedded default: an online judge (worker killed
-    mid-task, a rejudge in flight) and a durable agent run; exits 1 if an invariant fails."""
-    if part not in ("judge", "agent", "all"):
-        raise typer.BadParameter("part must be judge, agent or all")
-    sys.path.insert(0, ".")
-    try:
-        from examples import demo as demo_module
-    except ImportError as exc:
-        raise typer.BadParameter("the demo lives in the repository's examples/: run it from the repo root") from exc
-    raise typer.Exit(demo_module.run(console(), part, Path(data_dir), Path(trace) if trace else None))

@@ -10,7 +10,7 @@ write it twice. ``flaky`` fails on its first two attempts.
 
 Kill switches for a worker process (``AGENT_KILL``, one per process): ``model`` (inside the first
 model call), ``tool`` (inside ``add``, before its side effect); the runtime's failpoints cover
-the others (``DT_FAILPOINTS``).
+the others (``DT_FAILPOINTS``, which :func:`main` arms).
 
 A subprocess builds it from ``DT_*`` variables: ``python -m tests.apps.agent_frameworks``.
 """
@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel
 
-from durable_tasks import App, Task, TaskContext, current_task
+from durable_tasks import App, Task, TaskContext, current_task, failpoints
 from durable_tasks.integrations import ToolPolicy
 
 __all__ = ["ANSWER", "QUESTION", "Effect", "build", "effects_table"]
@@ -272,6 +272,7 @@ def build(frameworks: str = "pydantic_ai,openai_agents", **settings: Any) -> tup
 def main() -> None:
     """Run a dispatcher, a worker and a reaper until killed (only ``AGENT_FRAMEWORK``'s agent:
     importing a framework takes seconds)."""
+    failpoints.enable_from_environment()  # the kill-and-resume test arms them with DT_FAILPOINTS
     app, _ = build(os.environ.get(FRAMEWORK_ENV, "pydantic_ai,openai_agents"))
     anyio.run(app.run)
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from sqlmodel import Field, SQLModel
 
-from durable_tasks import App, Task, TaskContext
+from durable_tasks import App, Task, TaskContext, failpoints
 
 from .history import HistoryWriter
 
@@ -148,5 +148,6 @@ def __getattr__(name: str) -> App:
     if name != "app":
         raise AttributeError(name)
     if _app is None:
+        failpoints.enable_from_environment()  # the harness arms a process's failpoints with DT_FAILPOINTS
         _app = build_app()
     return _app

@@ -108,7 +108,7 @@ class Postgres:
         external = os.environ.get("DT_CHAOS_DATABASE_URL")
         if external:
             return cls(external)
-        from durable_tasks.embedded import start_embedded_postgres
+        from tests.embedded_postgres import start_embedded_postgres
 
         url, stop = start_embedded_postgres(directory)
         return cls(url, pgdata=directory.resolve() / "pgdata", stop=stop)

@@ -1,4 +1,5 @@
-"""`durable-tasks demo` runs end to end on the embedded default and checks its invariants."""
+"""`python -m examples.demo` (the repository's demo, not a command of the library) runs end to end on
+the embedded default and checks its invariants."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(180)  # the demo's own limit is 120 s (below); this leaves it room to report
 def test_the_demo_passes_its_invariant_checks(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "durable_tasks", "demo", "--data-dir", str(tmp_path / "demo")],
+        [sys.executable, "-m", "examples.demo", "--data-dir", str(tmp_path / "demo")],
         cwd=ROOT,
         capture_output=True,
         text=True,

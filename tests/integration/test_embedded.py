@@ -15,12 +15,8 @@ import pytest
 import redis
 import sqlalchemy
 
-from durable_tasks.embedded import (
-    EmbeddedServerError,
-    ensure_valkey,
-    start_embedded_postgres,
-    stop_valkey,
-)
+from durable_tasks.embedded import EmbeddedServerError, ensure_valkey, stop_valkey
+from tests.embedded_postgres import start_embedded_postgres
 
 pytestmark = pytest.mark.slow
 

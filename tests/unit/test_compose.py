@@ -3,6 +3,8 @@ names a real setting with a value the settings model accepts."""
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +51,46 @@ def test_app_services_run_the_runtime_commands_on_the_example_app() -> None:
         assert argv[-1] == "examples.judge.main:app"
     collector = yaml.safe_load((ROOT / "deploy" / "otel-collector.yaml").read_text())
     assert "otlp" in collector["receivers"]
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of each line of the Dockerfile, continuation lines joined."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (word.upper(), rest.strip())
+        for word, _, rest in (line.partition(" ") for line in lines if line and not line.startswith("#"))
+    ]
+
+
+def test_the_image_runs_as_an_unprivileged_user() -> None:
+    users = [args for instruction, args in dockerfile_instructions() if instruction == "USER"]
+    assert users, "the Dockerfile sets no USER: its processes would run as root"
+    assert users[-1].split(":")[0] not in {"root", "0"}
+    # the user the last USER names is created in the image
+    assert any(instruction == "RUN" and users[-1] in args for instruction, args in dockerfile_instructions())
+
+
+def test_the_image_installs_uvicorn_for_the_api_service() -> None:
+    steps = dockerfile_instructions()
+    installs = [args for instruction, args in steps if instruction == "RUN" and "pip install" in args]
+    extras = {e for args in installs for group in re.findall(r"\.\[([a-z,\-]+)\]", args) for e in group.split(",")}
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installed = [requirement for extra in extras for requirement in optional[extra]]
+    assert any(r.startswith("uvicorn") for r in installed), f"no extra of {sorted(extras)} installs uvicorn"
+    assert any(r.startswith("fastapi") for r in installed)
+
+
+def test_the_api_service_serves_the_judge_api_with_uvicorn() -> None:
+    argv = compose()["services"]["api"]["command"]
+    assert argv[argv.index("uvicorn") + 1] == "examples.judge.main:api"
+    assert "build" in compose()["services"]["api"]  # from this image (the x-app anchor)
+
+
+def test_app_services_wait_for_the_schema() -> None:
+    services = compose()["services"]
+    init = services["init-db"]
+    assert init["command"][-1] == "init-db"
+    assert init["restart"] == "no"
+    for name in ("api", "dispatcher", "worker", "reaper"):
+        assert services[name]["depends_on"]["init-db"] == {"condition": "service_completed_successfully"}, name
