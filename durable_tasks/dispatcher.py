@@ -71,8 +71,17 @@ class Dispatcher:
         runtime, s = self.runtime, self.runtime.settings
         dead: list[tuple[ClaimedDelivery, str]] = []
         held: list[ClaimedDelivery] = []
+        unknown: list[ClaimedDelivery] = []
         ready: dict[str, list[ClaimedDelivery]] = defaultdict(list)
+        claimed_at = runtime.clock()
         for row in rows:
+            if runtime.registry.get(row.name) is None:
+                # A rolling deploy: the producer knows a task this process does not know yet.
+                if claimed_at - row.created_at < s.unknown_task_grace:
+                    unknown.append(row)
+                else:
+                    dead.append((row, f"{_unknown(row)} for longer than unknown_task_grace ({s.unknown_task_grace})"))
+                continue
             reason = self._invalid_reason(row)
             if reason is not None:
                 dead.append((row, reason))
@@ -94,10 +103,13 @@ class Dispatcher:
         if sent and len(rows) < s.batch_size:
             await anyio.sleep(_CLAIM_HEAD_START_S)
         retry = [(row, now + self._backoff(row.attempts + 1), err) for row, err in failed]
+        # An unknown name waits like a failed publish (attempts+1, backoff): not dead until the grace.
+        retry_unknown = [(row, now + self._backoff(row.attempts + 1), _unknown(row)) for row in unknown]
         await runtime.store.settle_outbox(
-            sent=sent, dead=dead, retry=retry, held=held, now=now, release_at=now + s.poll_interval
+            sent=sent, dead=dead, retry=retry + retry_unknown, held=held, now=now, release_at=now + s.poll_interval
         )
         self._record(sent, dead, retry, held, now)
+        self._record_unknown(unknown, now)
         if dead:  # wake the result waits on them (an invalid payload never runs)
             outcomes = [
                 TaskOutcome(row.task_id, row.generation, TaskState.DEAD, None, "InvalidPayload", reason)
@@ -133,10 +145,31 @@ class Dispatcher:
         for row in held:
             tel.dispatched.add(1, {"queue": row.queue, "outcome": "held"})
 
+    def _record_unknown(self, rows: list[ClaimedDelivery], now: datetime) -> None:
+        """One warning per unknown (task, queue) of the pass, and the metric per row."""
+        if not rows:
+            return
+        tel, grace = self.runtime.telemetry, self.runtime.settings.unknown_task_grace
+        by_name: dict[tuple[str, str], list[ClaimedDelivery]] = defaultdict(list)
+        for row in rows:
+            tel.dispatched.add(1, {"queue": row.queue, "outcome": "unknown_task"})
+            by_name[(row.name, row.queue)].append(row)
+        for (name, queue), held in by_name.items():
+            oldest = min(r.created_at for r in held)
+            logger.warning(
+                "task name %r (queue %r) is not registered in this process: %d deliveries held PENDING "
+                "(deploy the code that defines it here); dead-lettered if still unknown at %s (unknown_task_grace %s)",
+                name,
+                queue,
+                len(held),
+                f"{oldest + grace:%Y-%m-%dT%H:%M:%S}Z",
+                grace,
+            )
+
     def _invalid_reason(self, row: ClaimedDelivery) -> str | None:
         task = self.runtime.registry.get(row.name)
         if task is None:
-            return f"unknown task name {row.name!r}: no task is registered under it"
+            return _unknown(row)
         try:
             decode_payload(task.payload_adapter, row.payload_json, task=row.name)
         except PayloadValidationError as exc:
@@ -226,3 +259,7 @@ class Dispatcher:
             await anyio.sleep(self.runtime.settings.poll_interval.total_seconds())
         finally:
             lanes.release()
+
+
+def _unknown(row: ClaimedDelivery) -> str:
+    return f"unknown task name {row.name!r} (queue {row.queue!r}): no task is registered under it"

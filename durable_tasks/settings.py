@@ -110,6 +110,11 @@ class Settings(BaseSettings):
     cutover_watermark: int | None = Field(
         default=None, description="Outbox ids below this belong to a legacy path: never sent."
     )
+    unknown_task_grace: Duration = Field(
+        default=timedelta(hours=1),
+        description="How long a task whose name this process does not register is held PENDING (a rolling "
+        "deploy: the producer runs newer code) before the dispatcher dead-letters it.",
+    )
     dedup_ttl: Duration = timedelta(hours=24)
     signing_key: SecretStr | None = Field(
         default=None, description="HMAC key: workers run only stream entries signed with it."
@@ -234,6 +239,7 @@ class SettingsOverrides(TypedDict, total=False):
     backoff_jitter: timedelta
     listen_check_timeout: timedelta
     cutover_watermark: int | None
+    unknown_task_grace: timedelta
     dedup_ttl: timedelta
     signing_key: SecretStr | str | None
     concurrency: int

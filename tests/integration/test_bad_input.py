@@ -495,10 +495,10 @@ async def test_operator_can_read_a_task_whose_stored_payload_is_corrupt(build: C
     assert "no longer validates" in info.error_message
 
 
-async def test_task_name_no_longer_registered_is_dead_with_the_reason(
+async def test_task_name_still_unknown_after_the_grace_is_dead_with_the_reason(
     build: Callable[..., App], redis_url: str, namespace: str
 ) -> None:
-    app = build()
+    app = build(unknown_task_grace=timedelta(0))  # tests/integration/test_unknown_tasks.py: the hold
     task_id = submit_and_tamper(app, name="gone")
 
     assert await app.dispatch_once() == 1

@@ -1,0 +1,97 @@
+"""A rolling deploy: the producer ships a task before the dispatcher and workers know it.
+
+The task is held PENDING (backoff, a warning naming task and queue, a metric), runs once a
+process that knows it starts, and is dead-lettered only after ``unknown_task_grace``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+from durable_tasks import App, FrozenClock, TaskContext, TaskState
+from durable_tasks.records import OutboxState, outbox_table
+from durable_tasks.store.engine import read_only
+from tests.helpers import submit, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+class Grade(BaseModel):
+    n: int
+
+
+def register_grade(app: App) -> None:
+    """The new code: the task the producer already submits."""
+
+    @app.task(name="grade_v2", queue="grading")
+    def grade(ctx: TaskContext[Grade], p: Grade) -> int:
+        return p.n * 10
+
+
+def outbox_rows(app: App, task_id: str) -> list[tuple[str, int, str | None]]:
+    o = outbox_table.c
+    with read_only(app.engine).connect() as conn:
+        rows = conn.execute(
+            sa.select(o.state, o.attempts, o.last_error).where(o.task_id == task_id).order_by(o.id)
+        ).all()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def test_a_task_no_running_process_knows_is_held_then_runs_when_one_does(
+    make_app: Callable[..., App], caplog: pytest.LogCaptureFixture
+) -> None:
+    producer = make_app()
+    register_grade(producer)
+    old_runtime = make_app()  # the previous release: no grade_v2
+    task_id = submit(producer, "grade_v2", {"n": 4})
+
+    with caplog.at_level(logging.WARNING, logger="durable_tasks.dispatcher"):
+        # Several passes over a few seconds' worth of backoff: each holds it again.
+        for _ in range(3):
+            await wait_until(old_runtime.dispatch_once, what="the held row to be due again", timeout=10)
+    assert old_runtime.get_task(task_id).state is TaskState.PENDING
+    [(state, attempts, last_error)] = outbox_rows(old_runtime, task_id)
+    assert (state, attempts) == (OutboxState.PENDING, 3)
+    assert last_error is not None
+    assert "unknown task name 'grade_v2' (queue 'grading')" in last_error
+    warnings = [r.getMessage() for r in caplog.records if "is not registered in this process" in r.getMessage()]
+    assert len(warnings) == 3
+    assert "task name 'grade_v2' (queue 'grading')" in warnings[0]
+    assert "dead-lettered if still unknown at" in warnings[0]
+
+    new_runtime = make_app()  # the new release starts
+    register_grade(new_runtime)
+    await wait_until(new_runtime.dispatch_once, what="the held row to be dispatched", timeout=10)
+    assert await new_runtime.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    info = new_runtime.get_task(task_id)
+    assert (info.state, info.result) == (TaskState.SUCCEEDED, 40)
+    await old_runtime.aclose()
+    await new_runtime.aclose()
+
+
+async def test_a_task_still_unknown_after_the_grace_is_dead_lettered(make_app: Callable[..., App]) -> None:
+    clock = FrozenClock()
+    producer = make_app(clock=clock)
+    register_grade(producer)
+    old_runtime = make_app(clock=clock, unknown_task_grace=timedelta(minutes=10))
+    task_id = submit(producer, "grade_v2", {"n": 4})
+
+    assert await old_runtime.dispatch_once() == 1
+    clock.advance(timedelta(minutes=9))
+    assert await old_runtime.dispatch_once() == 1
+    assert old_runtime.get_task(task_id).state is TaskState.PENDING
+    clock.advance(timedelta(minutes=1))
+    assert await old_runtime.dispatch_once() == 1
+    info = old_runtime.get_task(task_id)
+    assert info.state is TaskState.DEAD
+    assert info.error_message is not None
+    assert "unknown task name 'grade_v2'" in info.error_message
+    assert "unknown_task_grace (0:10:00)" in info.error_message
+    assert [r[0] for r in outbox_rows(old_runtime, task_id)] == [OutboxState.DEAD]
+    await old_runtime.aclose()
