@@ -19,6 +19,7 @@ from . import migrations
 from .clock import Clock, system_clock
 from .dispatcher import Dispatcher
 from .errors import ConfigurationError, TaskNotFoundError
+from .flow.policy import Limit, parse_rate, task_flow
 from .intents import IntentsMixin
 from .outages import broker_errors, database_errors
 from .periodic import TICK, CatchUp, Schedule
@@ -76,6 +77,8 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
         #: The application's tables: create_all makes them beside the runtime's.
         self.tables: list[type[SQLModel]] = list(tables)
         self._registry: dict[str, Task[Any, Any]] = {}
+        #: Shared limits by name (:meth:`limit`).
+        self.limits: dict[str, Limit] = {}
         self._redis_url: str | None = self.settings.redis_url
         s = self.settings
         #: What the dispatcher, workers and reaper of this App run on.
@@ -111,11 +114,17 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
         max_attempts: int = 3,
         timeout: timedelta | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
+        priority: int | None = None,
+        rate_limit: str | Limit | None = None,
+        concurrency_limit: int | Limit | None = None,
     ) -> TaskDecorator:
         """Register ``fn(ctx, payload) -> R`` (sync or async) as a ``Task[payload, R]``.
 
         ``max_attempts`` counts executions that raise; ``retry_on`` limits which exceptions
-        retry (default: all); ``timeout`` bounds one attempt.
+        retry (default: all); ``timeout`` bounds one attempt. Flow control
+        (docs/flow-control.md): ``priority`` (0-3) is the default level and gives the queue
+        levels; ``rate_limit`` (``"600/m"`` or an :meth:`limit`) and ``concurrency_limit``
+        (running attempts per ``concurrency_key``, or an :meth:`limit`) hold across workers.
         """
 
         def register(f: Callable[[TaskContext[Any], Any], Any]) -> Task[Any, Any]:
@@ -130,6 +139,9 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
                 )
             if max_attempts < 1:
                 raise ConfigurationError("max_attempts must be at least 1")
+            for limit in (rate_limit, concurrency_limit):
+                if isinstance(limit, Limit) and self.limits.get(limit.name) is not limit:
+                    raise ConfigurationError(f"limit {limit.name!r} is not this App's: make it with app.limit(...)")
             t: Task[Any, Any] = Task(
                 f,
                 submit=self.submit,
@@ -139,11 +151,27 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
                 max_attempts=max_attempts,
                 timeout=timeout,
                 retry_on=retry_on,
+                flow=task_flow(
+                    task_name, priority=priority, rate_limit=rate_limit, concurrency_limit=concurrency_limit
+                ),
             )
             self._registry[task_name] = t
             return t
 
         return register
+
+    def limit(
+        self, name: str, *, rate: str | None = None, burst: int | None = None, concurrency: int | None = None
+    ) -> Limit:
+        """A limit several tasks share: ``rate="3000/m"`` (``burst`` admissions at once,
+        default 1) and/or ``concurrency`` (running attempts per concurrency key). Pass it as a
+        task's ``rate_limit=`` or ``concurrency_limit=``. Its rate and burst can be changed
+        while workers run (docs/flow-control.md)."""
+        if name in self.limits:
+            raise ConfigurationError(f"a limit named {name!r} exists already; use that one")
+        made = Limit(name, rate=None if rate is None else parse_rate(rate), burst=burst or 1, concurrency=concurrency)
+        self.limits[name] = made
+        return made
 
     def periodic(
         self,

@@ -194,6 +194,8 @@ class Dispatcher:
                 r.traceparent,
                 r.shadow,
                 partition=partition_for(r.partition_key or r.task_id, partitions.get(r.queue, 1)),
+                priority=r.priority,
+                concurrency_key=r.concurrency_key,
             )
             for r in rows
         ]

@@ -13,6 +13,7 @@ Every error the library raises on purpose derives from one root, so callers can 
     ├── ResultNotSerializableError    a handler returned something that is not plain JSON
     ├── InvalidIdempotencyKeyError    empty, too long, or with control characters
     ├── InvalidDelayError             a negative delay, both delay and not_before, a naive datetime
+    ├── InvalidFlowControlError       a priority out of range, a bad concurrency key or rate
     ├── TaskNotFoundError             no task with that id in this namespace
     ├── InvalidQueryError             a search or page cursor an operator's view cannot run
     ├── TaskDeadLetteredError         given to on_failure hooks when the reaper gives up on a task
@@ -46,6 +47,7 @@ __all__ = [
     "DurableTasksError",
     "EmbeddedServerError",
     "InvalidDelayError",
+    "InvalidFlowControlError",
     "InvalidIdempotencyKeyError",
     "InvalidQueryError",
     "JournalFencedOutError",
@@ -109,6 +111,10 @@ class InvalidIdempotencyKeyError(DurableTasksError):
 
 class InvalidDelayError(DurableTasksError):
     """A delay or ``not_before`` cannot say when a task is due (negative, both given, naive)."""
+
+
+class InvalidFlowControlError(DurableTasksError):
+    """A priority, concurrency key, rate or limit cannot be used (durable_tasks.flow)."""
 
 
 class TaskNotFoundError(DurableTasksError):

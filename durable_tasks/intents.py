@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from . import codec
 from .clock import due_time
 from .errors import InvalidIdempotencyKeyError, PayloadError, TaskNotFoundError, UnknownTaskError
+from .flow.policy import submit_flow
 from .outages import UNREACHABLE, database_error
 from .store.submit import NewTask
 from .tasks import Task, TaskHandle
@@ -53,12 +54,17 @@ class IntentsMixin:
         partition_key: str | None = None,
         delay: timedelta | None = None,
         not_before: datetime | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskHandle:
         """Record a task intent in ``session``'s transaction; the caller commits.
 
         ``partition_key`` picks the stream partition of a partitioned queue (tasks with the same
         key stay in one partition, in order); by default the task id spreads them. ``delay`` or
         ``not_before`` (timezone-aware) make the task due later: nothing is published before.
+        ``priority`` (0-3, on a queue with levels) overrides the task's; ``concurrency_key``
+        names what the task's concurrency limit counts, e.g. ``"user:42"``
+        (docs/flow-control.md).
 
         Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
         oversized payload, a bad idempotency key, a bad delay, or an unreachable database.
@@ -71,6 +77,8 @@ class IntentsMixin:
             partition_key=partition_key,
             delay=delay,
             not_before=not_before,
+            priority=priority,
+            concurrency_key=concurrency_key,
         )
         return handle
 
@@ -84,6 +92,8 @@ class IntentsMixin:
         partition_key: str | None = None,
         delay: timedelta | None = None,
         not_before: datetime | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> list[TaskHandle]:
         """Record several intents of one task, ``(payload, idempotency_key)`` pairs, in
         ``session``'s transaction; the caller commits. Handles come back in order.
@@ -97,6 +107,13 @@ class IntentsMixin:
         s, telemetry = self.settings, self.runtime.telemetry
         now = self.clock()
         due = due_time(now, delay=delay, not_before=not_before)
+        priority, concurrency_key = submit_flow(
+            task.flow,
+            task.queue,
+            prioritized=self.runtime.prioritized(task.queue),
+            priority=priority,
+            concurrency_key=concurrency_key,
+        )
         checked = [self._checked_item(task, i, item) for i, item in enumerate(items)]
         with telemetry.submit_span(task.name, task.queue) as span:
             if len(checked) == 1:
@@ -113,6 +130,8 @@ class IntentsMixin:
                     traceparent=traceparent,
                     shadow=shadow,
                     partition_key=partition_key,
+                    priority=priority,
+                    concurrency_key=concurrency_key,
                     due=due,
                 )
                 for payload_json, key in checked

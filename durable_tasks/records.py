@@ -168,6 +168,9 @@ class TaskRecord(RuntimeRecord, table=True):
     error_message: str | None = Field(default=None, sa_type=sa.Text)
     traceparent: str | None = Field(default=None, max_length=128)
     partition_key: str | None = Field(default=None, max_length=200, sa_type=_key(200))
+    #: Flow control (durable_tasks.flow): the priority level (NULL: 0) and the concurrency key.
+    priority: int | None = None
+    concurrency_key: str | None = Field(default=None, max_length=200, sa_type=_key(200))
     shadow: bool = False
     #: A child task's parent: the task, generation and journal slot its outcome settles.
     parent_id: str | None = Field(default=None, max_length=36, sa_type=_key(36))

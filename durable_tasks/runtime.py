@@ -62,11 +62,26 @@ class Runtime:
         #: Per-queue statistics of the last :func:`durable_tasks.stats.queue_stats` (the gauges read them).
         self.latest_stats: dict[str, QueueStats] = {}
         self._open_store = open_store
+        self._prioritized: set[str] = set()
+        self._prioritized_at = -1
         self._store: Store | None = None
         self._transports: LoopBound[RedisStreamsTransport] = LoopBound(
-            lambda: open_transport(redis_url(), settings), close_stale=close_stale, aclose=_close_transport
+            lambda: self._open_transport(redis_url()), close_stale=close_stale, aclose=_close_transport
         )
         telemetry.observe_queues(self)
+
+    def _open_transport(self, url: str) -> RedisStreamsTransport:
+        transport = open_transport(url, self.settings)
+        transport.prioritized = self.prioritized
+        return transport
+
+    def prioritized(self, queue: str) -> bool:
+        """Whether ``queue`` has priority levels: one of its tasks declares ``priority=``
+        (durable_tasks.flow); the others keep their queue's one stream."""
+        if self._prioritized_at != len(self.registry):  # tasks registered since: look again
+            self._prioritized = {t.queue for t in self.registry.values() if t.flow.priority is not None}
+            self._prioritized_at = len(self.registry)
+        return queue in self._prioritized
 
     @property
     def store(self) -> Store:

@@ -17,6 +17,7 @@ from sqlmodel import Session
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+from .flow.policy import NO_FLOW, TaskFlow
 from .journal import Journal
 
 __all__ = [
@@ -149,6 +150,8 @@ class Submit(Protocol):
         partition_key: str | None = None,
         delay: timedelta | None = None,
         not_before: datetime | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskHandle: ...
 
 
@@ -165,6 +168,8 @@ class SubmitMany(Protocol):
         partition_key: str | None = None,
         delay: timedelta | None = None,
         not_before: datetime | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> list[TaskHandle]: ...
 
 
@@ -186,6 +191,7 @@ class Task(Generic[PayloadT, ResultT]):
         max_attempts: int,
         timeout: timedelta | None,
         retry_on: tuple[type[BaseException], ...],
+        flow: TaskFlow = NO_FLOW,
     ) -> None:
         self._submit = submit
         self._submit_many = submit_many
@@ -195,6 +201,8 @@ class Task(Generic[PayloadT, ResultT]):
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.retry_on = retry_on
+        #: Priority and limits (durable_tasks.flow).
+        self.flow = flow
         self.is_async = inspect.iscoroutinefunction(fn)
         hints = get_type_hints(fn)
         params = list(inspect.signature(fn).parameters)
@@ -215,11 +223,14 @@ class Task(Generic[PayloadT, ResultT]):
         partition_key: str | None = None,
         delay: timedelta | None = None,
         not_before: datetime | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskHandle:
         """Record the intent in ``session``'s transaction (no commit: the caller commits).
 
         The same ``idempotency_key`` returns the existing task instead of a second one.
-        ``delay`` or ``not_before`` (timezone-aware) make it due later.
+        ``delay`` or ``not_before`` (timezone-aware) make it due later. ``priority`` and
+        ``concurrency_key``: see ``App.submit`` (docs/flow-control.md).
         """
         return self._submit(
             session,
@@ -230,6 +241,8 @@ class Task(Generic[PayloadT, ResultT]):
             partition_key=partition_key,
             delay=delay,
             not_before=not_before,
+            priority=priority,
+            concurrency_key=concurrency_key,
         )
 
     def submit_many(
@@ -241,11 +254,21 @@ class Task(Generic[PayloadT, ResultT]):
         partition_key: str | None = None,
         delay: timedelta | None = None,
         not_before: datetime | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> list[TaskHandle]:
         """Record several intents, ``(payload, idempotency_key)`` pairs, in ``session``'s
         transaction (one round trip on PostgreSQL); see ``App.submit_many``."""
         return self._submit_many(
-            session, self, items, shadow=shadow, partition_key=partition_key, delay=delay, not_before=not_before
+            session,
+            self,
+            items,
+            shadow=shadow,
+            partition_key=partition_key,
+            delay=delay,
+            not_before=not_before,
+            priority=priority,
+            concurrency_key=concurrency_key,
         )
 
     async def asubmit(
@@ -258,6 +281,8 @@ class Task(Generic[PayloadT, ResultT]):
         partition_key: str | None = None,
         delay: timedelta | None = None,
         not_before: datetime | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskHandle:
         """:meth:`submit` with SQLAlchemy's ``AsyncSession`` (SQLModel's too): the same
         statements on the session's own connection (``AsyncSession.run_sync``), in its
@@ -271,6 +296,8 @@ class Task(Generic[PayloadT, ResultT]):
                 partition_key=partition_key,
                 delay=delay,
                 not_before=not_before,
+                priority=priority,
+                concurrency_key=concurrency_key,
             )
         )
 

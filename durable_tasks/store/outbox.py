@@ -55,6 +55,9 @@ class ClaimedDelivery:
     traceparent: str | None
     created_at: datetime
     partition_key: str | None = None
+    #: Flow control (durable_tasks.flow): the task's priority level and concurrency key.
+    priority: int = 0
+    concurrency_key: str | None = None
 
 
 #: A published row, its stream entry id and partition.
@@ -84,6 +87,8 @@ def deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
             traceparent=traceparent,
             created_at=created_at,
             partition_key=partition_key,
+            priority=priority or 0,
+            concurrency_key=concurrency_key,
         )
         for (
             outbox_id,
@@ -98,6 +103,8 @@ def deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
             payload,
             traceparent,
             partition_key,
+            priority,
+            concurrency_key,
         ) in sorted(claimed)  # by outbox id, the first column (unique)
     ]
 
@@ -156,7 +163,7 @@ def claimed_rows(ids: Sequence[int]) -> sa.Select[Any]:
     """The leased rows ``ids`` with what publishing needs, in :func:`deliveries`' column order."""
     return (
         sa.select(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
-        .add_columns(t.name, t.payload, t.traceparent, t.partition_key)
+        .add_columns(t.name, t.payload, t.traceparent, t.partition_key, t.priority, t.concurrency_key)
         .join_from(outbox_table, tasks_table, t.id == o.task_id)
         .where(o.id.in_(ids))
     )

@@ -42,6 +42,9 @@ class NewTask:
     traceparent: str | None
     shadow: bool
     partition_key: str | None = None
+    #: Flow control: the priority level (None: 0) and the concurrency key (durable_tasks.flow).
+    priority: int | None = None
+    concurrency_key: str | None = None
     #: When the first delivery is due (None: at once).
     due: datetime | None = None
     #: A child task's parent (``durable_tasks.journal``): the task, generation and slot it settles.
@@ -71,6 +74,8 @@ def task_row(task: NewTask, task_id: str, now: datetime) -> dict[str, Any]:
         "max_attempts": task.max_attempts,
         "traceparent": task.traceparent,
         "partition_key": task.partition_key,
+        "priority": task.priority,
+        "concurrency_key": task.concurrency_key,
         "shadow": task.shadow,
         "parent_id": task.parent_id,
         "parent_generation": task.parent_generation,

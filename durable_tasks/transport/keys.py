@@ -47,9 +47,13 @@ class QueueKeys:
         """The dead-letter stream (one per queue, whatever its partitions)."""
         return f"dt:{{{self.namespace}:{self.queue}}}:dlq"
 
-    def stream_for(self, *, shadow: bool) -> str:
-        """The stream a delivery of that kind travels on."""
-        return self.shadow if shadow else self.stream
+    def level_stream(self, priority: int) -> str:
+        """The stream of one priority level (durable_tasks.flow): level 0 is :attr:`stream`."""
+        return self.stream if priority <= 0 else f"{self.stream}:p{priority}"
+
+    def stream_for(self, *, shadow: bool, priority: int = 0) -> str:
+        """The stream a delivery of that kind travels on (shadow ignores priority)."""
+        return self.shadow if shadow else self.level_stream(priority)
 
     def dedup(self, task_id: str, generation: int, delivery: int) -> str:
         """The dedup key of one delivery: republishing it adds nothing."""

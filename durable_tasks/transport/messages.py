@@ -40,6 +40,9 @@ class OutgoingMessage:
     traceparent: str | None = None
     shadow: bool = False
     partition: int | None = None
+    #: Flow control: the level stream it travels on, and the key its concurrency limit counts.
+    priority: int = 0
+    concurrency_key: str | None = None
 
     def fields(self, stream: str = "", key: bytes | None = None) -> dict[str, str]:
         """The stream entry's fields, signed for ``stream`` when a signing key is set."""
@@ -51,6 +54,8 @@ class OutgoingMessage:
         }
         if self.traceparent:
             out["tp"] = self.traceparent
+        if self.concurrency_key is not None:
+            out["k"] = self.concurrency_key
         if key is not None:
             out["s"] = entry_mac(key, stream, out)
         return out
@@ -59,7 +64,10 @@ class OutgoingMessage:
 def entry_mac(key: bytes, stream: str, fields: Mapping[str, str]) -> str:
     """HMAC-SHA256 of what an entry asks for, bound to the stream it travels on (an entry
     copied to another queue does not verify)."""
-    signed = "\x1f".join([stream, *(fields.get(f, "") for f in ("t", "g", "d", "n", "tp"))])
+    parts = [stream, *(fields.get(f, "") for f in ("t", "g", "d", "n", "tp"))]
+    if "k" in fields:  # only when present: entries without a concurrency key sign as before
+        parts.append(fields["k"])
+    signed = "\x1f".join(parts)
     return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
 
 
@@ -84,6 +92,8 @@ class Delivery:
     delivery: int
     name: str
     traceparent: str | None
+    #: The key a per-key concurrency limit counts (durable_tasks.flow), if the submit gave one.
+    concurrency_key: str | None = None
 
 
 class MalformedEntryError(ValueError):
@@ -109,7 +119,7 @@ def parse_delivery(fields: Mapping[str, str], *, stream: str = "", key: bytes | 
             raise MalformedEntryError("entry is not signed and signing is on: refused unexecuted")
         if not hmac.compare_digest(signature, entry_mac(key, stream, fields)):
             raise MalformedEntryError("entry signature does not match: refused unexecuted")
-    return Delivery(task_id, generation, delivery, name, fields.get("tp"))
+    return Delivery(task_id, generation, delivery, name, fields.get("tp"), fields.get("k"))
 
 
 @dataclass(frozen=True, slots=True)

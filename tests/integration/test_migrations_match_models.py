@@ -44,10 +44,10 @@ def test_a_column_added_to_the_models_without_a_step_is_caught(new_database: Cal
         grown = sa.MetaData()
         for table in metadata.sorted_tables:
             table.to_metadata(grown)
-        grown.tables["dt_tasks"].append_column(sa.Column("priority", sa.Integer, nullable=False))
-        sa.Index("ix_dt_tasks_priority", grown.tables["dt_tasks"].c.priority)
+        grown.tables["dt_tasks"].append_column(sa.Column("weight", sa.Integer, nullable=False))
+        sa.Index("ix_dt_tasks_weight", grown.tables["dt_tasks"].c.weight)
         found = differences(reflect_shape(engine), model_shape(engine.dialect, grown))
-        assert "dt_tasks: missing column priority INTEGER NOT NULL" in found
-        assert "dt_tasks: missing index ix_dt_tasks_priority (priority)" in found
+        assert "dt_tasks: missing column weight INTEGER NOT NULL" in found
+        assert "dt_tasks: missing index ix_dt_tasks_weight (weight)" in found
     finally:
         engine.dispose()

@@ -197,7 +197,7 @@ WHERE o.id = ANY(ARRAY(
   AND t.id = o.task_id
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
-          t.name, t.payload, t.traceparent, t.partition_key;
+          t.name, t.payload, t.traceparent, t.partition_key, t.priority, t.concurrency_key;
 
 -- name: next_due
 -- When the earliest PENDING outbox row that is not due yet will be (no row: none is waiting):
@@ -218,10 +218,11 @@ LIMIT 1;
 WITH task AS (
     INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
                           delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
-                          partition_key, shadow, parent_id, parent_generation, parent_slot, created_at)
+                          partition_key, priority, concurrency_key, shadow, parent_id, parent_generation,
+                          parent_slot, created_at)
     VALUES (%(id)s, %(namespace)s, %(name)s, %(queue)s, %(idempotency_key)s, %(payload)s, 'PENDING', 0, 0,
-            0, 0, 0, 0, %(max_attempts)s, %(traceparent)s, %(partition_key)s, %(shadow)s, %(parent_id)s,
-            %(parent_generation)s, %(parent_slot)s, %(now)s)
+            0, 0, 0, 0, %(max_attempts)s, %(traceparent)s, %(partition_key)s, %(priority)s, %(concurrency_key)s,
+            %(shadow)s, %(parent_id)s, %(parent_generation)s, %(parent_slot)s, %(now)s)
     ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
     RETURNING id
 ), intent AS (
@@ -249,9 +250,10 @@ WITH given AS (
 ), task AS (
     INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
                           delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
-                          partition_key, shadow, created_at)
+                          partition_key, priority, concurrency_key, shadow, created_at)
     SELECT g.id, %(namespace)s, %(name)s, %(queue)s, g.idempotency_key, g.payload, 'PENDING', 0, 0,
-           0, 0, 0, 0, %(max_attempts)s, g.traceparent, g.partition_key, %(shadow)s, %(now)s
+           0, 0, 0, 0, %(max_attempts)s, g.traceparent, g.partition_key, %(priority)s, %(concurrency_key)s,
+           %(shadow)s, %(now)s
     FROM given AS g
     ORDER BY g.ord
     ON CONFLICT (namespace, name, idempotency_key) DO NOTHING

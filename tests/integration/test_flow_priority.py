@@ -1,0 +1,102 @@
+"""Priorities (durable_tasks.flow): a queue whose tasks declare a priority has one stream per
+level, read highest first; a high task submitted after a backlog starts in the next read
+batch; the starvation guard keeps a share of each read for lower levels; bad priorities are
+typed errors that write nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from durable_tasks import App, InvalidFlowControlError, TaskContext
+from durable_tasks.flow.policy import GUARD_SHARE, guard_reserve
+from durable_tasks.records import tasks_table
+from tests.helpers import keys, submit, submit_all
+
+pytestmark = pytest.mark.anyio
+
+
+def prioritized_app(make_app: Callable[..., App], started: list[int], **overrides: object) -> App:
+    app = make_app(**overrides)
+
+    @app.task(name="job", queue="jobs", priority=0)
+    async def job(ctx: TaskContext[int], n: int) -> None:
+        started.append(n)
+
+    return app
+
+
+async def dispatch_all(app: App) -> None:
+    while await app.dispatch_once():
+        pass
+
+
+async def test_high_priority_tasks_start_in_the_next_read_batch_after_a_backlog(make_app: Callable[..., App]) -> None:
+    started: list[int] = []
+    app = prioritized_app(make_app, started, concurrency=20, batch_size=500)
+    submit_all(app, "job", range(1000))  # level 0
+    await dispatch_all(app)
+    assert await app.work(max_tasks=40, timeout=timedelta(seconds=60)) == 40  # two read batches of the backlog
+    high = list(range(10_000, 10_010))
+    submit_all(app, "job", high, priority=3)
+    await dispatch_all(app)
+    assert await app.work(max_tasks=20, timeout=timedelta(seconds=60)) == 20  # the next read batch
+    assert set(high) <= set(started[40:60]), started[40:60]
+    await app.aclose()
+
+
+async def test_a_prioritized_entry_travels_on_its_level_stream(make_app: Callable[..., App]) -> None:
+    started: list[int] = []
+    app = prioritized_app(make_app, started)
+    submit(app, "job", 1, priority=2)
+    submit(app, "job", 2)
+    await dispatch_all(app)
+    client = app.runtime.transport().client
+    assert await client.xlen(keys(app).level_stream(2)) == 1
+    assert await client.xlen(keys(app).stream) == 1
+    with app.engine.connect() as conn:
+        query = sa.select(tasks_table.c.priority).where(tasks_table.c.namespace == app.settings.namespace)
+        stored = conn.execute(query).scalars().all()
+    assert sorted(stored) == [0, 2]  # the task's declared level, and the submit's
+    await app.work(max_tasks=2, timeout=timedelta(seconds=30))
+    assert started == [1, 2]
+    await app.aclose()
+
+
+async def test_the_starvation_guard_reads_lower_levels_first_for_its_share(make_app: Callable[..., App]) -> None:
+    started: list[int] = []
+    app = prioritized_app(make_app, started, concurrency=GUARD_SHARE * 2, batch_size=500)
+    submit_all(app, "job", range(100))  # level 0
+    submit_all(app, "job", range(1000, 1100), priority=1)
+    await dispatch_all(app)
+    assert await app.work(max_tasks=GUARD_SHARE * 2, timeout=timedelta(seconds=60)) == GUARD_SHARE * 2
+    low = [n for n in started if n < 1000]
+    assert len(low) == guard_reserve(GUARD_SHARE * 2, 0) == 2
+    await app.aclose()
+
+
+async def test_a_queue_without_a_declared_priority_refuses_one_at_submit(make_app: Callable[..., App]) -> None:
+    app = make_app()
+
+    @app.task(name="plain", queue="jobs")
+    def plain(ctx: TaskContext[int], n: int) -> None:
+        return None
+
+    started: list[int] = []
+    prioritized_app(make_app, started)  # another app: its levels are not this one's
+    with Session(app.engine) as session, pytest.raises(InvalidFlowControlError, match="no priority levels"):
+        app.submit(session, "plain", 1, priority=1)
+    await app.aclose()
+
+
+@pytest.mark.parametrize("bad", [-1, 4, True, "high"])
+async def test_a_priority_out_of_range_is_a_typed_error(make_app: Callable[..., App], bad: object) -> None:
+    started: list[int] = []
+    app = prioritized_app(make_app, started)
+    with Session(app.engine) as session, pytest.raises(InvalidFlowControlError, match="priority="):
+        app.submit(session, "job", 1, priority=bad)  # type: ignore[arg-type]
+    await app.aclose()
