@@ -46,7 +46,7 @@ class ResultWaits:
                 s = self._settings
                 hub = ResultHub(
                     channel=outcome_channel(s.namespace),
-                    connect=self._subscribe,
+                    connect=self._subscribe if self._runtime.subscribes_to_results else None,
                     read=self._read,
                     poll_initial=s.result_poll_initial.total_seconds(),
                     poll_max=s.result_poll_max.total_seconds(),

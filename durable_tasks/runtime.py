@@ -18,7 +18,8 @@ group costs several times more per task (see ``Worker._background``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .clock import Clock
@@ -37,6 +38,10 @@ __all__ = ["Runtime"]
 
 async def _close_transport(transport: RedisStreamsTransport) -> None:
     await transport.client.aclose()
+
+
+async def _keep_open(transport: RedisStreamsTransport) -> None:
+    """A substituted transport outlives the event loops that use it."""
 
 
 class Runtime:
@@ -61,6 +66,9 @@ class Runtime:
         self.paused_queues: set[str] = set()
         #: Per-queue statistics of the last :func:`durable_tasks.stats.queue_stats` (the gauges read them).
         self.latest_stats: dict[str, QueueStats] = {}
+        #: Whether result waits subscribe to the announcements on Redis (False while
+        #: :meth:`substituted` runs without Redis: they then read the database alone).
+        self.subscribes_to_results = True
         self._open_store = open_store
         self._prioritized: set[str] = set()
         self._prioritized_at = -1
@@ -102,6 +110,19 @@ class Runtime:
     def transport_for(self, queue: str) -> RedisStreamsTransport | None:
         """The transport serving ``queue``, or None while the queue is paused."""
         return None if queue in self.paused_queues else self._transports.get()
+
+    @contextlib.contextmanager
+    def substituted(self, store: Store, transport: RedisStreamsTransport) -> Iterator[None]:
+        """Run on ``store`` and ``transport`` (on every event loop) until the block ends, then on
+        the originals again; :mod:`durable_tasks.testing` runs an App this way on a test's database
+        and an in-memory transport. The caller closes ``store`` afterwards."""
+        saved = self._store, self._transports, self.subscribes_to_results
+        self._store, self.subscribes_to_results = store, False
+        self._transports = LoopBound(lambda: transport, close_stale=lambda _: None, aclose=_keep_open)
+        try:
+            yield
+        finally:
+            self._store, self._transports, self.subscribes_to_results = saved
 
     def outbox_waiter(self) -> OutboxWaiter:
         """How the dispatcher waits between passes (the store's notification, or polling)."""

@@ -1,0 +1,179 @@
+"""durable_tasks.testing.run_inline: submitted tasks run to completion in the test's process on
+SQLite, with no Redis: handlers, on_commit and on_failure hooks, retries, fences, delays."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from pydantic import BaseModel
+from sqlmodel import Field, Session, SQLModel, select
+
+from durable_tasks import App, AttemptOutcome, Task, TaskContext, TaskState, testing
+from durable_tasks.testing import InlineRunError
+
+
+class InlineVerdict(SQLModel, table=True):
+    __tablename__ = "test_inline_verdicts"
+    id: int | None = Field(default=None, primary_key=True)
+    task_id: str
+    generation: int
+    text: str
+
+
+class Job(BaseModel):
+    text: str
+    fail_until: int = 0  # the attempt that first succeeds (0: the first)
+
+
+@pytest.fixture
+def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> App:
+    for name in ("DT_DATABASE_URL", "DT_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return App(namespace="inline", data_dir=tmp_path / "dt", tables=[InlineVerdict], max_deliveries=5)
+
+
+def shout_task(app: App, *, max_attempts: int = 3) -> Task[Job, str]:
+    @app.task(name="shout", max_attempts=max_attempts)
+    def shout(ctx: TaskContext[Job], job: Job) -> str:
+        if ctx.attempt < job.fail_until:
+            raise ValueError(f"attempt {ctx.attempt} fails")
+        return job.text.upper()
+
+    @shout.on_commit
+    def save(session: Session, ctx: TaskContext[Job], result: str) -> None:
+        session.add(InlineVerdict(task_id=ctx.task_id, generation=ctx.generation, text=result))
+
+    @shout.on_failure
+    def save_failure(session: Session, ctx: TaskContext[Job], error: BaseException) -> None:
+        session.add(InlineVerdict(task_id=ctx.task_id, generation=ctx.generation, text=f"failed: {error}"))
+
+    return shout
+
+
+def submit(app: App, task: Task[Job, str], *jobs: Job, delay: timedelta | None = None) -> list[str]:
+    with Session(app.engine) as session:
+        ids = [task.submit(session, job, delay=delay).id for job in jobs]
+        session.commit()
+    return ids
+
+
+def verdicts(app: App) -> list[tuple[str, int, str]]:
+    with Session(app.engine) as session:
+        rows = session.exec(select(InlineVerdict).order_by(sa.column("id"))).all()
+        return [(r.task_id, r.generation, r.text) for r in rows]
+
+
+def test_one_drain_runs_tasks_and_their_hooks_without_redis(app: App, tmp_path: Path) -> None:
+    shout = shout_task(app)
+    with testing.run_inline(app) as runner:
+        ids = submit(app, shout, Job(text="a"), Job(text="b"))
+        assert runner.drain() == 2
+        assert [app.get_task(i).state for i in ids] == [TaskState.SUCCEEDED] * 2
+        assert sorted(verdicts(app)) == sorted([(ids[0], 0, "A"), (ids[1], 0, "B")])
+        # handle.result() reads the database: nothing to subscribe to
+        with Session(app.engine) as session:
+            handle = shout.submit(session, Job(text="c"))
+            session.commit()
+        runner.drain()
+        assert handle.result(timeout=5) == "C"
+    assert not (tmp_path / "dt" / "valkey.json").exists(), "an embedded Valkey was started"
+    assert app._redis_url is None
+
+
+def test_retries_run_at_once_and_end_failed_with_the_failure_hook(app: App) -> None:
+    shout = shout_task(app, max_attempts=3)
+    with testing.run_inline(app) as runner:
+        flaky, doomed = submit(app, shout, Job(text="f", fail_until=3), Job(text="d", fail_until=9))
+        assert runner.drain() == 6  # 3 attempts each
+        assert runner.skipped > timedelta(0), "the retries' backoff was skipped, not waited for"
+        info = app.get_task(flaky)
+        assert (info.state, info.result) == (TaskState.SUCCEEDED, "F")
+        assert [a.outcome for a in info.attempts] == [AttemptOutcome.FAILED] * 2 + [AttemptOutcome.SUCCEEDED]
+        assert app.get_task(doomed).state == TaskState.FAILED
+        assert (doomed, 0, "failed: attempt 3 fails") in verdicts(app)
+
+
+def test_a_rerun_in_flight_fences_out_the_older_generation(app: App) -> None:
+    started: list[int] = []
+
+    @app.task(name="judge")
+    def judge(ctx: TaskContext[Job], job: Job) -> str:
+        started.append(ctx.generation)
+        if ctx.generation == 0:  # a rejudge lands while the first generation still runs
+            with Session(app.engine) as session:
+                app.rerun(session, ctx.task_id)
+                session.commit()
+        return f"{job.text}@{ctx.generation}"
+
+    @judge.on_commit
+    def save(session: Session, ctx: TaskContext[Job], result: str) -> None:
+        session.add(InlineVerdict(task_id=ctx.task_id, generation=ctx.generation, text=result))
+
+    with testing.run_inline(app) as runner:
+        [task_id] = submit(app, judge, Job(text="x"))
+        runner.drain()
+        info = app.get_task(task_id)
+        assert started == [0, 1]
+        assert (info.state, info.generation, info.result) == (TaskState.SUCCEEDED, 1, "x@1")
+        assert [a.outcome for a in info.attempts] == [AttemptOutcome.FENCED_OUT, AttemptOutcome.SUCCEEDED]
+        assert verdicts(app) == [(task_id, 1, "x@1")], "the fenced-out result's hook must not have written"
+
+
+def test_delayed_tasks_wait_unless_the_drain_moves_the_clock(app: App) -> None:
+    shout = shout_task(app)
+    with testing.run_inline(app) as runner:
+        [later] = submit(app, shout, Job(text="later"), delay=timedelta(hours=2))
+        assert runner.drain(advance_clock=False) == 0
+        assert app.get_task(later).state == TaskState.PENDING
+        runner.advance(timedelta(hours=1))
+        assert runner.drain(advance_clock=False) == 0
+        assert runner.drain() == 1
+        assert app.get_task(later).state == TaskState.SUCCEEDED
+        assert runner.skipped > timedelta(hours=1, minutes=59)  # less the real time the test took
+
+
+def test_the_app_is_back_on_its_own_database_after_the_block(app: App, tmp_path: Path) -> None:
+    shout = shout_task(app)
+    with testing.run_inline(app) as runner:
+        inline_url = str(app.engine.url)
+        [task_id] = submit(app, shout, Job(text="a"))
+        runner.drain()
+    scratch = Path(inline_url.removeprefix("sqlite:///")).parent
+    assert not scratch.exists(), "the test database is deleted"
+    assert str(app.engine.url) != inline_url
+    app.create_all()
+    assert (tmp_path / "dt" / "durable_tasks.sqlite3").exists()
+    with pytest.raises(Exception, match="no task"):
+        app.get_task(task_id)
+    app.runtime.store.close()
+
+
+def test_a_task_that_submits_itself_forever_fails_the_drain(app: App) -> None:
+    @app.task(name="forever")
+    def forever(ctx: TaskContext[int], n: int) -> int:
+        with Session(app.engine) as session:
+            loop.submit(session, n + 1)
+            session.commit()
+        return n
+
+    loop: Task[int, int] = forever
+    with testing.run_inline(app) as runner:
+        with Session(app.engine) as session:
+            forever.submit(session, 0)
+            session.commit()
+        with pytest.raises(InlineRunError, match="more than 20 deliveries"):
+            runner.drain(max_deliveries=20)
+
+
+@pytest.mark.anyio
+async def test_async_tests_await_adrain_and_drain_says_so(app: App) -> None:
+    shout = shout_task(app)
+    with testing.run_inline(app) as runner:
+        [task_id] = submit(app, shout, Job(text="async"))
+        with pytest.raises(InlineRunError, match=r"await runner\.adrain"):
+            runner.drain()
+        assert await runner.adrain() == 1
+        assert app.get_task(task_id).result == "ASYNC"
