@@ -118,6 +118,7 @@ class Runtime:
         and an in-memory transport. The caller closes ``store`` afterwards."""
         saved = self._store, self._transports, self.subscribes_to_results
         self._store, self.subscribes_to_results = store, False
+        transport.prioritized = self.prioritized
         self._transports = LoopBound(lambda: transport, close_stale=lambda _: None, aclose=_keep_open)
         try:
             yield

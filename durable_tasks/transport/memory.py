@@ -1,7 +1,8 @@
 """An in-memory transport: the streams of one namespace in this process, for
 :mod:`durable_tasks.testing`.
 
-It keeps what the Redis transport promises the loops: a delivery (task, generation, delivery)
+It keeps what the Redis transport promises the loops: entries are read highest priority level
+first (without the starvation guard: a drain reads everything anyway); a delivery (task, generation, delivery)
 is published once however often it is republished (the dedup key of ``enqueue_batch.lua``); an
 entry read stays pending until it is acknowledged; a dead letter is added once per delivery.
 Entries carry the same fields, signed when a signing key is set, so the worker parses and
@@ -103,7 +104,7 @@ class MemoryTransport(RedisStreamsTransport):
         out: list[str | Exception] = []
         for msg in messages:
             keys = self.keys(msg.queue, msg.partition)
-            stream = keys.stream_for(shadow=msg.shadow)
+            stream = keys.stream_for(shadow=msg.shadow, priority=msg.priority if self.prioritized(msg.queue) else 0)
             dedup = keys.dedup(msg.task_id, msg.generation, msg.delivery)
             if dedup not in self._dedup:
                 self._dedup[dedup] = self._append(stream, msg.fields(stream, self.signing_key))

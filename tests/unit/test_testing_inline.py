@@ -177,3 +177,20 @@ async def test_async_tests_await_adrain_and_drain_says_so(app: App) -> None:
             runner.drain()
         assert await runner.adrain() == 1
         assert app.get_task(task_id).result == "ASYNC"
+
+
+def test_higher_priority_levels_run_first(app: App) -> None:
+    order: list[str] = []
+
+    @app.task(name="ranked", priority=0)
+    def ranked(ctx: TaskContext[str], label: str) -> None:
+        order.append(label)
+
+    app.settings.concurrency = 1  # one delivery read at a time: the order is the read order
+    with testing.run_inline(app) as runner:
+        with Session(app.engine) as session:
+            for label, priority in (("low-1", 0), ("low-2", 0), ("high", 3), ("mid", 1)):
+                ranked.submit(session, label, priority=priority)
+            session.commit()
+        assert runner.drain() == 4
+    assert order == ["high", "mid", "low-1", "low-2"]
