@@ -39,6 +39,7 @@ from .telemetry import link_to, traceparent_of
 from .transport.announce import announce_outcomes
 from .transport.keys import CONSUMER_GROUP
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry
+from .unknown import hand_back
 
 __all__ = ["Worker", "WorkerCounters"]
 
@@ -104,7 +105,7 @@ class Worker:
         self._committer: Coalescer[_Commit] = Coalescer(
             self._commit, max_batch=s.commit_batch_max, window=s.commit_window, concurrency=2
         )
-        self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack, max_batch=1000)
+        self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack_now, max_batch=1000)
         self._leases = LeaseKeeper(runtime)
         # Sync handlers get threads of their own: long handlers must never starve the claims,
         # commits and lease renewals that run in anyio's default thread pool.
@@ -225,6 +226,7 @@ class Worker:
         runtime = self.runtime
         transport = runtime.transport()
         batch: list[tuple[StreamEntry, Delivery, Span]] = []
+        unknown: list[tuple[StreamEntry, Delivery]] = []  # tasks this worker does not register
         for entry in entries:
             try:
                 delivery = transport.parse(entry.fields, entry.stream)
@@ -240,7 +242,11 @@ class Worker:
                 self.counters.malformed += 1
                 self._done(True)
                 continue
+            if delivery.name not in runtime.registry:
+                unknown.append((entry, delivery))
+                continue
             batch.append((entry, delivery, self._start_span(entry, delivery)))
+        await hand_back(runtime, self.worker_id, unknown, self._done)
         if not batch:
             return
         requests = [ClaimRequest(d.task_id, d.generation, d.delivery, traceparent_of(span)) for _, d, span in batch]
@@ -384,9 +390,6 @@ class Worker:
             return
         for item in settled:
             item.acked = True
-
-    async def _ack(self, items: Sequence[tuple[str, str]]) -> None:
-        await self._ack_now(items)
 
     async def _ack_now(self, items: Sequence[tuple[str, str]]) -> None:
         by_stream: dict[str, list[str]] = defaultdict(list)

@@ -348,6 +348,7 @@ class SqlStore(JournalStore):
         now: datetime,
         reason: str,
         count_reclaim: bool,
+        due: datetime | None = None,
     ) -> bool:
         """Supersede a delivery with a new one (on the application's engine, as failures are)."""
 
@@ -362,6 +363,7 @@ class SqlStore(JournalStore):
                     now=now,
                     reason=reason,
                     count_reclaim=count_reclaim,
+                    due=due,
                 )
                 if done:
                     self._wake_dispatchers(conn, namespace)

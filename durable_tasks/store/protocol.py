@@ -242,8 +242,10 @@ class Store(Protocol):
         now: datetime,
         reason: str,
         count_reclaim: bool,
+        due: datetime | None = None,
     ) -> bool:
-        """Supersede a delivery nobody holds with a new one (delivery + 1); False if stale."""
+        """Supersede a delivery nobody holds with a new one (delivery + 1), due at ``due``
+        (default now); False if stale."""
         ...
 
     async def dead_letter_task(

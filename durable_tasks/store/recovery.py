@@ -86,8 +86,10 @@ def redeliver(
     now: datetime,
     reason: str,
     count_reclaim: bool,
+    due: datetime | None = None,
 ) -> bool:
-    """Supersede a delivery with a new one (outbox row, delivery + 1); False if stale.
+    """Supersede a delivery with a new one (outbox row, delivery + 1, due at ``due``, default
+    now); False if stale.
 
     ``count_reclaim`` is True when a worker lost it (counts toward ``max_deliveries``) and
     False when Redis lost it (the reconciler): a broker's data loss is not the task's fault.
@@ -109,7 +111,7 @@ def redeliver(
     # The row this transaction just locked (an UPDATE, then a read: every dialect).
     row = conn.execute(sa.select(t.queue, t.shadow).where(t.id == task_id)).one()
     close_open_attempts(conn, task_id, generation, now, reason=reason)
-    insert_outbox(conn, namespace, task_id, row.queue, generation, delivery + 1, row.shadow, now)
+    insert_outbox(conn, namespace, task_id, row.queue, generation, delivery + 1, row.shadow, now, due=due)
     return True
 
 

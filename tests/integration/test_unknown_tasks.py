@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
+import anyio
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks.records import OutboxState, outbox_table
 from durable_tasks.store.engine import read_only
+from durable_tasks.transport.keys import CONSUMER_GROUP
 from tests.helpers import submit, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -95,3 +97,69 @@ async def test_a_task_still_unknown_after_the_grace_is_dead_lettered(make_app: C
     assert "unknown_task_grace (0:10:00)" in info.error_message
     assert [r[0] for r in outbox_rows(old_runtime, task_id)] == [OutboxState.DEAD]
     await old_runtime.aclose()
+
+
+def register_grade_v1(app: App) -> None:
+    """The previous release: another task on the same queue, so its workers read the queue."""
+
+    @app.task(name="grade_v1", queue="grading")
+    def grade(ctx: TaskContext[Grade], p: Grade) -> int:
+        return p.n
+
+
+async def test_a_worker_leaves_a_task_it_does_not_know_for_one_that_does(
+    make_app: Callable[..., App], caplog: pytest.LogCaptureFixture
+) -> None:
+    new_release = make_app()
+    register_grade(new_release)
+    old_release = make_app()
+    register_grade_v1(old_release)
+    task_id = submit(new_release, "grade_v2", {"n": 5})
+    assert await new_release.dispatch_once() == 1
+
+    with caplog.at_level(logging.WARNING, logger="durable_tasks.unknown"):
+        assert await old_release.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    info = new_release.get_task(task_id)
+    assert (info.state, info.delivery, info.attempts) == (TaskState.PENDING, 1, ())  # no attempt spent
+    assert [r[0] for r in outbox_rows(new_release, task_id)] == [OutboxState.SENT, OutboxState.PENDING]
+    transport = old_release.runtime.transport()
+    [stream] = [key for key, shadow, _ in transport.streams("grading") if not shadow]
+    assert (await transport.client.xpending(stream, CONSUMER_GROUP))["pending"] == 0  # acknowledged
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "durable_tasks.unknown"]
+    assert "task name 'grade_v2' (queue 'grading') is not registered in worker" in warning
+
+    await wait_until(new_release.dispatch_once, what="the new delivery to be published", timeout=10)
+    assert await new_release.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    info = new_release.get_task(task_id)
+    assert (info.state, info.result, len(info.attempts)) == (TaskState.SUCCEEDED, 50, 1)
+    await old_release.aclose()
+    await new_release.aclose()
+
+
+async def test_running_processes_of_the_old_release_hold_a_new_task_until_the_new_release_runs_it(
+    make_app: Callable[..., App],
+) -> None:
+    """The issue's must-show, with whole processes' loops (dispatcher, worker, reaper)."""
+    new_release = make_app()
+    register_grade(new_release)
+    old_release = make_app()
+    register_grade_v1(old_release)
+    task_id = submit(new_release, "grade_v2", {"n": 6})
+    stop_old, stop_new = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: old_release.run(stop=stop_old))
+        # Ten holds, each backed off (up to backoff_max): a few seconds of the old release alone.
+        await wait_until(
+            lambda: outbox_rows(old_release, task_id)[-1][1] >= 10, what="ten holds of the row", timeout=30
+        )
+        assert old_release.get_task(task_id).state is TaskState.PENDING
+        tg.start_soon(lambda: new_release.run(stop=stop_new))
+        await wait_until(
+            lambda: new_release.get_task(task_id).state is TaskState.SUCCEEDED, what="the new release to run it"
+        )
+        stop_old.set()
+        stop_new.set()
+    info = new_release.get_task(task_id)
+    assert (info.result, len(info.attempts)) == (60, 1)
+    await old_release.aclose()
+    await new_release.aclose()
