@@ -8,20 +8,41 @@ password.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import BrokerUnavailableError, DatabaseUnavailableError
 from .urls import safe_url
 
-__all__ = ["UNREACHABLE", "broker_errors", "database_error", "database_errors"]
+__all__ = ["UNREACHABLE", "broker_errors", "database_error", "database_errors", "is_permanent"]
 
 #: Errors that mean the database could not be reached (the others: it refused a statement).
 UNREACHABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError, sa.exc.TimeoutError)
+
+#: What a server says when waiting cannot help: the database or the role is not there, the
+#: password is wrong (PostgreSQL's FATAL lines; MySQL's codes 1044, 1045, 1049, 1698).
+_PERMANENT_TEXT = re.compile(
+    r'database "[^"]*" does not exist|role "[^"]*" does not exist|password authentication failed'
+    r"|no password supplied|Unknown database|Access denied for user"
+)
+_MISSING_DATABASE = re.compile(r'database "(?P<name>[^"]*)" does not exist|Unknown database \'(?P<mysql>[^\']*)\'')
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether ``exc`` (a DatabaseUnavailableError, BrokerUnavailableError or what they wrap)
+    says something no retry can change: a database that does not exist, a refused login. A
+    starting process gives up at once on these instead of waiting out ``startup_wait``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, AuthenticationError) or _PERMANENT_TEXT.search(str(seen)):
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
 
 
 def database_error(exc: SQLAlchemyError, engine: sa.Engine) -> DatabaseUnavailableError:
@@ -30,6 +51,13 @@ def database_error(exc: SQLAlchemyError, engine: sa.Engine) -> DatabaseUnavailab
     cause = getattr(exc, "orig", None) or exc
     reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
     # SQLite reports a missing table as an OperationalError, as it reports an unreadable file.
+    missing = _MISSING_DATABASE.search(reason)
+    if missing is not None:
+        name = missing["name"] or missing["mysql"]
+        return DatabaseUnavailableError(
+            f"the database {name!r} does not exist on the server of {url}: create it "
+            f"(CREATE DATABASE {name}), or point DT_DATABASE_URL at one that exists."
+        )
     if isinstance(exc, UNREACHABLE) and "no such table" not in reason:
         return DatabaseUnavailableError(
             f"cannot reach the database at {url}: {reason}. Start it, or point DT_DATABASE_URL at one."
@@ -56,5 +84,6 @@ def broker_errors(redis_url: Callable[[], str]) -> Iterator[None]:
         yield
     except (RedisError, RedisClusterException, OSError) as exc:
         raise BrokerUnavailableError(
-            f"cannot reach Redis at {safe_url(redis_url())}: {exc}. Start it, or point DT_REDIS_URL at one."
+            f"cannot reach Redis at {safe_url(redis_url())}: {str(exc).rstrip('.')}. "
+            "Start it, or point DT_REDIS_URL at one."
         ) from exc

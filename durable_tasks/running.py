@@ -13,6 +13,7 @@ from anyio import to_thread
 
 from .dispatcher import Dispatcher
 from .errors import BrokerUnavailableError, DatabaseUnavailableError
+from .outages import is_permanent
 from .reaper import Reaper, ReapReport
 from .stats import queue_stats
 from .views import QueueStats
@@ -42,10 +43,14 @@ class RunningMixin:
 
         With ``wait``, keep trying for that long first (backing off up to 2 s, logging each
         failure): a process started during a Redis Cluster failover or before its servers are
-        up then starts when they are, instead of exiting and waiting for its supervisor.
+        up then starts when they are, instead of exiting and waiting for its supervisor. What
+        waiting cannot change (a database that does not exist, a refused password) is raised
+        at once.
         """
         retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type((DatabaseUnavailableError, BrokerUnavailableError)),
+            retry=tenacity.retry_if_exception(
+                lambda exc: isinstance(exc, DatabaseUnavailableError | BrokerUnavailableError) and not is_permanent(exc)
+            ),
             stop=tenacity.stop_after_delay(wait.total_seconds()),
             wait=tenacity.wait_exponential(multiplier=0.1, max=2),
             before_sleep=lambda state: logger.warning(

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from ..app import App
 from ..errors import DurableTasksError
-from .base import AppOpt, cli, console, fail, load_app
+from .base import AppOpt, check, cli, console, fail, load_app
 
 __all__: list[str] = []
 
@@ -60,8 +60,10 @@ def approvals_list(
 def _sync(spec: str, action: Callable[[App], None]) -> None:
     """Load the app and run ``action``: these commands make one short transaction each, with
     no event loop; a typed error is one line and exit code 2."""
+    the_app = load_app(spec)
+    check(the_app, redis=False, schema=True)
     try:
-        action(load_app(spec))
+        action(the_app)
     except DurableTasksError as exc:
         raise fail(exc) from exc
 

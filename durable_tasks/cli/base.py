@@ -18,8 +18,9 @@ from rich.console import Console
 
 from ..app import App
 from ..errors import DurableTasksError
+from ..outages import database_errors
 
-__all__ = ["AppArg", "AppOpt", "call", "cli", "console", "fail", "load_app"]
+__all__ = ["AppArg", "AppOpt", "call", "check", "cli", "console", "fail", "load_app", "ready"]
 
 T = TypeVar("T")
 
@@ -52,17 +53,49 @@ def load_app(spec: str) -> App:
 
 
 def fail(exc: DurableTasksError) -> typer.Exit:
-    """Print a typed error as one line; the caller raises the returned exit (code 2)."""
-    console().print(f"[red]error:[/] {exc}")
+    """Print a typed error as one line on stderr (never wrapped, whatever the terminal's
+    width); the caller raises the returned exit (code 2)."""
+    message = " ".join(str(exc).split())
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {message}", markup=True, highlight=False)
     return typer.Exit(2)
 
 
-def call(spec: str, action: Callable[[App], Awaitable[T]]) -> T:
-    """Load the app, run ``action`` on an event loop, close the app; typed errors exit 2."""
+async def ready(app: App, *, redis: bool = True, schema: bool = False) -> None:
+    """Check, once, that the database (and Redis, unless ``redis`` is False) answer, and that
+    the schema is one this code runs on when ``schema``: a command fails on these with one
+    line before it does anything, instead of serving or retrying with nothing underneath."""
+    if redis:
+        await app.check_connections()
+    else:
+        with database_errors(lambda: app.engine):
+            await anyio.to_thread.run_sync(lambda: app.engine.connect().close())
+    if schema:
+        await anyio.to_thread.run_sync(app.check_schema)
+
+
+def check(app: App, *, redis: bool = True, schema: bool = False) -> None:
+    """:func:`ready` from a command that has no event loop; a typed error exits 2."""
+
+    async def go() -> None:
+        try:
+            await ready(app, redis=redis, schema=schema)
+        finally:
+            await app.aclose()
+
+    try:
+        anyio.run(go)
+    except DurableTasksError as exc:
+        raise fail(exc) from exc
+
+
+def call(spec: str, action: Callable[[App], Awaitable[T]], *, schema: bool = True) -> T:
+    """Load the app, check its connections (and schema, when ``schema``), run ``action`` on an
+    event loop, close the app; typed errors exit 2."""
     the_app = load_app(spec)
 
     async def go() -> T:
         try:
+            await ready(the_app, schema=schema)
             return await action(the_app)
         finally:
             await the_app.aclose()

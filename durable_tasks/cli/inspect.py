@@ -107,7 +107,7 @@ def dlq_list(queue: QueueArg, app: AppOpt) -> None:
             table.add_row(d.entry_id, d.task_id or "-", d.name or "-", str(d.generation), d.reason)
         console().print(table)
 
-    call(app, show)
+    call(app, show, schema=False)
 
 
 @dlq_cli.command("show")
@@ -137,5 +137,5 @@ def dlq_replay(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
 @dlq_cli.command("purge")
 def dlq_purge(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
     """Delete dead letters (the tasks stay DEAD in the database)."""
-    removed = call(app, lambda the_app: dlq.purge(the_app, queue, entry))
+    removed = call(app, lambda the_app: dlq.purge(the_app, queue, entry), schema=False)
     console().print(f"purged {removed} entr{'y' if removed == 1 else 'ies'}")

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from ..app import App
 from ..errors import DurableTasksError
-from .base import AppArg, call, cli, console, fail, load_app
+from ..outages import broker_errors, database_errors
+from .base import AppArg, call, check, cli, console, fail, load_app
 
 __all__: list[str] = []
 
@@ -26,6 +27,7 @@ def prune(
 ) -> None:
     """Delete sent outbox rows and finished tasks older than --older-than, in bounded batches."""
     the_app = load_app(app)
+    check(the_app, redis=False, schema=True)
     try:
         report = the_app.prune(timedelta(hours=older_than), batch=batch)
     except DurableTasksError as exc:
@@ -43,7 +45,8 @@ def doctor(app: AppArg) -> None:
     error-level finding."""
     from ..doctor import Level, diagnose, gather_facts
 
-    findings = call(app, lambda the_app: _facts_then(the_app, gather_facts, diagnose))
+    # The schema is one of the findings: only the connections must work first.
+    findings = call(app, lambda the_app: _facts_then(the_app, gather_facts, diagnose), schema=False)
     table = Table("check", "level", "finding")
     colors = {Level.OK: "green", Level.WARNING: "yellow", Level.ERROR: "red"}
     for f in findings:
@@ -54,4 +57,6 @@ def doctor(app: AppArg) -> None:
 
 
 async def _facts_then(app: App, gather: Callable[[App], Awaitable[Any]], judge: Callable[[Any], T]) -> T:
-    return judge(await gather(app))
+    # A server that goes away between the check and the facts is still one line.
+    with database_errors(lambda: app.engine), broker_errors(lambda: app.redis_url):
+        return judge(await gather(app))

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import SQLAlchemyError
 
 from .. import migrations
 from ..app import App
-from ..errors import DatabaseUnavailableError, DurableTasksError
+from ..errors import DurableTasksError
+from ..outages import database_error
 from .base import cli, fail, load_app
 
 __all__ = ["migrate"]
@@ -44,9 +45,8 @@ def migrate(
                 typer.echo(migrations.render_sql(conn, to=to, pre_deploy=pre_deploy), nl=False)
         else:
             _migrate(the_app, to=to, pre_deploy=pre_deploy)
-    except OperationalError as exc:
-        where = the_app.engine.url.render_as_string(hide_password=True)
-        raise fail(DatabaseUnavailableError(f"cannot reach the database at {where}: {exc.orig}")) from exc
+    except SQLAlchemyError as exc:
+        raise fail(database_error(exc, the_app.engine)) from exc
     except DurableTasksError as exc:
         raise fail(exc) from exc
     finally:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..errors import DurableTasksError
 from ..scheduler import ScheduleInfo
-from .base import AppArg, AppOpt, cli, console, fail, load_app
+from .base import AppArg, AppOpt, check, cli, console, fail, load_app
 from .serve import serve
 
 __all__ = ["schedules_table"]
@@ -44,6 +44,7 @@ def schedules_table(found: list[ScheduleInfo]) -> Table:
 
 def _run(spec: str, action: str, name: str | None = None) -> None:
     the_app = load_app(spec)
+    check(the_app, redis=False, schema=True)
     try:
         if action == "pause" and name is not None:
             the_app.pause_schedule(name)

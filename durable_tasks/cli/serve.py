@@ -10,7 +10,7 @@ import anyio
 from ..app import App
 from ..errors import DurableTasksError
 from ..process import tune_gc
-from .base import AppArg, cli, console, fail, load_app
+from .base import AppArg, check, cli, console, fail, load_app
 
 __all__ = ["serve"]
 
@@ -55,8 +55,10 @@ def serve(app: App, *, scheduler: bool = False, **components: bool) -> None:
 def init_db(app: AppArg) -> None:
     """Create the runtime's tables, or migrate them to the latest version (and create the
     App's own ``tables``)."""
+    the_app = load_app(app)
+    check(the_app, redis=False)
     try:
-        load_app(app).create_all()
+        the_app.create_all()
     except DurableTasksError as exc:
         raise fail(exc) from exc
     console().print("tables ready")

@@ -11,7 +11,7 @@ from ..errors import DurableTasksError
 
 if TYPE_CHECKING:
     from ..agents import Agent
-from .base import AppArg, cli, console, fail, load_app
+from .base import AppArg, check, cli, console, fail, load_app
 
 __all__: list[str] = []
 
@@ -48,6 +48,7 @@ def web(
         check_bind(host, authenticated=auth is not None)
     except DurableTasksError as exc:
         raise fail(exc) from exc
+    check(the_app, schema=True)  # a dashboard over nothing would serve errors forever
     dashboard = create_app(
         the_app,
         basic_auth=auth,

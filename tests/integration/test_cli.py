@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from sqlmodel import Session
 from typer.testing import CliRunner
 
@@ -71,6 +72,48 @@ def test_unreachable_redis_exits_with_a_typed_error_once_the_startup_wait_is_ove
     assert "cannot reach Redis" in output
     retries = output.count("retrying for up to")
     assert retries == 0 if wait == "0" else retries >= 2  # it kept trying for the whole wait
+
+
+def run_cli(*argv: str, env: dict[str, str]) -> tuple[int, list[str]]:
+    """The command in its own process; its exit code and non-blank output lines."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "durable_tasks", *argv],
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "80", **env},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    return proc.returncode, [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("command", ["run", "worker", "web", "doctor", "status", "init-db"])
+@pytest.mark.parametrize("backend", ["postgres", "mysql"])
+def test_a_database_that_does_not_exist_fails_each_command_at_once_in_one_line(
+    request: pytest.FixtureRequest, redis_url: str, namespace: str, tmp_path: Path, backend: str, command: str
+) -> None:
+    server = sa.make_url(request.getfixturevalue(f"{backend}_url"))
+    missing = server.set(database="dt_no_such_database").render_as_string(hide_password=False)
+    env = {"DT_DATABASE_URL": missing, "DT_REDIS_URL": redis_url, "DT_NAMESPACE": namespace}
+    # A long startup wait: waiting cannot create the database, so nobody waits it out.
+    env |= {"DT_DATA_DIR": str(tmp_path), "DT_STARTUP_WAIT": "600"}
+    code, lines = run_cli(command, "tests.apps.cli_app:app", env=env)
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert "dt_no_such_database" in lines[0]
+    assert "does not exist" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["web", "run", "status", "prune"])
+def test_an_empty_database_fails_each_command_in_one_line_that_names_init_db(
+    redis_url: str, namespace: str, tmp_path: Path, command: str
+) -> None:
+    env = {"DT_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}", "DT_REDIS_URL": redis_url}
+    env |= {"DT_NAMESPACE": namespace, "DT_DATA_DIR": str(tmp_path)}
+    code, lines = run_cli(*command.split(), "tests.apps.cli_app:app", env=env)
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert "durable-tasks init-db" in lines[0]
 
 
 @pytest.mark.slow
