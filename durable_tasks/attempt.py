@@ -23,6 +23,7 @@ from . import failpoints
 from .codec import decode_payload, encode_result
 from .errors import ChildTaskFailedError, JournalFencedOutError, PayloadValidationError, ResultNotSerializableError
 from .failures import Failure
+from .handler_threads import HandlerThreads
 from .journaled import run_handler
 from .outcome import TaskOutcome
 from .policy import FailureDecision, backoff_delay, decide_after_failure
@@ -63,7 +64,7 @@ async def run_attempt(
     span: Span,
     commit: Commit,
     leases: LeaseKeeper,
-    handler_threads: anyio.CapacityLimiter | None = None,
+    handler_threads: anyio.CapacityLimiter | HandlerThreads | None = None,
 ) -> ExecutionOutcome:
     """Run a claimed attempt and record its outcome; returns it. Raises SQLAlchemyError when
     the outcome cannot be recorded."""

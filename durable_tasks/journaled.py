@@ -11,6 +11,7 @@ import anyio
 from . import failpoints
 from .codec import encode_payload
 from .errors import JournalFencedOutError, UnknownTaskError
+from .handler_threads import HandlerThreads
 from .journal import Journal, PendingChild, PendingSignal, PreparedChild, RecordedStep, Suspended
 from .runtime import Runtime
 from .store.execution import ExecutionClaim
@@ -81,7 +82,11 @@ class StoreJournal:
 
 
 async def run_handler(
-    runtime: Runtime, claim: ExecutionClaim, task: Task[Any, Any], ctx: TaskContext[Any], limiter: Any
+    runtime: Runtime,
+    claim: ExecutionClaim,
+    task: Task[Any, Any],
+    ctx: TaskContext[Any],
+    limiter: anyio.CapacityLimiter | HandlerThreads | None,
 ) -> tuple[Any, Suspended | None]:
     """Run the handler; an async one with its journal, which may suspend it. ``task.timeout``
     bounds the attempt (a suspension ends it early)."""

@@ -18,6 +18,7 @@ from sqlmodel import Session
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 from .flow.policy import NO_FLOW, TaskFlow
+from .handler_threads import HandlerThreads
 from .journal import Journal
 
 __all__ = [
@@ -312,14 +313,19 @@ class Task(Generic[PayloadT, ResultT]):
         self.failure_hooks.append(hook)
         return hook
 
-    async def run(self, ctx: TaskContext[PayloadT], *, limiter: anyio.CapacityLimiter | None = None) -> ResultT:
-        """Run the handler once (sync handlers in a worker thread, counted by ``limiter``: the
-        worker gives handlers their own, so they never take the threads its database calls use)."""
+    async def run(
+        self, ctx: TaskContext[PayloadT], *, limiter: anyio.CapacityLimiter | HandlerThreads | None = None
+    ) -> ResultT:
+        """Run the handler once (sync handlers in a worker thread: on ``limiter``'s threads when
+        it is a :class:`~.handler_threads.HandlerThreads`, the worker's own, else in anyio's
+        pool counted by ``limiter``; either way never on the threads its database calls use)."""
         _current.set(ctx)  # this asyncio task's (and, copied, its worker thread's) current task
         if self.is_async:
             return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
         sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
         _ = ctx.cancelled  # made here, on the event loop's thread
+        if isinstance(limiter, HandlerThreads):
+            return await limiter.run_sync(sync_fn, ctx, ctx.payload)
         return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True, limiter=limiter)
 
     def __repr__(self) -> str:

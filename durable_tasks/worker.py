@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import failpoints
 from .attempt import ExecutionOutcome, LeaseKeeper, run_attempt
 from .batching import Coalescer
+from .handler_threads import HandlerThreads
 from .isolation import IsolationGate
 from .outcome import TaskOutcome
 from .records import TaskState
@@ -109,7 +110,7 @@ class Worker:
         self._leases = LeaseKeeper(runtime)
         # Sync handlers get threads of their own: long handlers must never starve the claims,
         # commits and lease renewals that run in anyio's default thread pool.
-        self._handler_threads = anyio.CapacityLimiter(self.concurrency)
+        self._handler_threads = HandlerThreads(self.concurrency)
         self._gate = IsolationGate()
         self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts
         # Claims of consecutive reads overlap: while one batch's claim transaction runs, the
@@ -141,6 +142,7 @@ class Worker:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._cancel_background_tasks()
+                    self._handler_threads.close()
                 tg.cancel_scope.cancel()
         return self.counters.settled - start
 

@@ -1,0 +1,195 @@
+"""Threads a worker owns for its sync handlers, fed and answered in batches.
+
+``anyio.to_thread.run_sync`` pays per call: a limiter acquire, a cancel scope, a queue put that
+wakes one thread, and a ``call_soon_threadsafe`` (a write to the loop's wake-up pipe) for each
+result; every woken thread then contends for the GIL. At thousands of short handlers per second
+those hops cost more than the handlers. Here the event loop appends an item to one queue and
+wakes a thread only when none is on its way; that thread takes item after item while the queue
+holds any. Only when items have waited ``stall`` seconds (a handler that blocks: I/O, sleep) are
+more threads woken, one per waiting item, up to ``limit``. Results go back in batches: one loop
+wake-up carries every result that arrived since the last.
+
+Cancellation is anyio's ``abandon_on_cancel=True``: a waiter that is cancelled (a task's timeout,
+a worker stopping) returns at once; an item not started yet never starts, a running one runs to
+its end in its thread, its result dropped, and its thread no longer counts against the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+__all__ = ["HandlerThreads"]
+
+T = TypeVar("T")
+
+
+class _Item:
+    __slots__ = ("abandoned", "args", "context", "fn", "future", "outcome", "running")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+        self.fn = fn
+        self.args = args
+        self.context = contextvars.copy_context()  # the caller's (current task, trace) go along
+        self.future = future
+        self.running = False
+        self.abandoned = False
+        self.outcome: tuple[bool, Any] = (False, None)  # (raised, value or exception)
+
+
+class HandlerThreads:
+    """Runs blocking callables on at most ``limit`` threads at a time, for one event loop at
+    a time."""
+
+    def __init__(self, limit: int, *, stall: float = 0.001, name: str = "durable-tasks-handler") -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self.limit = limit
+        self.stall = stall  # 0: wake a sibling whenever a thread leaves items behind
+        self._stall_check_armed = False
+        self._name = name
+        self._lock = threading.Lock()
+        self._work_ready = threading.Condition(self._lock)
+        self._queue: deque[_Item] = deque()
+        self._threads = 0  # alive
+        self._abandoned_running = 0  # threads running an item whose waiter left (not counted)
+        self._idle = 0  # threads waiting for work
+        self._waking = 0  # wake-ups sent and not yet taken
+        self._closed = False
+        self._done: list[_Item] = []
+
+    @property
+    def threads(self) -> int:
+        """Threads alive now (idle ones included)."""
+        return self._threads
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on one of the threads, in a copy of the caller's context."""
+        loop = asyncio.get_running_loop()
+        item = _Item(fn, args, loop.create_future())
+        with self._lock:
+            self._closed = False
+            self._queue.append(item)
+            self._wake(1)
+            arm = self.stall > 0 and not self._stall_check_armed
+            self._stall_check_armed |= arm
+        if arm:
+            loop.call_later(self.stall, self._check_stall)
+        try:
+            return cast("T", await item.future)
+        except asyncio.CancelledError:
+            with self._lock:
+                if not item.abandoned:
+                    item.abandoned = True
+                    if item.running:  # its thread goes on; let another take its place
+                        self._abandoned_running += 1
+                        if self._queue:
+                            self._wake(1)
+            raise
+
+    def close(self) -> None:
+        """Let idle threads end (a running handler ends its item first); the next
+        :meth:`run_sync` starts threads again."""
+        with self._lock:
+            self._closed = True
+            self._stall_check_armed = False  # a loop that ends drops its pending check
+            for item in self._queue:
+                item.abandoned = True
+            self._queue.clear()
+            self._work_ready.notify_all()
+
+    def _wake(self, n: int) -> None:
+        """Get up to ``n`` more threads looking at the queue (holding the lock); with ``n`` 1,
+        none when one is on its way already (it takes whatever the queue holds)."""
+        if n == 1 and self._waking:
+            return
+        for _ in range(n):
+            if self._idle > self._waking:
+                self._waking += 1
+                self._work_ready.notify()
+            elif self._threads - self._abandoned_running < self.limit:
+                self._threads += 1
+                self._waking += 1
+                threading.Thread(target=self._serve, name=f"{self._name}-{self._threads}", daemon=True).start()
+            else:
+                return
+
+    def _check_stall(self) -> None:
+        """On the loop, ``stall`` after work arrived: items still waiting mean the awake
+        threads are blocked; wake one per waiting item, and look again later."""
+        with self._lock:
+            waiting = len(self._queue)
+            if waiting:
+                self._wake(waiting - self._waking)
+            self._stall_check_armed = waiting > 0
+        if waiting:
+            asyncio.get_running_loop().call_later(self.stall, self._check_stall)
+
+    def _serve(self) -> None:
+        lock = self._lock
+        lock.acquire()
+        self._waking -= 1
+        try:
+            while True:
+                item = self._next_item()
+                if item is None:
+                    return
+                if self._queue and not self.stall:  # more waiting: a sibling starts on them now
+                    self._wake(1)
+                item.running = True
+                lock.release()
+                try:
+                    item.outcome = (False, item.context.run(item.fn, *item.args))
+                except BaseException as exc:  # handed to the waiter, whatever it is
+                    item.outcome = (True, exc)
+                finally:
+                    lock.acquire()
+                item.running = False
+                if item.abandoned:
+                    self._abandoned_running -= 1
+                else:
+                    self._hand_back(item)
+                if self._threads - self._abandoned_running > self.limit:
+                    return  # an abandoned item came back: the others already took its place
+        finally:
+            self._threads -= 1
+            lock.release()
+
+    def _next_item(self) -> _Item | None:
+        """The next live item, waiting for one while idle (holding the lock); None: exit."""
+        while True:
+            while self._queue:
+                item = self._queue.popleft()
+                if not item.abandoned:
+                    return item
+            if self._closed:
+                return None
+            self._idle += 1
+            self._work_ready.wait()
+            self._idle -= 1
+            if self._waking:
+                self._waking -= 1
+
+    def _hand_back(self, item: _Item) -> None:
+        """Queue a result for the loop (holding the lock); the first of a batch wakes it."""
+        self._done.append(item)
+        if len(self._done) == 1:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                item.future.get_loop().call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+        for item in done:
+            if item.future.done():  # cancelled: abandoned
+                continue
+            raised, value = item.outcome
+            if raised:
+                item.future.set_exception(value)
+            else:
+                item.future.set_result(value)

@@ -1,0 +1,140 @@
+"""HandlerThreads: the worker's own threads for sync handlers (durable_tasks.handler_threads)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextvars import ContextVar
+
+import anyio
+import pytest
+
+from durable_tasks.handler_threads import HandlerThreads
+
+pytestmark = pytest.mark.anyio
+
+_who: ContextVar[str] = ContextVar("who", default="nobody")
+WAIT_S = 10.0  # bound on waiting for a condition; never reached when the code is right
+
+
+def wait_for(event: threading.Event) -> None:
+    assert event.wait(WAIT_S), "the event was never set"
+
+
+async def test_results_exceptions_and_the_callers_context_cross_over() -> None:
+    threads = HandlerThreads(4)
+    _who.set("the caller")
+    try:
+        assert await threads.run_sync(lambda a, b: a + b, 2, 3) == 5
+        assert await threads.run_sync(_who.get) == "the caller"
+        assert await threads.run_sync(threading.current_thread) is not threading.current_thread()
+        with pytest.raises(ZeroDivisionError):
+            await threads.run_sync(lambda: 1 / 0)
+    finally:
+        threads.close()
+
+
+async def test_many_short_calls_share_one_thread() -> None:
+    threads = HandlerThreads(16)
+    names: list[str] = []
+
+    async def call(i: int) -> None:
+        assert await threads.run_sync(lambda: names.append(threading.current_thread().name) or i) == i
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(call, i)
+        assert len(names) == 200
+        assert threads.threads < 16  # a burst of instant calls did not wake a thread each
+    finally:
+        threads.close()
+
+
+async def test_blocking_calls_get_threads_up_to_the_limit_and_no_more() -> None:
+    threads = HandlerThreads(3)
+    running, peak, lock = 0, 0, threading.Lock()
+    all_in, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+            if running == 3:
+                all_in.set()
+        wait_for(release)
+        with lock:
+            running -= 1
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(threads.run_sync, block)
+            await anyio.to_thread.run_sync(wait_for, all_in)  # three run at once: none waits for another
+            release.set()
+        assert peak == 3
+    finally:
+        threads.close()
+
+
+async def test_a_cancelled_wait_returns_at_once_and_its_thread_stops_counting() -> None:
+    threads = HandlerThreads(1)
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck() -> str:
+        started.set()
+        wait_for(release)
+        finished.set()
+        return "late"
+
+    try:
+        with anyio.move_on_after(WAIT_S) as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(threads.run_sync, stuck)
+                await anyio.to_thread.run_sync(wait_for, started)
+                tg.cancel_scope.cancel()  # as a task's timeout does
+        assert not scope.cancelled_caught
+        assert not finished.is_set()  # abandoned, still running in its thread
+        # The limit is 1 and that thread is busy: another call still runs, on a new thread.
+        assert await threads.run_sync(lambda: "next") == "next"
+        release.set()
+        await anyio.to_thread.run_sync(wait_for, finished)
+    finally:
+        release.set()
+        threads.close()
+
+
+async def test_a_call_cancelled_before_it_started_never_runs() -> None:
+    threads = HandlerThreads(1)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def first() -> None:
+        started.set()
+        wait_for(release)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(threads.run_sync, first)
+            await anyio.to_thread.run_sync(wait_for, started)
+            with anyio.move_on_after(0):
+                await threads.run_sync(ran.append, "second")
+            release.set()
+        assert await threads.run_sync(lambda: "after") == "after"  # queued behind a live thread
+        assert ran == []
+    finally:
+        release.set()
+        threads.close()
+
+
+async def test_close_lets_idle_threads_end_and_a_later_call_starts_them_again() -> None:
+    threads = HandlerThreads(2)
+    assert await threads.run_sync(lambda: 1) == 1
+    threads.close()
+    deadline = time.monotonic() + WAIT_S
+    while threads.threads and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    assert threads.threads == 0
+    assert await threads.run_sync(lambda: 2) == 2
+    threads.close()
