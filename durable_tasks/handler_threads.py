@@ -44,24 +44,26 @@ class _Item:
 
 class HandlerThreads:
     """Runs blocking callables on at most ``limit`` threads at a time, for one event loop at
-    a time."""
+    a time. A thread idle for ``idle_exit`` seconds ends; the next call starts one again."""
 
-    def __init__(self, limit: int, *, stall: float = 0.001, name: str = "durable-tasks-handler") -> None:
+    def __init__(
+        self, limit: int, *, stall: float = 0.001, idle_exit: float = 10.0, name: str = "durable-tasks-handler"
+    ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.limit = limit
         self.stall = stall  # 0: wake a sibling whenever a thread leaves items behind
-        self._stall_check_armed = False
+        self.idle_exit = idle_exit
         self._name = name
         self._lock = threading.Lock()
-        self._work_ready = threading.Condition(self._lock)
         self._queue: deque[_Item] = deque()
         self._threads = 0  # alive
         self._abandoned_running = 0  # threads running an item whose waiter left (not counted)
-        self._idle = 0  # threads waiting for work
-        self._waking = 0  # wake-ups sent and not yet taken
+        self._idle: list[threading.Lock] = []  # one held lock per idle thread, the latest idle last
+        self._waking = 0  # threads woken or started that have not taken the lock yet
         self._closed = False
         self._done: list[_Item] = []
+        self._stall_check_on: asyncio.AbstractEventLoop | None = None  # the loop a check is due on
 
     @property
     def threads(self) -> int:
@@ -76,8 +78,9 @@ class HandlerThreads:
             self._closed = False
             self._queue.append(item)
             self._wake(1)
-            arm = self.stall > 0 and not self._stall_check_armed
-            self._stall_check_armed |= arm
+            arm = self.stall > 0 and self._stall_check_on is not loop  # a loop that ended drops its check
+            if arm:
+                self._stall_check_on = loop
         if arm:
             loop.call_later(self.stall, self._check_stall)
         try:
@@ -93,15 +96,16 @@ class HandlerThreads:
             raise
 
     def close(self) -> None:
-        """Let idle threads end (a running handler ends its item first); the next
-        :meth:`run_sync` starts threads again."""
+        """End the idle threads now (a running handler ends its item first); calls not started
+        never start. A later :meth:`run_sync` starts threads again."""
         with self._lock:
             self._closed = True
-            self._stall_check_armed = False  # a loop that ends drops its pending check
             for item in self._queue:
                 item.abandoned = True
             self._queue.clear()
-            self._work_ready.notify_all()
+            while self._idle:  # each wakes, finds the queue closed, and ends
+                self._waking += 1
+                self._idle.pop().release()
 
     def _wake(self, n: int) -> None:
         """Get up to ``n`` more threads looking at the queue (holding the lock); with ``n`` 1,
@@ -109,9 +113,9 @@ class HandlerThreads:
         if n == 1 and self._waking:
             return
         for _ in range(n):
-            if self._idle > self._waking:
+            if self._idle:
                 self._waking += 1
-                self._work_ready.notify()
+                self._idle.pop().release()
             elif self._threads - self._abandoned_running < self.limit:
                 self._threads += 1
                 self._waking += 1
@@ -126,7 +130,8 @@ class HandlerThreads:
             waiting = len(self._queue)
             if waiting:
                 self._wake(waiting - self._waking)
-            self._stall_check_armed = waiting > 0
+            else:
+                self._stall_check_on = None
         if waiting:
             asyncio.get_running_loop().call_later(self.stall, self._check_stall)
 
@@ -161,7 +166,7 @@ class HandlerThreads:
             lock.release()
 
     def _next_item(self) -> _Item | None:
-        """The next live item, waiting for one while idle (holding the lock); None: exit."""
+        """The next live item, waiting for one while idle (holding the lock); None: end."""
         while True:
             while self._queue:
                 item = self._queue.popleft()
@@ -169,11 +174,18 @@ class HandlerThreads:
                     return item
             if self._closed:
                 return None
-            self._idle += 1
-            self._work_ready.wait()
-            self._idle -= 1
-            if self._waking:
-                self._waking -= 1
+            wake = threading.Lock()  # held: a waker releases it
+            wake.acquire()
+            self._idle.append(wake)
+            self._lock.release()
+            try:
+                wake.acquire(timeout=self.idle_exit)
+            finally:
+                self._lock.acquire()
+            if wake in self._idle:  # nobody woke it: idle too long
+                self._idle.remove(wake)
+                return None
+            self._waking -= 1  # the waker counted it
 
     def _hand_back(self, item: _Item) -> None:
         """Queue a result for the loop (holding the lock); the first of a batch wakes it."""

@@ -108,8 +108,7 @@ class Worker:
         )
         self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack_now, max_batch=1000)
         self._leases = LeaseKeeper(runtime)
-        # Sync handlers get threads of their own: long handlers must never starve the claims,
-        # commits and lease renewals that run in anyio's default thread pool.
+        # Sync handlers' own threads: never anyio's pool, where claims, commits and leases run.
         self._handler_threads = HandlerThreads(self.concurrency)
         self._gate = IsolationGate()
         self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts
@@ -142,7 +141,6 @@ class Worker:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._cancel_background_tasks()
-                    self._handler_threads.close()
                 tg.cancel_scope.cancel()
         return self.counters.settled - start
 

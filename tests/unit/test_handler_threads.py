@@ -38,8 +38,12 @@ async def test_many_short_calls_share_one_thread() -> None:
     threads = HandlerThreads(16)
     names: list[str] = []
 
+    def record(i: int) -> int:
+        names.append(threading.current_thread().name)
+        return i
+
     async def call(i: int) -> None:
-        assert await threads.run_sync(lambda: names.append(threading.current_thread().name) or i) == i
+        assert await threads.run_sync(record, i) == i
 
     try:
         async with anyio.create_task_group() as tg:
@@ -128,13 +132,31 @@ async def test_a_call_cancelled_before_it_started_never_runs() -> None:
         threads.close()
 
 
-async def test_close_lets_idle_threads_end_and_a_later_call_starts_them_again() -> None:
-    threads = HandlerThreads(2)
-    assert await threads.run_sync(lambda: 1) == 1
-    threads.close()
+async def wait_for_no_threads(threads: HandlerThreads) -> None:
     deadline = time.monotonic() + WAIT_S
     while threads.threads and time.monotonic() < deadline:
         await anyio.sleep(0.01)
     assert threads.threads == 0
+
+
+async def test_close_ends_idle_threads_and_a_later_call_starts_them_again() -> None:
+    threads = HandlerThreads(2)
+    assert await threads.run_sync(lambda: 1) == 1
+    threads.close()
+    await wait_for_no_threads(threads)
     assert await threads.run_sync(lambda: 2) == 2
     threads.close()
+
+
+def test_idle_threads_end_by_themselves_and_a_new_loop_gets_threads_and_stall_checks() -> None:
+    threads = HandlerThreads(4, idle_exit=0.05)
+    both_in = threading.Barrier(2, timeout=WAIT_S)
+
+    async def two_that_meet() -> None:  # only a stall check starts the second thread
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(threads.run_sync, both_in.wait)
+            tg.start_soon(threads.run_sync, both_in.wait)
+        await wait_for_no_threads(threads)  # nothing closes it: the threads end on their own
+
+    anyio.run(two_that_meet)
+    anyio.run(two_that_meet)  # a fresh loop: its own stall checks, new threads
