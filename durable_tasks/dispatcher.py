@@ -21,6 +21,7 @@ from .policy import backoff_delay
 from .records import TaskState
 from .runtime import Runtime
 from .store.outbox import ClaimedDelivery
+from .store.queries import UNKNOWN_TASK_ERROR
 from .transport.announce import announce_outcomes
 from .transport.keys import partition_for
 from .transport.messages import OutgoingMessage
@@ -264,4 +265,4 @@ class Dispatcher:
 
 
 def _unknown(row: ClaimedDelivery) -> str:
-    return f"unknown task name {row.name!r} (queue {row.queue!r}): no task is registered under it"
+    return f"{UNKNOWN_TASK_ERROR} {row.name!r} (queue {row.queue!r}): no task is registered under it"

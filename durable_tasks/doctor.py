@@ -14,6 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
+from sqlalchemy.exc import SQLAlchemyError
 
 from .migrations import SchemaReport, schema_report
 from .settings import Settings
@@ -73,6 +74,8 @@ class Facts:
     database_problems: list[DatabaseProblem] = field(default_factory=list)
     #: The schema's version and drift (None: not read).
     schema: SchemaReport | None = None
+    #: Per queue, outbox rows held because a dispatcher does not register their task's name.
+    unknown_held: dict[str, int] = field(default_factory=dict)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -263,6 +266,19 @@ def check_schema(f: Facts) -> Finding:
     return Finding(Level.OK, "schema", f"{f.schema.status}; no drift")
 
 
+def check_unknown_tasks(f: Facts) -> Finding:
+    """Rows held for a task name no dispatcher registers: a deploy in progress, or a name no code has."""
+    if f.unknown_held:
+        held = ", ".join(f"{queue}: {n}" for queue, n in sorted(f.unknown_held.items()))
+        return Finding(
+            Level.WARNING,
+            "unknown-tasks",
+            f"tasks held PENDING under a name the dispatcher does not register ({held}): deploy the code that "
+            f"defines them; they are dead-lettered after unknown_task_grace ({f.settings.unknown_task_grace}).",
+        )
+    return Finding(Level.OK, "unknown-tasks", "every pending task's name is registered")
+
+
 CHECKS = (
     check_eviction,
     check_persistence,
@@ -277,6 +293,7 @@ CHECKS = (
     check_listen,
     check_database,
     check_schema,
+    check_unknown_tasks,
 )
 
 
@@ -331,7 +348,18 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         database.listen_reaches,
         database.problems,
         schema=schema_report(app.engine),
+        unknown_held=await _unknown_held(app),
     )
+
+
+async def _unknown_held(app: App) -> dict[str, int]:
+    """Rows held for an unknown task name, per queue; nothing when the tables cannot be read
+    (the schema check says why)."""
+    try:
+        backlogs = await app.runtime.store.queue_backlogs(app.settings.namespace)
+    except SQLAlchemyError:
+        return {}
+    return {queue: b.unknown_held for queue, b in backlogs.items() if b.unknown_held}
 
 
 async def gather_pooling(app: App) -> tuple[PoolingReport | None, bool | None]:

@@ -30,6 +30,7 @@ async def queue_stats(runtime: Runtime) -> dict[str, QueueStats]:
             oldest_pending_age_s=snap.oldest_pending_age_s,
             dlq_length=snap.dlq_length,
             stream_lag=snap.stream_lag,
+            unknown_held=b.unknown_held if b else 0,
         )
     runtime.latest_stats = out
     return out

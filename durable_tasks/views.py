@@ -110,6 +110,9 @@ class QueueStats:
     oldest_pending_age_s: float
     dlq_length: int
     stream_lag: int = 0
+    #: Outbox rows held PENDING because the dispatcher does not register their task's name
+    #: (a rolling deploy; dead-lettered after ``unknown_task_grace``).
+    unknown_held: int = 0
 
     def as_dict(self) -> dict[str, float]:
         """The numbers by name."""

@@ -9,7 +9,10 @@ import sqlalchemy as sa
 
 from ..records import AttemptRecord, OutboxState, TaskRecord, TaskState, attempts_table, outbox_table, tasks_table
 
-__all__ = ["QueueBacklog", "load_task", "queue_backlogs"]
+__all__ = ["UNKNOWN_TASK_ERROR", "QueueBacklog", "load_task", "queue_backlogs"]
+
+#: How the dispatcher's ``last_error`` of a row held for an unknown task name begins.
+UNKNOWN_TASK_ERROR = "unknown task name"
 
 t = tasks_table.c
 o = outbox_table.c
@@ -36,14 +39,19 @@ class QueueBacklog:
     outbox_backlog: int
     outbox_oldest: datetime | None
     oldest_enqueued: datetime | None
+    #: Pending rows a dispatcher held because it does not register their task's name.
+    unknown_held: int = 0
 
 
 def queue_backlogs(conn: sa.Connection, namespace: str) -> dict[str, QueueBacklog]:
     """Pending outbox rows (count, oldest) and the oldest undelivered task, per queue."""
+    held = sa.func.sum(sa.case((o.last_error.like(f"{UNKNOWN_TASK_ERROR}%"), 1), else_=0))
     outbox = {
-        r.queue: (r.n, r.oldest)
+        r.queue: (r.n, r.oldest, int(r.held or 0))
         for r in conn.execute(
-            sa.select(o.queue, sa.func.count().label("n"), sa.func.min(o.created_at).label("oldest"))
+            sa.select(
+                o.queue, sa.func.count().label("n"), sa.func.min(o.created_at).label("oldest"), held.label("held")
+            )
             .where(o.namespace == namespace, o.state == OutboxState.PENDING)
             .group_by(o.queue)
         )
@@ -57,4 +65,5 @@ def queue_backlogs(conn: sa.Connection, namespace: str) -> dict[str, QueueBacklo
         )
     }
     queues = set(outbox) | set(enqueued)
-    return {q: QueueBacklog(outbox.get(q, (0, None))[0], outbox.get(q, (0, None))[1], enqueued.get(q)) for q in queues}
+    none: tuple[int, datetime | None, int] = (0, None, 0)
+    return {q: QueueBacklog(*outbox.get(q, none)[:2], enqueued.get(q), outbox.get(q, none)[2]) for q in queues}

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
+from durable_tasks.doctor import Level, diagnose, gather_facts
 from durable_tasks.records import OutboxState, outbox_table
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import CONSUMER_GROUP
@@ -66,6 +67,10 @@ async def test_a_task_no_running_process_knows_is_held_then_runs_when_one_does(
     assert len(warnings) == 3
     assert "task name 'grade_v2' (queue 'grading')" in warnings[0]
     assert "dead-lettered if still unknown at" in warnings[0]
+    assert (await old_runtime.stats())["grading"].unknown_held == 1  # status prints it
+    [finding] = [f for f in diagnose(await gather_facts(old_runtime)) if f.check == "unknown-tasks"]
+    assert finding.level is Level.WARNING
+    assert "(grading: 1)" in finding.message
 
     new_runtime = make_app()  # the new release starts
     register_grade(new_runtime)
@@ -73,6 +78,7 @@ async def test_a_task_no_running_process_knows_is_held_then_runs_when_one_does(
     assert await new_runtime.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     info = new_runtime.get_task(task_id)
     assert (info.state, info.result) == (TaskState.SUCCEEDED, 40)
+    assert all(q.unknown_held == 0 for q in (await old_runtime.stats()).values())
     await old_runtime.aclose()
     await new_runtime.aclose()
 
