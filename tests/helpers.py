@@ -10,6 +10,7 @@ consumer that stopped long ago (:func:`outlive_lease`).
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from functools import partial
@@ -48,6 +49,36 @@ async def wait_until(
 def block_until(condition: Callable[[], object], *, timeout: float = 30, what: str | None = None) -> None:
     """:func:`wait_until` for a sync test (no event loop running)."""
     anyio.run(partial(wait_until, condition, timeout=timeout, what=what))
+
+
+async def run_until(app: App, done: Callable[[], object], *, timeout: float = 60, reaper: bool = True) -> None:
+    """Run the App's loops (``app.run``) until ``done()`` holds, failing after ``timeout``
+    seconds, then stop them the way a deployment does (in-flight tasks finish)."""
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(app.run, reaper=reaper, stop=stop))
+        await wait_until(done, timeout=timeout, what=f"{getattr(done, '__name__', 'the condition')} while running")
+        stop.set()
+
+
+async def aturns_true(condition: Callable[[], object | Awaitable[object]], *, timeout: float) -> bool:
+    """Whether ``condition()`` (sync or async) turns true within ``timeout`` seconds, for a test
+    that reports a timeout itself (with a log's tail, say)."""
+    with anyio.move_on_after(timeout):
+        await wait_until(condition, timeout=timeout + 1)
+        return True
+    return False
+
+
+def turns_true(condition: Callable[[], object], *, timeout: float) -> bool:
+    """Whether ``condition()`` turns true within ``timeout`` seconds, for sync code that acts on
+    the answer (a teardown that escalates to SIGKILL, say) rather than failing the test."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
 
 
 async def make_idle(app: App, idle: timedelta) -> int:

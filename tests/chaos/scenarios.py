@@ -8,7 +8,8 @@ them; ``python -m tests.chaos`` prints them.
 
 Size comes from ``DT_CHAOS_TASKS`` (default 300) and ``DT_CHAOS_KILLS`` (default 5); each
 scenario uses a fraction of the tasks (``FRACTIONS``). The seed comes from ``DT_CHAOS_SEED``
-(random otherwise) and is part of every outcome, so a failing run can be replayed.
+(otherwise fixed under pytest, random for ``python -m tests.chaos``) and is part of every
+outcome, so a failing run can be replayed.
 """
 
 from __future__ import annotations

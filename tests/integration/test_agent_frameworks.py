@@ -31,7 +31,7 @@ from durable_tasks import App, Task, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.transport.messages import parse_delivery
 from tests.apps.agent_frameworks import ANSWER, QUESTION, build, effects_table
-from tests.helpers import die_running_alone, run_until_quiet
+from tests.helpers import aturns_true, die_running_alone, run_until_quiet, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -172,9 +172,11 @@ async def run_worker_until(
             stderr=subprocess.STDOUT,
         )
     try:
-        with anyio.move_on_after(WAIT_S):
-            while child.returncode is None and not (not expect_kill and await anyio.to_thread.run_sync(done)):
-                await anyio.sleep(0.05)
+
+        async def ended() -> bool:
+            return child.returncode is not None or (not expect_kill and await anyio.to_thread.run_sync(done))
+
+        await aturns_true(ended, timeout=WAIT_S)  # the assertions below say what did not happen
         tail = (await anyio.Path(log).read_text())[-3000:]
         if expect_kill:
             assert child.returncode == -signal.SIGKILL, tail
@@ -266,10 +268,12 @@ async def test_a_dead_lettered_tool_call_fails_the_run_with_the_reason(
     add_id = child_tasks(app, run_id)["add"][0].id
     [add_entry] = [e for e in entries if parse_delivery(e.fields).task_id == add_id]
     await die_running_alone(app, add_entry)  # its worker "dies" running it alone: the reaper gives up
-    with anyio.fail_after(WAIT_S):
-        while app.get_task(add_id).state != TaskState.DEAD:
-            await app.reap_once()
-            await anyio.sleep(0.2)
+
+    async def dead_lettered() -> bool:  # once its lease has run out
+        await app.reap_once()
+        return app.get_task(add_id).state == TaskState.DEAD
+
+    await wait_until(dead_lettered, timeout=WAIT_S, what="the reaper to dead-letter the tool call")
     await run_until_quiet(app)
 
     run = app.get_task(run_id)

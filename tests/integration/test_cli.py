@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from typer.testing import CliRunner
 
 from durable_tasks import App, TaskState
 from durable_tasks.cli import cli
+from tests.helpers import block_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,18 +132,20 @@ def test_run_processes_tasks_and_stops_gracefully_on_sigint(cli_env: dict[str, s
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while app.get_task(quick).state != TaskState.SUCCEEDED:
-            assert time.monotonic() < deadline, "run did not process the task"
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.1)
+
+        def reached(task_id: str, state: TaskState) -> Callable[[], bool]:
+            def check() -> bool:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                return app.get_task(task_id).state == state
+
+            return check
+
+        block_until(reached(quick, TaskState.SUCCEEDED), timeout=60, what="run to process the task")
         # A task in flight when Ctrl-C arrives finishes before the process exits.
         with Session(app.engine) as s:
             slow = app.submit(s, "cli.nap", {"seconds": 1.5}).id
             s.commit()
-        while app.get_task(slow).state != TaskState.RUNNING:
-            assert time.monotonic() < deadline, "the slow task never started"
-            time.sleep(0.05)
+        block_until(reached(slow, TaskState.RUNNING), timeout=60, what="the slow task to start")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         assert app.get_task(slow).state == TaskState.SUCCEEDED

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import sqlalchemy
 
 from durable_tasks.embedded import EmbeddedServerError, ensure_valkey, stop_valkey
 from tests.embedded_postgres import start_embedded_postgres
+from tests.helpers import turns_true
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +43,7 @@ def _is_valkey(pid: int) -> bool:
 
 
 def _wait_gone(pid: int, timeout: float = 6.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return turns_true(lambda: not _alive(pid), timeout=timeout)
 
 
 def _valkey_pids_for(sock: str) -> list[int]:
@@ -163,20 +158,24 @@ def test_stale_server_of_dead_owner_is_replaced(tmp_path: Path, valkey_pids: lis
 
 
 def test_concurrent_calls_start_one_server(tmp_path: Path, valkey_pids: list[int]) -> None:
-    go = tmp_path / "go"
     code = (
-        "import sys, time; from pathlib import Path;"
+        "import sys; from pathlib import Path;"
         "from durable_tasks.embedded import ensure_valkey;"
-        f"go = Path({str(go)!r})\n"
-        "while not go.exists(): time.sleep(0.001)\n"
+        # Imported: say so, and start when the test says go (a line on stdin).
+        "print('ready', flush=True); sys.stdin.readline()\n"
         f"print(ensure_valkey(Path({str(tmp_path)!r})), flush=True)\n"
         # Stay alive until the test has looked, so neither child sees a dead owner.
         "sys.stdin.read()"
     )
     children = [_python(code, stdin=subprocess.PIPE) for _ in range(2)]
     try:
-        time.sleep(0.5)  # let both interpreters import and reach the busy-wait
-        go.touch()
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+        for child in children:  # both at the start line: go
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
         urls = []
         for child in children:
             assert child.stdout is not None

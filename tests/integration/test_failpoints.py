@@ -13,6 +13,7 @@ from sqlmodel import Field, Session, SQLModel
 from durable_tasks import App, TaskContext, TaskState, failpoints
 from durable_tasks.clock import system_clock
 from durable_tasks.store.engine import read_only
+from tests.helpers import make_idle
 
 pytestmark = pytest.mark.anyio
 
@@ -59,11 +60,17 @@ def setup(app: App) -> str:
 
 
 async def settle(app: App, task_id: str) -> None:
+    """Run the pipeline until the task succeeds. The reaper finds the faulted attempt without
+    waiting out its lease: the App's clock is moved past it and the pending entries are given
+    that idle time (``XCLAIM ... IDLE``)."""
+    past_lease = app.settings.lease_timeout + timedelta(seconds=1)
+    clock = app.clock
+    app.clock = lambda: clock() + past_lease
     with anyio.fail_after(30):
         while app.get_task(task_id).state != TaskState.SUCCEEDED:
             await app.dispatch_once()
             await app.work(max_tasks=1, timeout=timedelta(seconds=0.5))
-            await anyio.sleep(0.3)
+            await make_idle(app, past_lease)
             await app.reap_once()
 
 
@@ -97,7 +104,7 @@ async def test_the_reaper_fault_between_reclaim_and_ack_is_harmless(app: App) ->
     task_id = setup(app)
     await app.dispatch_once()
     await app.runtime.transport().read(["fp"], "dies", count=1, block=timedelta(milliseconds=100))
-    await anyio.sleep(1.2)  # past lease_timeout
+    await make_idle(app, app.settings.lease_timeout + timedelta(seconds=1))  # its reader died past the lease
     failpoints.enable("reaper.after_reclaim", "raise*1")
     with pytest.raises(failpoints.FailpointError):
         await app.reap_once()

@@ -14,12 +14,12 @@ import sqlalchemy as sa
 from sqlmodel import Session
 from typer.testing import CliRunner
 
-from durable_tasks import App, TaskContext, TaskState
+from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.clock import system_clock
 from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts
 from durable_tasks.records import outbox_table
-from tests.helpers import die_running_alone, entries
+from tests.helpers import die_running_alone, entries, outlive_lease
 from tests.servers import private_redis
 
 APP = "tests.apps.cli_app:app"
@@ -46,16 +46,18 @@ def invoke(*args: str) -> tuple[int, str]:
 
 async def dead_letter_one(app: App) -> str:
     """Submit, deliver to a worker that dies running it alone, reap with max_deliveries=1."""
+    app.clock = FrozenClock()  # the lease runs out when the test moves the clock, not by waiting
     with Session(app.engine) as s:
         task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
         s.commit()
     await app.dispatch_once()
     [entry] = await app.runtime.transport().read(["cli"], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
     await die_running_alone(app, entry, "doomed-consumer")
-    await anyio.sleep(0.7)  # past lease_timeout (0.5 s): the entry is idle and nobody holds it
+    await outlive_lease(app)  # past lease_timeout (0.5 s): the entry is idle and nobody holds it
     report = await app.reap_once()
     assert report.dead_lettered == 1
     await app.aclose()
+    app.clock = system_clock
     return task_id
 
 

@@ -26,6 +26,7 @@ from durable_tasks.errors import ConfigurationError
 from durable_tasks.store.pooler import Pooling, conninfo
 from durable_tasks.store.postgres.notify import PostgresNotifyWaiter
 from tests.conftest import FAST
+from tests.helpers import turns_true, wait_until
 from tests.pgbouncer import MISSING, PgBouncer, pgbouncer, pgbouncer_binary, scratch_database
 from tests.servers import server_home
 
@@ -205,10 +206,8 @@ class SettingsSampler:
         self._thread.start()
 
     def sample_until(self, phase: str, count: int) -> None:
-        deadline = time.monotonic() + 30
-        while len(self.samples[phase]) < count:
-            assert time.monotonic() < deadline, f"the sampler took no {count} samples {phase} the run"
-            time.sleep(0.01)
+        took = turns_true(lambda: len(self.samples[phase]) >= count, timeout=30)
+        assert took, f"the sampler took no {count} samples {phase} the run"
 
     def stop(self) -> None:
         self._stop.set()
@@ -252,9 +251,7 @@ async def test_through_pgbouncer_each_task_runs_once_and_no_setting_reaches_othe
                     for n in range(first, first + 100):
                         counted.submit(s, n)
                     s.commit()
-            with anyio.fail_after(600):
-                while succeeded(app) < TASKS:
-                    await anyio.sleep(0.2)
+            await wait_until(lambda: succeeded(app) >= TASKS, timeout=600, what=f"{TASKS} tasks to succeed")
             stop.set()
         took = time.monotonic() - started
         await app.aclose()

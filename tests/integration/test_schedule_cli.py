@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from typer.testing import CliRunner
 from durable_tasks import App
 from durable_tasks.cli import cli
 from durable_tasks.records import tasks_table
+from tests.helpers import block_until
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.periodic_app:app"
@@ -83,11 +83,12 @@ def test_the_scheduler_role_submits_ticks_until_sigint(env: dict[str, str]) -> N
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while ticks(app) < 2:
-            assert time.monotonic() < deadline, "the scheduler submitted no ticks"
+
+        def ticked_twice() -> bool:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.1)
+            return ticks(app) >= 2
+
+        block_until(ticked_twice, timeout=60, what="the scheduler to submit two ticks")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:

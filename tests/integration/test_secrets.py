@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.cli import cli
 from tests.conftest import FAST
+from tests.helpers import wait_until
 from tests.servers import free_port, private_redis
 
 CANARY = "Canary-pw-7f3a9c"
@@ -190,14 +191,6 @@ def leaked_in_spans(exporter: InMemorySpanExporter) -> list[str]:
     return found
 
 
-async def wait_for(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = anyio.current_time() + timeout
-    while not check():
-        if anyio.current_time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await anyio.sleep(0.05)
-
-
 @pytest.mark.anyio
 async def test_the_runtime_keeps_the_passwords_out_of_logs_and_spans_when_redis_dies_under_it(
     postgres_url: str,
@@ -227,7 +220,7 @@ async def test_the_runtime_keeps_the_passwords_out_of_logs_and_spans_when_redis_
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: app.run(stop=stop))
             first = submit(1)
-            await wait_for(lambda: app.get_task(first).state == TaskState.SUCCEEDED, "a task to run")
+            await wait_until(lambda: app.get_task(first).state == TaskState.SUCCEEDED, timeout=20, what="a task to run")
             server.stop(signal.SIGKILL)
             submit(2)
 
@@ -235,7 +228,9 @@ async def test_the_runtime_keeps_the_passwords_out_of_logs_and_spans_when_redis_
                 return any(r.name.startswith(logger) and r.levelno >= logging.WARNING for r in caplog.records)
 
             for loop in ("durable_tasks.dispatcher", "durable_tasks.worker", "durable_tasks.reaper"):
-                await wait_for(functools.partial(complained, loop), f"{loop} to report the lost Redis")
+                await wait_until(
+                    functools.partial(complained, loop), timeout=20, what=f"{loop} to report the lost Redis"
+                )
             stop.set()
         await app.aclose()
     assert CANARY not in caplog.text

@@ -11,11 +11,9 @@ import sqlite3
 import subprocess
 import uuid
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import redis
 import sqlalchemy as sa
@@ -24,6 +22,7 @@ from pydantic import BaseModel
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.migrations.steps import split_statements
 from tests.conftest import FAST
+from tests.helpers import run_until
 
 pytestmark = pytest.mark.anyio
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "sql-submit.md"
@@ -58,14 +57,11 @@ def judge_app(url: str, redis_url: str, namespace: str, tmp_path: Path) -> App:
     return app
 
 
-async def run_until_settled(app: App, task_ids: list[str], timeout: float = 60) -> None:
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(partial(app.run, reaper=False, stop=stop))
-        with anyio.fail_after(timeout):
-            while not all(app.get_task(t).state is TaskState.SUCCEEDED for t in task_ids):
-                await anyio.sleep(0.1)
-        stop.set()
+async def run_until_settled(app: App, task_ids: list[str]) -> None:
+    def settled() -> bool:
+        return all(app.get_task(t).state is TaskState.SUCCEEDED for t in task_ids)
+
+    await run_until(app, settled, reaper=False)
 
 
 def psql(url: str, script: str) -> subprocess.CompletedProcess[str]:

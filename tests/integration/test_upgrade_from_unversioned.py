@@ -14,11 +14,9 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import redis
 import sqlalchemy as sa
@@ -29,6 +27,7 @@ from durable_tasks.doctor import diagnose, gather_facts
 from durable_tasks.migrations import schema_report
 from durable_tasks.store.schema import missing_indexes
 from tests.conftest import FAST
+from tests.helpers import run_until
 
 #: The last commit whose create_all() made the schema without versions.
 LEGACY_COMMIT = "2966201"
@@ -120,15 +119,13 @@ def seed_with_legacy_code(legacy: Path, url: str, redis_url: str, namespace: str
     return states
 
 
-async def run_until_settled(app: App, task_ids: list[str], timeout: float = 90) -> None:
+async def run_until_settled(app: App, task_ids: list[str]) -> None:
     """Run dispatcher, worker and reaper until every task has a final state."""
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(partial(app.run, stop=stop))
-        with anyio.fail_after(timeout):
-            while not all(app.get_task(t).state in (TaskState.SUCCEEDED, TaskState.FAILED) for t in task_ids):
-                await anyio.sleep(0.1)
-        stop.set()
+
+    def settled() -> bool:
+        return all(app.get_task(t).state in (TaskState.SUCCEEDED, TaskState.FAILED) for t in task_ids)
+
+    await run_until(app, settled, timeout=90)
 
 
 @pytest.mark.usefixtures("clean_redis")
