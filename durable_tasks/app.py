@@ -18,7 +18,8 @@ from sqlmodel import SQLModel
 from . import migrations
 from .clock import Clock, system_clock
 from .dispatcher import Dispatcher
-from .errors import ConfigurationError, TaskNotFoundError
+from .errors import ConfigurationError, InvalidFlowControlError, TaskNotFoundError
+from .flow.control import LimitInfo, clear_limit, declared_limits, read_limits, write_limit
 from .flow.policy import Limit, parse_rate, task_flow
 from .intents import IntentsMixin
 from .outages import broker_errors, database_errors
@@ -172,6 +173,34 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
         made = Limit(name, rate=None if rate is None else parse_rate(rate), burst=burst or 1, concurrency=concurrency)
         self.limits[name] = made
         return made
+
+    def _limit(self, name: str) -> Limit:
+        found = declared_limits(self._registry, self.limits).get(name)
+        if found is None:
+            raise InvalidFlowControlError(f"no limit named {name!r}; declared: {sorted(self.limits)}")
+        return found
+
+    async def limits_status(self) -> list[LimitInfo]:
+        """Every limit as admission applies it now (``status`` shows them)."""
+        with self._broker_errors():
+            limits = declared_limits(self._registry, self.limits).values()
+            return await read_limits(self.runtime.transport(), self.settings.namespace, limits)
+
+    async def set_limit(
+        self, name: str, *, rate: str | None = None, burst: int | None = None, concurrency: int | None = None
+    ) -> None:
+        """Change a limit on every worker now, no deploy: the values given override the
+        code's until :meth:`clear_limit` (a task's own limit is named ``task:<name>``)."""
+        limit = self._limit(name)
+        with self._broker_errors():
+            transport, namespace = self.runtime.transport(), self.settings.namespace
+            await write_limit(transport, namespace, limit, rate=rate, burst=burst, concurrency=concurrency)
+
+    async def clear_limit(self, name: str) -> bool:
+        """Back to the code's values for ``name``; False if nothing was set at run time."""
+        self._limit(name)
+        with self._broker_errors():
+            return await clear_limit(self.runtime.transport(), self.settings.namespace, name)
 
     def periodic(
         self,

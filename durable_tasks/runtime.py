@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .clock import Clock
+from .flow.gate import FlowGate
 from .loopbound import LoopBound
 from .settings import Settings
 from .store import Store
@@ -72,6 +73,8 @@ class Runtime:
         self._open_store = open_store
         self._prioritized: set[str] = set()
         self._prioritized_at = -1
+        #: Flow control's admission (rate and concurrency limits) before a worker's claim.
+        self.flow = FlowGate(self)
         self._store: Store | None = None
         self._transports: LoopBound[RedisStreamsTransport] = LoopBound(
             lambda: self._open_transport(redis_url()), close_stale=close_stale, aclose=_close_transport

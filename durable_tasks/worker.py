@@ -112,9 +112,8 @@ class Worker:
         self._handler_threads = HandlerThreads(self.concurrency)
         self._gate = IsolationGate()
         self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts
-        # Claims of consecutive reads overlap: while one batch's claim transaction runs, the
-        # next batch is read and claimed (the database answers both; a single claim at a time
-        # leaves the loop waiting a claim's round trip per read).
+        # Claims of consecutive reads overlap: while one batch's claim transaction runs, the next batch is
+        # read and claimed (the database answers both; one claim at a time waits a round trip per read).
         self._intakes = anyio.Semaphore(_INTAKES_IN_FLIGHT)
         self._intake_error: Exception | None = None  # a bug in an intake; run() raises it
 
@@ -123,10 +122,8 @@ class Worker:
         self._stopping.set()
 
     async def run(self, *, max_tasks: int | None = None, timeout: timedelta | None = None) -> int:
-        """Work until ``max_tasks`` deliveries are settled, ``timeout`` passes, or :meth:`stop`.
-
-        Returns how many deliveries this call settled.
-        """
+        """Work until ``max_tasks`` deliveries are settled, ``timeout`` passes, or :meth:`stop`;
+        returns how many deliveries this call settled."""
         start = self.counters.settled
         with anyio.move_on_after(timeout.total_seconds() if timeout else math.inf):
             async with anyio.create_task_group() as tg:
@@ -247,6 +244,7 @@ class Worker:
                 continue
             batch.append((entry, delivery, self._start_span(entry, delivery)))
         await hand_back(runtime, self.worker_id, unknown, self._done)
+        batch = await runtime.flow.admit_entries(batch, self._end, self._ack_now)  # all, without limits
         if not batch:
             return
         requests = [ClaimRequest(d.task_id, d.generation, d.delivery, traceparent_of(span)) for _, d, span in batch]
@@ -263,6 +261,7 @@ class Worker:
             for _, _, span in batch:
                 self._end(span, "unreachable", settled=False)
             return
+        runtime.flow.unclaimed(batch, claims)  # admitted, yet will not run: their slots go back
         stale: list[tuple[StreamEntry, Span]] = []
         for (entry, delivery, span), claim in zip(batch, claims, strict=True):
             if claim is ClaimRefused.NO_TASK:
@@ -343,6 +342,7 @@ class Worker:
             logger.exception("unexpected error running %s; its entry stays pending", claim.task_id)
         finally:
             self._leases.release(claim)
+            runtime.flow.release_soon(claim.task_id)
             self._end(span, outcome, settled=settled)
 
     async def _run_attempt(

@@ -14,6 +14,7 @@ from .. import dlq
 from ..app import App
 from ..views import QueueStats
 from .base import AppArg, AppOpt, call, cli, console
+from .limits import limits_table
 from .schedule import schedules_table
 
 __all__: list[str] = []
@@ -44,6 +45,8 @@ def status(
             console().print(_stats_table(the_app, await the_app.stats()))
             if the_app.schedules:
                 console().print(schedules_table(the_app.list_schedules()))
+            if limits := await the_app.limits_status():  # flow control (cli/limits.py)
+                console().print(limits_table(limits))
             return
         with Live(_stats_table(the_app, await the_app.stats()), console=console()) as live:
             shown = 1

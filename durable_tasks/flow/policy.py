@@ -12,6 +12,7 @@ from datetime import timedelta
 from ..errors import InvalidFlowControlError
 
 __all__ = [
+    "CONCURRENCY_RETRY",
     "GUARD_SHARE",
     "NO_FLOW",
     "PRIORITY_LEVELS",
@@ -35,6 +36,10 @@ PRIORITY_LEVELS = 4
 #: are backlogged; a read too small for a share (``n < GUARD_SHARE``) gives every
 #: ``GUARD_SHARE``-th read's first entry to the lowest level that has one.
 GUARD_SHARE = 10
+
+#: The first wait of a delivery refused by a busy concurrency key; the n-th refused for one key
+#: in one admission call waits n times as long, so a key's backlog comes back spread out.
+CONCURRENCY_RETRY = timedelta(milliseconds=250)
 
 _MAX_KEY = 200
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(ms|s|sec|second|m|min|minute|h|hour|d|day)\s*$")

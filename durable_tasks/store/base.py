@@ -25,7 +25,21 @@ from ..journal import ChildOutcome
 from ..outcome import TaskOutcome
 from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
-from . import execution, journal, leases, outbox, outcomes, queries, recovery, results, retention, schema, submit
+from . import (
+    deferral,
+    execution,
+    journal,
+    leases,
+    outbox,
+    outcomes,
+    queries,
+    recovery,
+    results,
+    retention,
+    schema,
+    submit,
+)
+from .deferral import Deferral
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .journaling import JournalStore
@@ -368,6 +382,18 @@ class SqlStore(JournalStore):
                 if done:
                     self._wake_dispatchers(conn, namespace)
             return done
+
+        return await self._in_thread(run)
+
+    async def defer_deliveries(self, namespace: str, rows: Sequence[Deferral], *, now: datetime) -> int:
+        """Supersede deliveries refused admission with new ones due later (:mod:`.deferral`)."""
+
+        def run() -> int:
+            with self._engine.begin() as conn:
+                moved = deferral.defer_deliveries(conn, namespace, rows, now)
+                if moved:
+                    self._wake_dispatchers(conn, namespace)
+                return moved
 
         return await self._in_thread(run)
 

@@ -36,6 +36,7 @@ from ..journal import PendingChild, PendingSignal, RecordedStep, StepKind, Suspe
 from ..outcome import TaskOutcome
 from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
+from .deferral import Deferral
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .journal import OpenWait
 from .notify import OutboxWaiter
@@ -246,6 +247,11 @@ class Store(Protocol):
     ) -> bool:
         """Supersede a delivery nobody holds with a new one (delivery + 1), due at ``due``
         (default now); False if stale."""
+        ...
+
+    async def defer_deliveries(self, namespace: str, rows: Sequence[Deferral], *, now: datetime) -> int:
+        """Flow control: supersede deliveries refused admission with new ones due later (no
+        attempt counted); returns how many moved (:mod:`.deferral`)."""
         ...
 
     async def dead_letter_task(

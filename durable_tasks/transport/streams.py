@@ -85,6 +85,7 @@ class RedisStreamsTransport:
         self._dedup_ttl_ms = int(dedup_ttl.total_seconds() * 1000)
         self._enqueue = _Script("enqueue_batch")
         self._read_levels = _Script("read_levels")
+        self._scripts: dict[str, _Script] = {}
         self._groups_ready: set[str] = set()
         #: Whether a queue has priority levels (durable_tasks.flow): the Runtime sets it from
         #: the registry. A queue without them keeps its one stream and its plain read.
@@ -118,6 +119,16 @@ class RedisStreamsTransport:
                 for shadow in (False, True)
             ),
         ]
+
+    async def run_script(self, name: str, keys: list[str], args: list[str | int]) -> Any:
+        """Run ``lua/<name>.lua`` once (EVALSHA, loaded on first use); its reply, or raise."""
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = _Script(name)
+        [reply] = await self._evalsha_all(script, [(keys, args)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     async def _evalsha_all(self, script: _Script, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
         """Run ``script`` once per (keys, args) in one pipelined round trip; loads the script

@@ -1,0 +1,68 @@
+"""Flow-control limits (durable_tasks.flow): ``limits list``, ``set`` and ``clear``, changed on
+every worker at once without a deploy; ``status`` shows the same table."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..app import App
+from ..flow.control import LimitInfo
+from .base import AppOpt, call, cli, console
+
+__all__ = ["limits_table"]
+
+limits_cli = typer.Typer(
+    help="Rate and concurrency limits: list and change them while workers run.", no_args_is_help=True
+)
+cli.add_typer(limits_cli, name="limits")
+NameArg = Annotated[str, typer.Argument(help="The limit's name (a task's own: task:<task name>)")]
+
+
+def limits_table(found: list[LimitInfo]) -> Table:
+    """The limits as admission applies them now; ``set at run time`` marks an override."""
+    table = Table("limit", "rate", "burst", "concurrency", "set at run time", title="limits")
+    for info in found:
+        concurrency = "-" if info.concurrency is None else str(info.concurrency)
+        table.add_row(info.name, info.rate or "-", str(info.burst), concurrency, "yes" if info.changed else "no")
+    return table
+
+
+@limits_cli.command("list")
+def limits_list(app: AppOpt) -> None:
+    """Every limit of the App, as it applies now."""
+
+    async def show(the_app: App) -> None:
+        console().print(limits_table(await the_app.limits_status()))
+
+    call(app, show)
+
+
+@limits_cli.command("set")
+def limits_set(
+    name: NameArg,
+    app: AppOpt,
+    rate: Annotated[str | None, typer.Option(help="e.g. 3000/m")] = None,
+    burst: Annotated[int | None, typer.Option(help="admissions at once")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="running attempts per concurrency key")] = None,
+) -> None:
+    """Override a limit's values on every worker (kept until ``limits clear``)."""
+
+    async def change(the_app: App) -> None:
+        await the_app.set_limit(name, rate=rate, burst=burst, concurrency=concurrency)
+        console().print(limits_table(await the_app.limits_status()))
+
+    call(app, change)
+
+
+@limits_cli.command("clear")
+def limits_clear(name: NameArg, app: AppOpt) -> None:
+    """Back to the values the code declares."""
+
+    async def clear(the_app: App) -> None:
+        changed = await the_app.clear_limit(name)
+        console().print(f"{name}: {'back to the code' if changed else 'had no run-time setting'}")
+
+    call(app, clear)
