@@ -66,11 +66,13 @@ final_writes_table: sa.Table = ChaosFinalWrite.__table__  # type: ignore[attr-de
 
 
 class Job(BaseModel):
-    """A submission to judge: ``poison`` kills its worker every time; ``hold_ms`` keeps it running."""
+    """A submission to judge: ``poison`` kills its worker every time; ``hold_ms`` keeps it running;
+    ``key`` is its concurrency key (submitted as ``concurrency_key``) when the App limits keys."""
 
     sub: int
     poison: bool = False
     hold_ms: int = 0
+    key: str | None = None
 
 
 _history: HistoryWriter | None = None
@@ -94,13 +96,16 @@ def _work(sub: int) -> str:
     return digest.hex()[:16]
 
 
-def register(app: App) -> Task[Job, dict[str, Any]]:
-    """Register ``chaos.judge`` and its auditing on-commit hook on ``app``."""
+def register(app: App, *, key_limit: int | None = None) -> Task[Job, dict[str, Any]]:
+    """Register ``chaos.judge`` and its auditing on-commit hook on ``app``; with ``key_limit``,
+    at most that many attempts of one ``Job.key`` run at once (durable_tasks.flow)."""
 
-    @app.task(name=TASK_NAME, queue=QUEUE, max_attempts=3)
+    @app.task(name=TASK_NAME, queue=QUEUE, max_attempts=3, concurrency_limit=key_limit)
     def judge(ctx: TaskContext[Job], job: Job) -> dict[str, Any]:
         history = _exec_history()
         ids = {"task_id": ctx.task_id, "generation": ctx.generation, "attempt": ctx.attempt, "delivery": ctx.delivery}
+        if job.key is not None:  # the checker's key-over-limit invariant reads these
+            ids |= {"ckey": job.key, "key_limit": key_limit}
         if history is not None:
             history.write("exec", "invoke", poison=job.poison, hold_ms=job.hold_ms, **ids)
         if job.poison:
@@ -133,9 +138,11 @@ def create_chaos_tables(app: App) -> None:
 
 
 def build_app(**overrides: Any) -> App:
-    """An App with the chaos task; settings from ``DT_*`` variables unless overridden."""
+    """An App with the chaos task; settings from ``DT_*`` variables unless overridden. The
+    concurrency limit per ``Job.key`` comes from ``key_limit`` or ``DT_CHAOS_KEY_LIMIT``."""
+    key_limit = int(overrides.pop("key_limit", None) or os.environ.get("DT_CHAOS_KEY_LIMIT") or 0)
     app = App(**overrides)
-    register(app)
+    register(app, key_limit=key_limit or None)
     return app
 
 

@@ -18,7 +18,11 @@ one or more anomalies:
   DEAD with exactly one DLQ entry (or that has a final write);
 - ``failed``: a healthy task that ended FAILED or CANCELLED (the chaos task never raises);
 - ``duplicate-task``: one idempotency key resolved to more than one task;
-- ``unexpected`` (I5): a task row nobody submitted (or whose every submit definitely failed).
+- ``unexpected`` (I5): a task row nobody submitted (or whose every submit definitely failed);
+- ``key-over-limit`` (I6): more finished executions of one concurrency key overlapped in time
+  than its limit allows (the ``ckey`` and ``key_limit`` of ``exec`` events; durable_tasks.flow).
+  An execution that never finished (its worker was SIGKILLed) has no end and is not counted:
+  what the invariant then shows is that its slot was not leaked (every task still finishes).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Anomaly(StrEnum):
     FAILED = "failed"
     DUPLICATE_TASK = "duplicate-task"
     UNEXPECTED = "unexpected"
+    KEY_OVER_LIMIT = "key-over-limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +208,7 @@ SUMMARY_COLUMNS = (
     "failed",
     "duplicate-task",
     "unexpected",
+    "key-over-limit",
     "executions",
     "re-executions",
     "fenced_out",
@@ -219,6 +225,7 @@ SHORT = {
     "unaccounted-dead": "unacc-dead",
     "duplicate-task": "dup-task",
     "unexpected": "unexp",
+    "key-over-limit": "key>lim",
     "executions": "execs",
     "re-executions": "re-execs",
     "fenced_out": "fenced",
@@ -279,6 +286,7 @@ def check(snapshot: Snapshot, history: Iterable[Mapping[str, Any]]) -> CheckResu
     poison_keys: set[str] = set()
     reruns: dict[str, dict[int, float]] = defaultdict(dict)  # task -> new generation -> ack time
     executions: Counter[tuple[str, int]] = Counter()
+    keyed = _KeyedRuns()
     for e in events:
         op, kind = e.get("op"), e.get("type")
         if op == "submit":
@@ -296,6 +304,8 @@ def check(snapshot: Snapshot, history: Iterable[Mapping[str, Any]]) -> CheckResu
             generations[generation] = min(generations.get(generation, float("inf")), float(e["ts"]))
         elif op == "exec" and kind == "invoke":
             executions[(str(e["task_id"]), int(e["generation"]))] += 1
+        if op == "exec" and e.get("ckey") is not None:
+            keyed.record(e)
     indeterminate_keys -= set(accepted)
 
     by_key: dict[str | None, list[TaskRow]] = defaultdict(list)
@@ -353,6 +363,11 @@ def check(snapshot: Snapshot, history: Iterable[Mapping[str, Any]]) -> CheckResu
         v.add(Anomaly.UNEXPECTED, f"{len(audit_by_task[tid])} final writes for a task that does not exist")
         verdicts.append(v)
 
+    by_task = {v.task_id: v for v in verdicts if v.task_id is not None}
+    for task_id, detail in keyed.over_limit():
+        if task_id in by_task:
+            by_task[task_id].add(Anomaly.KEY_OVER_LIMIT, detail)
+
     for v in verdicts:
         if v.ok:
             result.ok += 1
@@ -373,6 +388,37 @@ def check(snapshot: Snapshot, history: Iterable[Mapping[str, Any]]) -> CheckResu
         "dlq": len(snapshot.dlq),
     }
     return result
+
+
+class _KeyedRuns:
+    """Executions of keyed tasks, ``exec`` invoke to ok, grouped by concurrency key."""
+
+    def __init__(self) -> None:
+        self.started: dict[tuple[str, int, int], tuple[float, str, int]] = {}
+        self.runs: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+
+    def record(self, e: Mapping[str, Any]) -> None:
+        ident = (str(e["task_id"]), int(e["generation"]), int(e["attempt"]))
+        if e.get("type") == "invoke":
+            self.started[ident] = (float(e["ts"]), str(e["ckey"]), int(e.get("key_limit") or 1))
+        elif e.get("type") == "ok" and ident in self.started:
+            start, key, _ = self.started[ident]
+            self.runs[key].append((start, float(e["ts"]), ident[0]))
+
+    def over_limit(self) -> list[tuple[str, str]]:
+        """(task id, detail) for each execution that started while its key already had its
+        limit of finished executions running."""
+        limits = {key: limit for _, key, limit in self.started.values()}
+        found: list[tuple[str, str]] = []
+        for key, runs in self.runs.items():
+            running: list[tuple[float, str]] = []  # (end, task) of the runs still going
+            for start, end, task_id in sorted(runs):
+                running = [(e, t) for e, t in running if e > start]
+                if len(running) >= limits[key]:
+                    others = ", ".join(t for _, t in running)
+                    found.append((task_id, f"key {key!r} (limit {limits[key]}) ran alongside {others}"))
+                running.append((end, task_id))
+        return found
 
 
 def _judge_task(

@@ -80,7 +80,10 @@ _ROLES = ("dispatcher", "worker", "reaper")
 
 
 def _settings_kwargs(settings: Mapping[str, str]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {k.removeprefix("DT_").lower(): v for k, v in settings.items()}
+    # DT_CHAOS_* configure the chaos App (tests/chaos/app.py), not the runtime's settings.
+    kwargs: dict[str, Any] = {
+        k.removeprefix("DT_").lower(): v for k, v in settings.items() if not k.startswith("DT_CHAOS_")
+    }
     if "queue_partitions" in kwargs:  # JSON in the environment, a mapping as an argument
         kwargs["queue_partitions"] = json.loads(kwargs["queue_partitions"])
     return kwargs
@@ -346,6 +349,7 @@ class Cluster:
                 redis_url=self.redis_url,
                 namespace=self.namespace,
                 data_dir=self.workdir / "data",
+                key_limit=self.settings.get("DT_CHAOS_KEY_LIMIT"),
                 **_settings_kwargs(self.settings),
             )
         return self._app
@@ -726,7 +730,7 @@ def submit_job(app: App, task: Task[Job, Any], writer: HistoryWriter, key: str, 
     committing = False
     try:
         with Session(app.engine) as s:
-            handle = task.submit(s, job, idempotency_key=key)
+            handle = task.submit(s, job, idempotency_key=key, concurrency_key=job.key)
             committing = True
             s.commit()
     except Exception as exc:

@@ -72,6 +72,7 @@ FRACTIONS: dict[str, float] = {
     "poison": 0.5,
     "rerun_storm": 0.5,
     "cluster_master_kill": 0.3,
+    "key_limit": 0.67,
 }
 
 
@@ -725,6 +726,36 @@ def _expect_loss_recovered(run: _Run, c: Cluster, partition: int, stream: str, c
 # -- registry ------------------------------------------------------------------------------------
 
 
+# -- per-key concurrency limit under worker SIGKILLs (durable_tasks.flow) -----------------------
+
+
+def key_limit(ctx: ScenarioContext) -> Outcome:
+    """Limit 1 per concurrency key, 3 workers, tasks over 10 keys, workers SIGKILLed mid-run:
+    no two finished executions of one key overlap (the checker's key-over-limit) and every
+    task still finishes, so the slot a killed worker held came back when its lease ran out."""
+    run = _Run(ctx, "key_limit")
+    n, k, rng = ctx.size.share("key_limit", minimum=200), ctx.size.kills, ctx.rng
+    with cluster_on(ctx.postgres, ctx.workdir / run.name, settings={"DT_CHAOS_KEY_LIMIT": "1"}) as c:
+        c.start(workers=3)
+        jobs = [(f"keyed-{i}", Job(sub=i, key=f"user:{i % 10}", hold_ms=rng.randint(0, 40))) for i in range(n)]
+        rate = min(150.0, max(20.0, n / (k * 1.0)))
+        submitter = RateSubmitter(c, jobs, rate=rate).start()
+        interval = (n / rate) / (k + 1)
+        kills = 0
+        while kills < k:
+            time.sleep(rng.uniform(0.5, 1.5) * interval)
+            victims = [p for p in c.procs("worker") if c.is_ready(p)]
+            if victims:
+                c.kill(rng.choice(victims))
+                kills += 1
+        submitter.join()
+        run.expect(f"at least {k} workers SIGKILLed (got {kills})", len(c.kills()) >= k)
+        outcome = run.finish(c, settle_timeout=max(ctx.size.settle_timeout, n / 2))
+        keyed = [e for e in read_history(c.history_dir) if e.get("op") == "exec" and e.get("ckey")]
+        run.expect("every execution carried its key (the invariant had data)", len(keyed) >= 2 * n)
+        return outcome
+
+
 def _bind(fn: Callable[..., Outcome], *args: Any) -> Callable[[ScenarioContext], Outcome]:
     return lambda ctx: fn(ctx, *args)
 
@@ -742,6 +773,7 @@ SCENARIOS: dict[str, Callable[[ScenarioContext], Outcome]] = {
     "poison_collateral": poison_collateral,
     "rerun_storm": rerun_storm,
     "cluster_master_kill": cluster_master_kill,
+    "key_limit": key_limit,
 }
 
 

@@ -247,6 +247,45 @@ def test_executions_and_re_executions_are_counted_not_judged() -> None:
     assert (res.stats["reclaims"], res.stats["reconciled"]) == (1, 1)
 
 
+def keyed_run(task_id: str, key: str, start: float, end: float | None, limit: int = 1) -> list[dict[str, Any]]:
+    """One execution of a keyed task: exec invoke at ``start``, ok at ``end`` (None: it died)."""
+    ids = {"task_id": task_id, "generation": 0, "attempt": 1, "ckey": key, "key_limit": limit}
+    events = [{"ts": start, "op": "exec", "type": "invoke", **ids}]
+    return events + ([{"ts": end, "op": "exec", "type": "ok", **ids}] if end is not None else [])
+
+
+def keyed_snapshot(*task_ids: str) -> tuple[Snapshot, list[dict[str, Any]]]:
+    history = [e for n, t in enumerate(task_ids) for e in submitted(f"k{n}", t)]
+    snap = Snapshot(tasks=[succeeded(t, f"k{n}") for n, t in enumerate(task_ids)], audit=[write(t) for t in task_ids])
+    return snap, history
+
+
+def test_two_runs_of_one_key_at_once_are_over_a_limit_of_one() -> None:
+    snap, history = keyed_snapshot("t1", "t2", "t3")
+    history += keyed_run("t1", "user:1", T0 + 1, T0 + 2)
+    history += keyed_run("t2", "user:1", T0 + 1.5, T0 + 2.5)  # overlaps t1
+    history += keyed_run("t3", "user:2", T0 + 1.5, T0 + 2.5)  # another key: fine
+    res = check(snap, history)
+    assert only(res) == {Anomaly.KEY_OVER_LIMIT}
+    assert [v.task_id for v in res.anomalous] == ["t2"]
+
+
+def test_runs_of_one_key_in_turn_or_within_the_limit_are_ok() -> None:
+    snap, history = keyed_snapshot("t1", "t2", "t3", "t4")
+    history += keyed_run("t1", "user:1", T0 + 1, T0 + 2)
+    history += keyed_run("t2", "user:1", T0 + 2, T0 + 3)  # starts as t1 ends
+    history += keyed_run("t3", "run:9", T0 + 1, T0 + 3, limit=2)
+    history += keyed_run("t4", "run:9", T0 + 2, T0 + 4, limit=2)  # two at once, limit 2
+    assert check(snap, history).clean
+
+
+def test_a_run_that_never_finished_is_not_counted_against_the_next() -> None:
+    snap, history = keyed_snapshot("t1", "t2")
+    history += keyed_run("t1", "user:1", T0 + 1, None)  # its worker was SIGKILLed
+    history += keyed_run("t2", "user:1", T0 + 2, T0 + 3)
+    assert check(snap, history).clean
+
+
 def test_the_tables_render() -> None:
     res = check(Snapshot(tasks=[TaskRow("t1", "k1", "RUNNING", 0, 1)]), submitted("k1", "t1"))
     out = io.StringIO()
