@@ -4,9 +4,9 @@
 wakes one thread, and a ``call_soon_threadsafe`` (a write to the loop's wake-up pipe) for each
 result; every woken thread then contends for the GIL. At thousands of short handlers per second
 those hops cost more than the handlers. Here the event loop appends an item to one queue and
-wakes a thread only when none is on its way; that thread takes item after item while the queue
-holds any. Only when items have waited ``stall`` seconds (a handler that blocks: I/O, sleep) are
-more threads woken, one per waiting item, up to ``limit``. Results go back in batches: one loop
+wakes a thread only when none is running or on its way; it takes item after item while the queue
+holds any. Only when items wait and none started for ``stall`` seconds (the handlers block: I/O,
+sleep) are more threads woken, one per waiting item, up to ``limit``. Results go back in batches: one loop
 wake-up carries every result that arrived since the last.
 
 Cancellation is anyio's ``abandon_on_cancel=True``: a waiter that is cancelled (a task's timeout,
@@ -58,7 +58,9 @@ class HandlerThreads:
         self._lock = threading.Lock()
         self._queue: deque[_Item] = deque()
         self._threads = 0  # alive
-        self._abandoned_running = 0  # threads running an item whose waiter left (not counted)
+        self._busy = 0  # threads running an item
+        self._taken = self._taken_at_check = 0  # items started: all, and at the last stall check
+        self._abandoned_running = 0  # of those, running an item whose waiter left (not counted)
         self._idle: list[threading.Lock] = []  # one held lock per idle thread, the latest idle last
         self._waking = 0  # threads woken or started that have not taken the lock yet
         self._closed = False
@@ -77,7 +79,8 @@ class HandlerThreads:
         with self._lock:
             self._closed = False
             self._queue.append(item)
-            self._wake(1)
+            if self._busy == self._abandoned_running:  # else a thread takes it after its item
+                self._wake(1)
             arm = self.stall > 0 and self._stall_check_on is not loop  # a loop that ended drops its check
             if arm:
                 self._stall_check_on = loop
@@ -124,14 +127,16 @@ class HandlerThreads:
                 return
 
     def _check_stall(self) -> None:
-        """On the loop, ``stall`` after work arrived: items still waiting mean the awake
-        threads are blocked; wake one per waiting item, and look again later."""
+        """On the loop, every ``stall`` while work waits: when no item started since the last
+        look, the threads are blocked; wake one per waiting item. (Items that wait while others
+        start are waiting for the GIL, which more threads would not give them.)"""
         with self._lock:
             waiting = len(self._queue)
-            if waiting:
+            if waiting and not self._waking and self._taken == self._taken_at_check:  # no thread moved
                 self._wake(waiting - self._waking)
-            else:
+            elif not waiting:
                 self._stall_check_on = None
+            self._taken_at_check = self._taken
         if waiting:
             asyncio.get_running_loop().call_later(self.stall, self._check_stall)
 
@@ -147,6 +152,8 @@ class HandlerThreads:
                 if self._queue and not self.stall:  # more waiting: a sibling starts on them now
                     self._wake(1)
                 item.running = True
+                self._busy += 1
+                self._taken += 1
                 lock.release()
                 try:
                     item.outcome = (False, item.context.run(item.fn, *item.args))
@@ -155,6 +162,7 @@ class HandlerThreads:
                 finally:
                     lock.acquire()
                 item.running = False
+                self._busy -= 1
                 if item.abandoned:
                     self._abandoned_running -= 1
                 else:
