@@ -12,6 +12,8 @@ Every error the library raises on purpose derives from one root, so callers can 
     │   └── PayloadTooLargeError      over ``max_payload_bytes``
     ├── ResultNotSerializableError    a handler returned something that is not plain JSON
     ├── InvalidIdempotencyKeyError    empty, too long, or with control characters
+    ├── IdempotencyConflictError      a key already used for the same task with a different payload
+    ├── InvalidSessionError           submit given an Engine, a Connection or an AsyncSession, not a Session
     ├── InvalidDelayError             a negative delay, both delay and not_before, a naive datetime
     ├── InvalidFlowControlError       a priority out of range, a bad concurrency key or rate
     ├── TaskNotFoundError             no task with that id in this namespace
@@ -46,10 +48,12 @@ __all__ = [
     "DatabaseUnavailableError",
     "DurableTasksError",
     "EmbeddedServerError",
+    "IdempotencyConflictError",
     "InvalidDelayError",
     "InvalidFlowControlError",
     "InvalidIdempotencyKeyError",
     "InvalidQueryError",
+    "InvalidSessionError",
     "JournalFencedOutError",
     "MigrationError",
     "PayloadError",
@@ -107,6 +111,25 @@ class ResultNotSerializableError(DurableTasksError):
 
 class InvalidIdempotencyKeyError(DurableTasksError):
     """An idempotency key is empty, too long or contains control characters."""
+
+
+class IdempotencyConflictError(DurableTasksError):
+    """The idempotency key was already used for this task with a different payload.
+
+    A key names one request; the same key with another payload is a caller's bug (two requests
+    sharing an id), and returning the first task would silently drop the second payload.
+    ``task_id`` is the task that holds the key; ``idempotency_key`` the key.
+    """
+
+    def __init__(self, message: str, *, task_id: str, idempotency_key: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.idempotency_key = idempotency_key
+
+
+class InvalidSessionError(DurableTasksError):
+    """``submit`` (or ``rerun``/``cancel``) was given something other than the caller's ORM
+    ``Session``: an Engine, a Connection, or an ``AsyncSession`` (which ``asubmit`` takes)."""
 
 
 class InvalidDelayError(DurableTasksError):

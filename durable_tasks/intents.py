@@ -13,10 +13,17 @@ from sqlalchemy.orm import Session
 
 from . import codec
 from .clock import due_time
-from .errors import InvalidIdempotencyKeyError, PayloadError, TaskNotFoundError, UnknownTaskError
+from .errors import (
+    IdempotencyConflictError,
+    InvalidIdempotencyKeyError,
+    PayloadError,
+    TaskNotFoundError,
+    UnknownTaskError,
+)
 from .flow.policy import submit_flow
 from .outages import UNREACHABLE, database_error
-from .store.submit import NewTask
+from .store.submit import NewTask, SubmitOutcome
+from .submit_checks import check_same_payloads, check_session, undo_submits
 from .tasks import Task, TaskHandle
 from .telemetry import traceparent_of
 
@@ -67,7 +74,10 @@ class IntentsMixin:
         (docs/flow-control.md).
 
         Raises a typed error, writing nothing, for an unknown task, an invalid, non-JSON or
-        oversized payload, a bad idempotency key, a bad delay, or an unreachable database.
+        oversized payload, a bad idempotency key, a bad delay, an unreachable database, an
+        Engine or Connection passed as ``session`` (InvalidSessionError), or an idempotency key
+        this task already holds with a different payload (IdempotencyConflictError: the same
+        key and payload return the existing task, ``created=False``).
         """
         (handle,) = self.submit_many(
             session,
@@ -101,8 +111,10 @@ class IntentsMixin:
         Every payload and key is checked before anything is written (one bad item: a typed
         error, nothing written). On PostgreSQL the batch is one statement: one round trip. A
         duplicate key (in the database, in this transaction, or earlier in the batch) resolves
-        as a single submit does: the existing task's handle, ``created=False``.
+        as a single submit does: the existing task's handle, ``created=False``; with a different
+        payload it raises IdempotencyConflictError instead (nothing of the batch written).
         """
+        check_session(session, "submit")
         task = self._task(task)
         s, telemetry = self.settings, self.runtime.telemetry
         now = self.clock()
@@ -137,7 +149,7 @@ class IntentsMixin:
                 for payload_json, key in checked
             ]
             try:
-                outcomes = self.runtime.store.submit_many(session, intents, now)
+                outcomes = self._write_intents(session, task.name, checked, intents, now)
             except UNREACHABLE as exc:  # other errors are the caller's transaction's to handle
                 raise database_error(exc, self.runtime.store.engine) from exc
             if len(outcomes) == 1:
@@ -149,6 +161,20 @@ class IntentsMixin:
         if created := sum(o.created for o in outcomes):
             telemetry.submitted.add(created, {"queue": task.queue, "task": task.name})
         return [TaskHandle(o.task_id, task.name, o.generation, o.created, self.results) for o in outcomes]
+
+    def _write_intents(
+        self, session: Session, name: str, checked: list[tuple[str, str | None]], intents: list[NewTask], now: datetime
+    ) -> list[SubmitOutcome]:
+        """The store's submit, then the payload check of repeated keys (a read only when a key
+        was a duplicate); on a conflict the rows this call inserted are deleted again, so the
+        caller's transaction holds nothing of the batch."""
+        outcomes = self.runtime.store.submit_many(session, intents, now)
+        try:
+            check_same_payloads(session, name, checked, outcomes)
+        except IdempotencyConflictError:
+            undo_submits(session, [o.task_id for o in outcomes if o.created])
+            raise
+        return outcomes
 
     async def asubmit(
         self, session: AsyncSession, task: Task[Any, Any] | str, payload: Any, **options: Any
@@ -208,6 +234,7 @@ class IntentsMixin:
 
         Returns the new generation; executions of older generations are fenced out.
         """
+        check_session(session, "rerun")
         now = self.clock()
         due = due_time(now, delay=delay, not_before=not_before)
         with self._database_errors():
@@ -221,6 +248,7 @@ class IntentsMixin:
 
         A running attempt keeps running but its result is fenced out.
         """
+        check_session(session, "cancel")
         with self._database_errors():
             cancelled = self.runtime.store.cancel(session, self.settings.namespace, task_id, self.clock())
         if cancelled is None:

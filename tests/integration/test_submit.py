@@ -92,12 +92,13 @@ def test_same_idempotency_key_after_commit_returns_the_committed_task(job_app: A
         first = job_app.submit(s, "job", {"n": 1}, idempotency_key="req-2")
         s.commit()
     with Session(job_app.engine) as s:
-        again = job_app.submit(s, "job", {"n": 999}, idempotency_key="req-2")
+        again = job_app.submit(s, "job", {"n": 1}, idempotency_key="req-2")
         s.commit()
     assert again.id == first.id
     assert not again.created
     assert job_app.get_task(first.id).payload == {"n": 1}
     assert counts(job_app) == (1, 1)
+    # the same key with another payload: tests/integration/test_submit_mistakes.py
 
 
 def test_concurrent_duplicate_submits_end_with_one_task(job_app: App) -> None:
