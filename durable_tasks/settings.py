@@ -91,7 +91,12 @@ class Settings(BaseSettings):
         "also read from the database URL's ?prepare_threshold=); auto: psycopg's default, and off behind a "
         "pooler in transaction mode, where preparing is always off.",
     )
-    data_dir: Path = Field(default=Path(".durable_tasks"), description="Embedded servers' home.")
+    data_dir: Path = Field(
+        default=Path(".durable_tasks"),
+        description="Home of the embedded default's SQLite file and Valkey. Unset: .durable_tasks beside the "
+        "module that builds the App (whatever directory a process starts in); a relative path is read from the "
+        "working directory when the App is built. The App holds it absolute.",
+    )
 
     # dispatcher
     # A pass takes what is due, up to this: idle or busy, no extra latency. Two passes in flight

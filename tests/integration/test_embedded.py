@@ -15,6 +15,7 @@ import redis
 import sqlalchemy
 
 from durable_tasks.embedded import EmbeddedServerError, ensure_valkey, stop_valkey
+from durable_tasks.valkey_keeper import is_valkey, process_start
 from tests.embedded_postgres import start_embedded_postgres
 from tests.helpers import turns_true
 
@@ -37,7 +38,7 @@ def _alive(pid: int) -> bool:
 
 def _is_valkey(pid: int) -> bool:
     try:
-        return b"valkey" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return is_valkey(pid) and bool(Path(f"/proc/{pid}/cmdline").read_bytes())
     except OSError:
         return False
 
@@ -55,18 +56,23 @@ def _valkey_pids_for(sock: str) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"valkey" in cmdline and sock.encode() in cmdline and _alive(int(entry.name)):
+            if is_valkey(int(entry.name)) and sock.encode() in cmdline and _alive(int(entry.name)):
                 pids.append(int(entry.name))
     return pids
 
 
-def _state(data_dir: Path) -> dict[str, int | str]:
-    state: dict[str, int | str] = json.loads((data_dir / "valkey.json").read_text())
+def _state(data_dir: Path) -> dict[str, object]:
+    state: dict[str, object] = json.loads((data_dir / "valkey.json").read_text())
     return state
 
 
+def _users(data_dir: Path) -> dict[str, str | None]:
+    users: dict[str, str | None] = json.loads((data_dir / "valkey.json").read_text())["users"]
+    return users
+
+
 def _server_pid(data_dir: Path) -> int:
-    return int(_state(data_dir)["server_pid"])
+    return int(str(_state(data_dir)["server_pid"]))
 
 
 def _sock(url: str) -> str:
@@ -101,7 +107,7 @@ def test_start_answers_ping(tmp_path: Path, valkey_pids: list[int]) -> None:
         assert client.get("k") == b"v"
     finally:
         client.close()
-    assert _state(tmp_path)["owner_pid"] == os.getpid()
+    assert str(os.getpid()) in _users(tmp_path)
 
 
 def test_second_call_reuses_server(tmp_path: Path, valkey_pids: list[int]) -> None:
@@ -121,37 +127,35 @@ def test_second_call_reuses_server(tmp_path: Path, valkey_pids: list[int]) -> No
     assert child.returncode == 0
     assert out.strip() == url
     assert _server_pid(tmp_path) == pid
-    assert _state(tmp_path)["owner_pid"] == os.getpid()
+    assert str(os.getpid()) in _users(tmp_path)  # the child, gone, is dropped by the keeper
     assert _valkey_pids_for(_sock(url)) == [pid]
 
 
-def test_stale_server_of_dead_owner_is_replaced(tmp_path: Path, valkey_pids: list[int]) -> None:
-    child = _python(
-        "import os; from pathlib import Path; import redis;"
-        "from durable_tasks.embedded import ensure_valkey;"
-        f"url = ensure_valkey(Path({str(tmp_path)!r}));"
-        "redis.Redis.from_url(url).set('survives', '1');"
-        "print(url, flush=True); os._exit(0)"
-    )
-    out, _ = child.communicate(timeout=30)
-    assert child.returncode == 0
-    old_pid = _server_pid(tmp_path)
-    valkey_pids.append(old_pid)
-    assert _state(tmp_path)["owner_pid"] == child.pid
-    assert _alive(old_pid), "the child's server should outlive the child"
-
+def test_the_server_of_a_killed_keeper_is_replaced_with_its_data(tmp_path: Path, valkey_pids: list[int]) -> None:
     url = ensure_valkey(tmp_path)
+    old_pid, keeper = _server_pid(tmp_path), int(str(_state(tmp_path)["owner_pid"]))
+    valkey_pids.append(old_pid)
+    client = redis.Redis.from_url(url)
+    try:
+        client.set("survives", "1")
+        client.bgrewriteaof()  # on disk before the kill, whatever fsync policy
+        assert turns_true(lambda: client.info("persistence")["aof_rewrite_in_progress"] == 0, timeout=10)
+    finally:
+        client.close()
+
+    os.kill(keeper, signal.SIGKILL)
+    assert _wait_gone(keeper)
+    # Linux: the server got SIGTERM when its keeper died (PR_SET_PDEATHSIG); elsewhere the next
+    # ensure_valkey stops it. Either way a new server, with a keeper, takes over the data.
+    new_url = ensure_valkey(tmp_path)
     new_pid = _server_pid(tmp_path)
     valkey_pids.append(new_pid)
 
-    assert url == out.strip()
+    assert new_url == url
     assert new_pid != old_pid
-    assert _wait_gone(old_pid, timeout=1.0)
-    assert _state(tmp_path)["owner_pid"] == os.getpid()
+    assert _wait_gone(old_pid, timeout=6.0)
     client = redis.Redis.from_url(url)
     try:
-        assert client.ping() is True
-        # SIGTERM lets the old server flush its AOF, so the replacement loads the data.
         assert client.get("survives") == b"1"
     finally:
         client.close()
@@ -185,7 +189,7 @@ def test_concurrent_calls_start_one_server(tmp_path: Path, valkey_pids: list[int
 
         assert urls[0] == urls[1] != ""
         assert _valkey_pids_for(_sock(urls[0])) == [pid]
-        assert _state(tmp_path)["owner_pid"] in {c.pid for c in children}
+        assert {str(c.pid) for c in children} <= set(_users(tmp_path))
     finally:
         for child in children:
             assert child.stdin is not None
@@ -195,7 +199,9 @@ def test_concurrent_calls_start_one_server(tmp_path: Path, valkey_pids: list[int
             child.stdout.close()
 
 
-def test_stop_valkey_only_for_owner(tmp_path: Path, valkey_pids: list[int]) -> None:
+def test_stop_valkey_stops_the_server_only_when_no_other_process_uses_it(
+    tmp_path: Path, valkey_pids: list[int]
+) -> None:
     ensure_valkey(tmp_path, appendonly=False)
     pid = _server_pid(tmp_path)
     valkey_pids.append(pid)
@@ -205,14 +211,17 @@ def test_stop_valkey_only_for_owner(tmp_path: Path, valkey_pids: list[int]) -> N
     assert not (tmp_path / "valkey.json").exists()
     assert stop_valkey(tmp_path) is False
 
-    # A server owned by a live process other than this one is left alone unless forced.
+    # Another live process (the parent of this one) also uses it: left alone unless forced.
     ensure_valkey(tmp_path)
     pid = _server_pid(tmp_path)
     valkey_pids.append(pid)
-    state = _state(tmp_path) | {"owner_pid": os.getppid()}
+    state = _state(tmp_path)
+    parent = os.getppid()
+    state["users"] = {**_users(tmp_path), str(parent): process_start(parent)}
     (tmp_path / "valkey.json").write_text(json.dumps(state))
     assert stop_valkey(tmp_path) is False
     assert _alive(pid)
+    assert set(_users(tmp_path)) == {str(parent)}
     assert stop_valkey(tmp_path, force=True) is True
     assert _wait_gone(pid, timeout=1.0)
 
@@ -231,7 +240,7 @@ def test_long_data_dir_uses_short_socket(tmp_path: Path, valkey_pids: list[int])
 def test_start_failure_raises_with_log(tmp_path: Path) -> None:
     # A directory where the socket should go makes the bind fail.
     (tmp_path / "valkey.sock").mkdir()
-    with pytest.raises(EmbeddedServerError, match=r"did not start .* exited with code") as info:
+    with pytest.raises(EmbeddedServerError, match=r"did not start .* it exited") as info:
         ensure_valkey(tmp_path, timeout=5.0)
     assert "Address already in use" in str(info.value), "the message should carry the log tail"
     assert not (tmp_path / "valkey.json").exists()
