@@ -91,8 +91,9 @@ class InlineRunner:
 
     def drain(self, *, advance_clock: bool = True, max_deliveries: int = 10_000) -> int:
         """Dispatch and run until no task has anything left to do; returns how many deliveries
-        ran (attempts, successful or not). With ``advance_clock``, retries' backoffs and delayed
-        tasks are skipped over instead of waited for. Call :meth:`adrain` from async tests."""
+        the worker settled (attempts, successful or not, and deliveries a rate or concurrency
+        limit put off). With ``advance_clock``, retries' backoffs, delayed tasks and the waits
+        of limits are skipped over instead of waited for. Call :meth:`adrain` from async tests."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -160,9 +161,9 @@ def run_inline(
     store = open_store(settings)
     s = app.settings
     key = s.signing_key.get_secret_value().encode() if s.signing_key else None
-    transport = MemoryTransport(s.namespace, partitions=s.queue_partitions, signing_key=key)
     original_clock = app.clock
     clock = _ShiftedClock(original_clock)
+    transport = MemoryTransport(s.namespace, clock=clock, partitions=s.queue_partitions, signing_key=key)
     app.results.close()  # waits started before the block subscribed to Redis
     try:
         with app.runtime.substituted(store, transport):

@@ -7,7 +7,8 @@ is published once however often it is republished (the dedup key of ``enqueue_ba
 entry read stays pending until it is acknowledged; a dead letter is added once per delivery.
 Entries carry the same fields, signed when a signing key is set, so the worker parses and
 verifies them as it does entries read from Redis. Nothing is ever lost, so nothing needs
-reclaiming: ``autoclaim`` finds no idle entry.
+reclaiming: ``autoclaim`` finds no idle entry. Flow control's admission runs in Python on the
+App's clock (:mod:`.memory_flow`).
 """
 
 from __future__ import annotations
@@ -20,18 +21,38 @@ from typing import Any
 
 import anyio
 
+from ..clock import Clock
+from .memory_flow import MemoryFlow
 from .messages import AutoclaimPage, OutgoingMessage, StreamEntry
 from .streams import QueueSnapshot, RedisStreamsTransport
 
 __all__ = ["MemoryTransport"]
 
 
+class _Pipeline:
+    """The one pipeline the loops send outside the transport: freeing concurrency slots."""
+
+    def __init__(self, flow: MemoryFlow) -> None:
+        self._flow = flow
+        self._removals: list[tuple[str, str]] = []
+
+    def zrem(self, key: str, member: str) -> None:
+        self._removals.append((key, member))
+
+    async def execute(self) -> list[int]:
+        return [self._flow.remove(key, member) for key, member in self._removals]
+
+
 class _NoRedis:
     """The client the loops reach through ``transport.client``: result announcements go
     nowhere (result waits read the database), everything else is answered locally."""
 
-    def __init__(self) -> None:
+    def __init__(self, flow: MemoryFlow) -> None:
         self.announced: list[tuple[str, str]] = []
+        self._flow = flow
+
+    def pipeline(self, transaction: bool = False) -> _Pipeline:
+        return _Pipeline(self._flow)
 
     async def publish(self, channel: str, message: str) -> int:
         self.announced.append((channel, message))
@@ -58,10 +79,13 @@ class MemoryTransport(RedisStreamsTransport):
         self,
         namespace: str,
         *,
+        clock: Clock,
         partitions: Mapping[str, int] | None = None,
         signing_key: bytes | None = None,
     ) -> None:
-        client: Any = _NoRedis()
+        #: Flow control's admission (rates, concurrency slots) on ``clock``.
+        self.flow = MemoryFlow(lambda: int(clock().timestamp() * 1000))
+        client: Any = _NoRedis(self.flow)
         super().__init__(client, namespace, dedup_ttl=timedelta(days=1), partitions=partitions, signing_key=signing_key)
         self._streams: dict[str, _Stream] = {}
         self._dedup: dict[str, str] = {}
@@ -156,6 +180,10 @@ class MemoryTransport(RedisStreamsTransport):
         """The fields of every entry of ``queue``'s dead-letter stream, oldest first."""
         target = self._streams.get(self.keys(queue).dlq)
         return [] if target is None else [dict(f) for f in target.entries.values()]
+
+    async def run_script(self, name: str, keys: list[str], args: list[str | int]) -> Any:
+        await anyio.lowlevel.checkpoint()
+        return self.flow.run(name, keys, args)
 
     # -- what the reaper and the statistics call -----------------------------------------------
 

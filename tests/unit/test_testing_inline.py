@@ -3,9 +3,11 @@ SQLite, with no Redis: handlers, on_commit and on_failure hooks, retries, fences
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
@@ -194,3 +196,42 @@ def test_higher_priority_levels_run_first(app: App) -> None:
             session.commit()
         assert runner.drain() == 4
     assert order == ["high", "mid", "low-1", "low-2"]
+
+
+def test_rate_limits_hold_on_the_apps_clock_and_the_drain_skips_their_waits(app: App) -> None:
+    @app.task(name="paced", rate_limit="60/m")  # one a second
+    def paced(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    with testing.run_inline(app) as runner:
+        with Session(app.engine) as session:
+            ids = [paced.submit(session, n).id for n in range(4)]
+            session.commit()
+        runner.drain()
+        starts = sorted(info.started_at for info in map(app.get_task, ids) if info.started_at is not None)
+        assert [app.get_task(i).state for i in ids] == [TaskState.SUCCEEDED] * 4
+    assert len(starts) == 4
+    assert all(later - earlier >= timedelta(milliseconds=990) for earlier, later in itertools.pairwise(starts))
+    assert runner.skipped >= timedelta(seconds=2.9), "the limit's waits were skipped, not slept"
+
+
+def test_a_concurrency_limit_runs_one_at_a_time(app: App) -> None:
+    running: list[int] = []
+    most = 0
+
+    @app.task(name="single", concurrency_limit=1)
+    async def single(ctx: TaskContext[int], n: int) -> int:
+        nonlocal most
+        running.append(n)
+        most = max(most, len(running))
+        await anyio.sleep(0.05)  # the work: holds its slot meanwhile
+        running.remove(n)
+        return n
+
+    with testing.run_inline(app) as runner:
+        with Session(app.engine) as session:
+            ids = [single.submit(session, n).id for n in range(3)]
+            session.commit()
+        runner.drain()
+        assert [app.get_task(i).state for i in ids] == [TaskState.SUCCEEDED] * 3
+    assert most == 1
