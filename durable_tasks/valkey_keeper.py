@@ -6,7 +6,9 @@ in ``valkey.json``. The keeper looks at the users twice a second: a user that ex
 (Ctrl-C, SIGTERM, SIGKILL, a crash), is dropped, and once none is left for ``--grace`` seconds
 the keeper stops the server (SIGTERM: Valkey writes its AOF and exits) and then itself. If the
 server dies while users remain, the keeper starts it again on the same socket and data (AOF on),
-so the runtime's clients reconnect to the same streams instead of failing on every call. On
+so the runtime's clients reconnect to the same streams instead of failing on every call (after
+three restarts in a row that do not answer, it gives up and removes its state: the next start
+then reports the server's log). On
 Linux the server also gets SIGTERM if the keeper itself is killed, so no server outlives it.
 
 The keeper runs as ``python <this file>``: it imports nothing of durable_tasks (stdlib only), so
@@ -51,6 +53,7 @@ STATE_FILE = "valkey.json"
 _POLL_S = 0.5
 _STOP_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
+_MAX_FAILED_RESTARTS = 3
 
 
 def process_start(pid: int) -> str | None:
@@ -213,6 +216,7 @@ def keep(data_dir: Path, argv: list[str], sock: str, *, grace: float, timeout: f
     server = start_server(argv)
     print(server.pid, flush=True)  # the starting process waits for this line and the PING
     idle_since: float | None = None
+    failed_restarts = 0
     while True:
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=_POLL_S)
@@ -233,10 +237,19 @@ def keep(data_dir: Path, argv: list[str], sock: str, *, grace: float, timeout: f
                 idle_since = None
             if server.poll() is not None:
                 logger.warning("valkey pid %d exited with %s; restarting it", server.pid, server.returncode)
-                Path(sock).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    Path(sock).unlink(missing_ok=True)
                 server = start_server(argv)
-                if not wait_for_ping(sock, timeout, partial(_running, server)):
+                if wait_for_ping(sock, timeout, partial(_running, server)):
+                    failed_restarts = 0
+                else:
+                    failed_restarts += 1
                     logger.error("valkey did not restart; see %s", data_dir / "valkey.log")
+                if failed_restarts >= _MAX_FAILED_RESTARTS:  # the users' next start reports the log
+                    logger.error("giving up after %d failed restarts", failed_restarts)
+                    terminate(server.pid, server)
+                    (data_dir / STATE_FILE).unlink(missing_ok=True)
+                    return 1
             if users != state.users or server.pid != state.server_pid:
                 write_state(data_dir, State(server.pid, state.owner_pid, state.socket, users))
 

@@ -261,3 +261,22 @@ def test_embedded_postgres_select_1(tmp_path: Path) -> None:
     finally:
         stop()
     assert not (tmp_path / "pgdata" / "postmaster.pid").exists()
+
+
+def test_the_keeper_gives_up_on_a_server_that_cannot_restart(tmp_path: Path, valkey_pids: list[int]) -> None:
+    ensure_valkey(tmp_path)
+    server, keeper = _server_pid(tmp_path), int(str(_state(tmp_path)["owner_pid"]))
+    valkey_pids.append(server)
+    os.kill(keeper, signal.SIGSTOP)  # held while the server dies and its AOF is spoiled
+    try:
+        os.kill(server, signal.SIGKILL)
+        assert _wait_gone(server)
+        for manifest in (tmp_path / "appendonlydir").glob("*.manifest"):
+            manifest.write_text("not a manifest\n")
+    finally:
+        os.kill(keeper, signal.SIGCONT)
+    assert _wait_gone(keeper, timeout=30.0), "the keeper should give up and exit"
+    assert not (tmp_path / "valkey.json").exists()
+    assert "giving up after 3 failed restarts" in (tmp_path / "keeper.log").read_text()
+    with pytest.raises(EmbeddedServerError, match="did not start"):
+        ensure_valkey(tmp_path, timeout=5.0)

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable_tasks import App, testing
+from durable_tasks.errors import SchemaMissingError
+
 pytestmark = pytest.mark.slow
 
 USER_TESTS = """
@@ -77,3 +80,9 @@ def test_a_users_tests_run_on_the_real_servers_and_leave_no_keys(
         assert list(client.scan_iter(match=f"dt:{{{namespace}:*")) == []
     finally:
         client.close()
+
+
+def test_running_raises_what_ended_the_runtime(tmp_path: Path, redis_url: str) -> None:
+    app = App(f"sqlite:///{tmp_path / 'no-schema.sqlite3'}", redis_url, "plugin-noschema", data_dir=tmp_path)
+    with pytest.raises(SchemaMissingError, match="init-db"), testing.running(app):
+        pass  # the runtime's schema check fails: the block's end raises it
