@@ -20,8 +20,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlmodel import Session
 
-from durable_tasks import App, TaskState
+from durable_tasks import App, TaskContext, TaskState
 from tests.apps.traced_app import register, span_record
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,3 +194,49 @@ async def test_one_trace_across_submitter_dispatcher_and_worker_processes(
     dispatch_spans = [r for r in dispatched if r["name"] == "dispatch"]
     assert len(dispatch_spans) == 3
     assert all(submit["trace_id"] in r["link_traces"] for r in dispatch_spans)
+
+
+def metric_total(name: str, **attrs: str) -> float:
+    """The sum of the points of counter ``name`` whose attributes include ``attrs``."""
+    data = _READER.get_metrics_data()
+    points: list[Any] = [
+        p
+        for rm in (data.resource_metrics if data else [])
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+    ]
+    return float(sum(p.value for p in points if all(p.attributes.get(k) == v for k, v in attrs.items())))
+
+
+async def test_unknown_tasks_held_and_handed_back_are_counted(make_app: Any) -> None:
+    """docs/guarantees.md#a-task-this-process-does-not-know: dispatched{outcome=unknown_task}
+    for a row the dispatcher holds, executions{outcome=unknown_task} for an entry a worker
+    hands back."""
+    new_release: App = make_app()
+    old_release: App = make_app()
+
+    @new_release.task(name="metered.v2", queue="metered")
+    def v2(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    @old_release.task(name="metered.v1", queue="metered")
+    def v1(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    held = metric_total("durable_tasks.dispatched", outcome="unknown_task", queue="metered")
+    handed = metric_total("durable_tasks.executions", outcome="unknown_task", queue="metered", task="metered.v2")
+    with Session(new_release.engine) as s:
+        new_release.submit(s, "metered.v2", 1)
+        s.commit()
+    assert await old_release.dispatch_once() == 1  # held: the old release does not know metered.v2
+    await wait_until(new_release.dispatch_once, what="the held row to be published", timeout=10)
+    assert await old_release.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1  # handed back
+    assert metric_total("durable_tasks.dispatched", outcome="unknown_task", queue="metered") == held + 1
+    assert (
+        metric_total("durable_tasks.executions", outcome="unknown_task", queue="metered", task="metered.v2")
+        == handed + 1
+    )
+    await old_release.aclose()
+    await new_release.aclose()
