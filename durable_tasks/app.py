@@ -26,7 +26,6 @@ from .intents import IntentsMixin
 from .outages import broker_errors, database_errors
 from .periodic import TICK, CatchUp, Schedule
 from .reaper import Reaper
-from .records import metadata as runtime_tables
 from .result_waits import ResultWaits
 from .running import RunningMixin
 from .runtime import Runtime
@@ -278,19 +277,14 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
         they do not exist. ``durable-tasks init-db`` calls this."""
         tables: list[sa.Table] = [model.__table__ for model in self.tables]  # type: ignore[attr-defined]
         with self._database_errors():
-            if migrations.supports(self.engine.dialect):
-                migrations.migrate(self.engine)
-            else:  # MySQL has no numbered steps yet: its store creates the runtime's tables
-                tables = list(runtime_tables.sorted_tables) + tables
+            migrations.migrate(self.engine)
             if tables:
                 self.runtime.store.create_all(tables)
 
-    def check_schema(self) -> migrations.SchemaStatus | None:
+    def check_schema(self) -> migrations.SchemaStatus:
         """Raise a :class:`~durable_tasks.errors.SchemaError` naming the command that fixes it
         if this code cannot run on the database's schema (missing, older than it needs, or
         contracted by a newer release); a newer schema it can run on is logged as a warning."""
-        if not migrations.supports(self.engine.dialect):
-            return None  # no versions to check yet (MySQL)
         with self._database_errors():
             return migrations.check_schema(self.engine)
 

@@ -62,9 +62,9 @@ def _migrate(app: App, *, to: int | None, pre_deploy: bool) -> None:
         on_wait=lambda: out("another process is migrating this database: waiting for it"),
     )
     if report.adopted:
-        out("the existing tables match version 1: recorded as version 1")
+        out(f"the existing tables match version {report.adopted}: recorded as version {report.adopted}")
     for step in report.applied:
-        if not (report.adopted and step.version == 1):
+        if step.version > report.adopted:
             out(f"applied {step.label} ({step.phase.value})")
     if report.applied:
         out(f"schema at version {report.after}")

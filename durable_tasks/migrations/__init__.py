@@ -1,17 +1,20 @@
 """Versioned, forward-only migrations of the tables durable_tasks owns in your database.
 
-Each backend (``postgres/``, ``sqlite/``) ships numbered SQL files, ``NNNN_<name>.sql``; the
+Each backend (``postgres/``, ``sqlite/``, ``mysql/``) ships numbered SQL files, ``NNNN_<name>.sql``; the
 database records every applied step in ``dt_migrations``. ``durable-tasks migrate`` applies
 what is missing (``--sql`` prints it instead, ``--check`` exits 1 while steps are missing);
 ``durable-tasks init-db`` and ``App.create_all()`` migrate to the latest. On PostgreSQL,
-migrators take an advisory lock, so two deploys migrating at once run one after the other. Every
+migrators take an advisory lock (MySQL: ``GET_LOCK``), so two deploys migrating at once run one
+after the other. Every
 runtime process checks the version as it starts (:func:`check_schema`): a schema older than
 the code needs stops it with exit code 2 and the command that fixes it.
 
 Adding step N (one file per backend; the number and the name agree across backends):
 
-1. ``postgres/000N_<name>.sql`` and ``sqlite/000N_<name>.sql`` hold the statements, each ended by
-   ``;`` (a backend with nothing to do gets a file of comments). The change to the models in
+1. ``postgres/000N_<name>.sql``, ``sqlite/000N_<name>.sql`` and ``mysql/000N_<name>.sql`` hold
+   the statements, each ended by ``;`` (a backend with nothing to do gets a file of comments;
+   MySQL has no ``IF NOT EXISTS`` for columns and indexes, and needs none: tables made before
+   its versions are adopted at the version they match). The change to the models in
    ``durable_tasks/records.py`` goes in the same commit:
    ``tests/integration/test_migrations_match_models.py`` fails until models and migrations make
    the same tables, columns, types, nullability, indexes and unique constraints.

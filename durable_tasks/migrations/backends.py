@@ -1,18 +1,18 @@
 """What applying migrations needs that differs per database: serializing migrators, running a
-statement outside a transaction, and building version 1 somewhere private to compare an
-unversioned database with it. One class per backend, chosen once by :func:`backend_for`."""
+statement outside a transaction, and building the versions somewhere private to compare an
+unversioned database with them. One class per backend, chosen once by :func:`backend_for`."""
 
 from __future__ import annotations
 
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import sqlalchemy as sa
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, MigrationError
 from .schema import TableShape, reflect_shape
 from .steps import BACKENDS, Step
 
@@ -55,8 +55,10 @@ class Backend(Protocol):
         """Clean up what an interrupted earlier run of ``statement`` left (run in autocommit)."""
         ...
 
-    def baseline_shape(self, conn: sa.Connection, step: Step) -> dict[str, TableShape | None]:
-        """The shape ``step`` (version 1) creates, built where nobody sees it and thrown away."""
+    def version_shapes(self, conn: sa.Connection, steps: Sequence[Step]) -> list[dict[str, TableShape | None]]:
+        """The shapes an unversioned database may be adopted at: after ``steps[0]`` (version
+        1), and after each later step where later steps cannot run on tables that unversioned
+        code made already; built where nobody sees them and thrown away."""
         ...
 
     def in_transaction(self, statement: str) -> str:
@@ -121,9 +123,11 @@ class PostgresBackend:
         database), a plain build is instant and waits for no other transaction."""
         return re.sub(r"\bCONCURRENTLY\s+", "", statement, count=1, flags=re.IGNORECASE)
 
-    def baseline_shape(self, conn: sa.Connection, step: Step) -> dict[str, TableShape | None]:
-        """Version 1 in a scratch schema; the transaction (or the savepoint, inside the caller's
-        transaction) is rolled back, so nothing stays."""
+    def version_shapes(self, conn: sa.Connection, steps: Sequence[Step]) -> list[dict[str, TableShape | None]]:
+        """Version 1 only (the later steps say ``IF NOT EXISTS``), in a scratch schema; the
+        transaction (or the savepoint, inside the caller's transaction) is rolled back, so
+        nothing stays."""
+        step = steps[0]
         scratch = f"dt_scratch_{uuid.uuid4().hex[:12]}"
         tx = conn.begin_nested() if conn.in_transaction() else conn.begin()
         try:
@@ -131,7 +135,7 @@ class PostgresBackend:
             conn.exec_driver_sql(f'SET LOCAL search_path TO "{scratch}"')
             for statement in step.statements:
                 execute(conn, statement)
-            return reflect_shape(conn, schema=scratch)
+            return [reflect_shape(conn, schema=scratch)]
         finally:
             tx.rollback()
 
@@ -159,16 +163,80 @@ class SqliteBackend:
         """Every SQLite statement runs in a transaction as it is."""
         return statement
 
-    def baseline_shape(self, conn: sa.Connection, step: Step) -> dict[str, TableShape | None]:
-        """Version 1 in a throwaway in-memory database."""
+    def version_shapes(self, conn: sa.Connection, steps: Sequence[Step]) -> list[dict[str, TableShape | None]]:
+        """Version 1 only (the later steps say ``IF NOT EXISTS``), in a throwaway in-memory
+        database."""
         scratch = sa.create_engine("sqlite://")
         try:
             with scratch.begin() as private:
-                for statement in step.statements:
+                for statement in steps[0].statements:
                     execute(private, statement)
-                return reflect_shape(private)
+                return [reflect_shape(private)]
         finally:
             scratch.dispose()
+
+
+class MySqlBackend:
+    """A named lock (``GET_LOCK``) per database; every step in a transaction (InnoDB commits
+    each DDL statement on its own, so a step interrupted halfway is finished by hand); the
+    versions built one after the other in a scratch database, dropped after."""
+
+    name = "mysql"
+    _NAME = "CONCAT('dt_migrate:', DATABASE())"
+
+    def lock(self, conn: sa.Connection, on_wait: Callable[[], None] | None) -> bool:
+        """The session's named lock, held across the steps' transactions until :meth:`unlock`."""
+        waited = False
+        while not conn.exec_driver_sql(f"SELECT GET_LOCK({self._NAME}, 1)").scalar():
+            if not waited and on_wait is not None:
+                on_wait()
+            waited = True
+        conn.commit()
+        return waited
+
+    def unlock(self, conn: sa.Connection) -> None:
+        """Release the named lock."""
+        conn.exec_driver_sql(f"SELECT RELEASE_LOCK({self._NAME})")
+        conn.commit()
+
+    def lock_in_transaction(self, conn: sa.Connection) -> None:
+        """The named lock (MySQL has no transaction-scoped one): held until the connection
+        closes, as Alembic's does after its revisions, or until another :meth:`unlock`."""
+        while not conn.exec_driver_sql(f"SELECT GET_LOCK({self._NAME}, 1)").scalar():
+            pass
+
+    def before_outside_transaction(self, conn: sa.Connection, statement: str) -> None:
+        """Nothing is left half-built: InnoDB builds an index or fails whole."""
+
+    def in_transaction(self, statement: str) -> str:
+        """Every MySQL statement runs as it is."""
+        return statement
+
+    def version_shapes(self, conn: sa.Connection, steps: Sequence[Step]) -> list[dict[str, TableShape | None]]:
+        """The shape after each step: MySQL's DDL has no ``IF NOT EXISTS`` for columns and
+        indexes, so tables that ``create_all`` made before versions are adopted at the version
+        they match, whichever that is."""
+        scratch = f"dt_scratch_{uuid.uuid4().hex[:12]}"
+        try:
+            conn.exec_driver_sql(f"CREATE DATABASE `{scratch}` CHARACTER SET utf8mb4")
+        except sa.exc.DBAPIError as exc:
+            raise MigrationError(
+                "adopting tables made before versioning builds each version in a scratch database, and this "
+                f"user cannot create one ({exc.orig}): run `durable-tasks migrate` once as a user that can"
+            ) from exc
+        engine = sa.create_engine(conn.engine.url.set(database=scratch), poolclass=sa.pool.NullPool)
+        shapes: list[dict[str, TableShape | None]] = []
+        try:
+            with engine.connect() as private:
+                for step in steps:
+                    for statement in step.statements:
+                        execute(private, statement)
+                    private.commit()
+                    shapes.append(reflect_shape(private))
+        finally:
+            engine.dispose()
+            conn.exec_driver_sql(f"DROP DATABASE `{scratch}`")
+        return shapes
 
 
 def backend_for(dialect: sa.Dialect) -> Backend:
@@ -177,6 +245,8 @@ def backend_for(dialect: sa.Dialect) -> Backend:
         return PostgresBackend()
     if dialect.name == "sqlite":
         return SqliteBackend()
+    if dialect.name in ("mysql", "mariadb"):
+        return MySqlBackend()
     raise ConfigurationError(
         f"durable_tasks has no migrations for {dialect.name!r} databases; supported: {', '.join(sorted(BACKENDS))}"
     )

@@ -4,7 +4,8 @@ reviews instead.
 Each applied step is one row of ``dt_migrations`` (version, name, phase, applied_at), written in
 the step's own transaction, so a database is always at a whole version. A database made before
 versioning (the tables, no ``dt_migrations``) is compared with version 1 and, when it matches,
-recorded as version 1 without touching its tables.
+recorded at the version it matches (version 1 where the later steps say ``IF NOT EXISTS``)
+without touching its tables.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,6 +50,8 @@ versions = sa.Table(
     sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
 )
 VERSION_TABLE = versions.name
+#: The name recorded for the steps whose schema existing tables were found to have.
+ADOPTED = "adopted"
 
 
 def steps_for(dialect: sa.Dialect) -> tuple[Step, ...]:
@@ -102,22 +105,21 @@ def read_status(conn: sa.Connection) -> SchemaStatus:
     if not inspector.has_table(VERSION_TABLE):
         return SchemaStatus(None, 1, has_tables, steps)
     v = versions.c
-    row = conn.execute(
-        sa.select(sa.func.max(v.version), sa.func.max(v.version).filter(v.phase == Phase.POST_DEPLOY.value))
-    ).one()
+    post_deploy = sa.case((v.phase == Phase.POST_DEPLOY.value, v.version))  # FILTER is not MySQL's
+    row = conn.execute(sa.select(sa.func.max(v.version), sa.func.max(post_deploy))).one()
     return SchemaStatus(row[0], row[1] or 1, has_tables, steps)
 
 
 @dataclass(slots=True)
 class MigrationReport:
     """What one ``migrate`` did: the version before (None: unversioned or empty) and after,
-    the steps applied, whether existing tables were recorded as version 1, whether it waited
-    for another migrator."""
+    the steps applied, the version existing tables were recorded at (0: none), whether it
+    waited for another migrator."""
 
     before: int | None
     after: int
     applied: list[Step] = field(default_factory=list)
-    adopted: bool = False
+    adopted: int = 0
     waited: bool = False
 
 
@@ -174,7 +176,11 @@ def _migrate_locked(conn: sa.Connection, backend: Backend, *, to: int | None, pr
     if conn.in_transaction():
         conn.commit()
     after = applied[-1].version if applied else status.version or 0
-    adopted = status.has_tables and not status.version and any(s.version == 1 for s in applied)
+    adopted = 0
+    if status.has_tables and not status.version and applied:
+        v = versions.c
+        adopted = conn.execute(sa.select(sa.func.max(v.version)).where(v.name == ADOPTED)).scalar() or 0
+        conn.commit()
     return MigrationReport(status.version or None, after, applied, adopted)
 
 
@@ -203,14 +209,16 @@ def apply_steps(
     first compared with version 1 and recorded as it."""
     applied: list[Step] = []
     new_database = not status.has_tables  # every table is made by this run: nobody else uses them
+    done = status.version or 0
     for step in status.steps:
         if step.version > target:
             break
         if step.version == 1 and status.has_tables and not status.version:
-            _adopt(conn, backend, step, transaction)
-            applied.append(step)
+            adopted = _adopt(conn, backend, status.steps[:target], transaction)
+            applied += adopted
+            done = adopted[-1].version
             continue
-        if step.version <= (status.version or 0):
+        if step.version <= done:
             continue
         if step.transactional or new_database:
             with transaction():
@@ -243,38 +251,54 @@ def _record(conn: sa.Connection, step: Step, *, name: str | None = None) -> None
     )
 
 
-def _adopt(conn: sa.Connection, backend: Backend, step: Step, transaction: Block) -> None:
-    """Record tables made before versioning as version 1, once they are shown to be version 1;
-    version-1 tables that code never made (the agent tables exist only where the app imported
-    durable_tasks.agents) are created."""
-    problems, absent = baseline_drift(conn, backend, step)
+def _adopt(conn: sa.Connection, backend: Backend, steps: Sequence[Step], transaction: Block) -> list[Step]:
+    """Record tables made before versioning at the version they are shown to have (steps
+    1..N, each named ``adopted``); version-1 tables that code never made (the agent tables
+    exist only where the app imported durable_tasks.agents) are created. Returns steps 1..N."""
+    version, problems, absent = existing_version(conn, backend, steps)
+    baseline = steps[0]
     if problems:
         raise MigrationError(
-            "the durable_tasks tables predate schema versioning and differ from version 1: "
+            f"the durable_tasks tables predate schema versioning and differ from version {version}: "
             + "; ".join(problems)
-            + f". Make them match durable_tasks/migrations/{BACKENDS[backend.name]}/{step.label}.sql, then run "
-            "`durable-tasks migrate` again"
+            + f". Make them match durable_tasks/migrations/{BACKENDS[backend.name]}/{steps[version - 1].label}.sql "
+            f"{'' if version == 1 else '(and the steps before it) '}then run `durable-tasks migrate` again"
         )
     with transaction():
-        if not _already_applied(conn, step):
-            for statement in statements_for_tables(step, absent):
-                execute(conn, statement)
-            _record(conn, step, name="adopted")
-    logger.info("recorded the existing tables as migration %s", step.label)
+        if not _already_applied(conn, baseline):
+            for step in steps[:version]:
+                for statement in statements_for_tables(step, absent):
+                    execute(conn, statement)
+            for step in steps[:version]:
+                for statement in step.statements if step.run_when_adopted else ():
+                    execute(conn, statement)
+                _record(conn, step, name=ADOPTED)
+    logger.info("recorded the existing tables as migration %s", steps[version - 1].label)
+    return list(steps[:version])
 
 
-def baseline_drift(conn: sa.Connection, backend: Backend, step: Step) -> tuple[list[str], set[str]]:
-    """How the database's tables differ from what version 1 makes, and which of its tables are
-    absent. Extra indexes and columns an operator added are allowed."""
-    expected = backend.baseline_shape(conn, step)
+def existing_version(conn: sa.Connection, backend: Backend, steps: Sequence[Step]) -> tuple[int, list[str], set[str]]:
+    """The highest version whose schema an unversioned database's tables have (the version-1
+    tables it lacks aside: code made the agent tables only where the app imported them), and
+    those tables; else the closest version and how the tables
+    differ from it. Extra indexes and columns an operator added are allowed."""
     actual = reflect_shape(conn)
-    absent = {name for name, shape in actual.items() if shape is None and expected.get(name) is not None}
-    problems = [
-        line
-        for line in differences(actual, expected)
-        if not re.search(r"(^|: )extra ", line) and line.removeprefix("missing table ") not in absent
-    ]
-    return problems, absent
+    shapes = backend.version_shapes(conn, steps)
+    absent = {name for name, shape in actual.items() if shape is None and shapes[0].get(name) is not None}
+    closest: tuple[int, list[str], set[str]] | None = None
+    for version, expected in enumerate(shapes, start=1):
+        problems = [
+            line
+            for line in differences(actual, expected)
+            if not re.search(r"(^|: )extra ", line) and line.removeprefix("missing table ") not in absent
+        ]
+        if not problems:
+            closest = (version, [], absent)
+        elif closest is None or (closest[1] and len(problems) < len(closest[1])):
+            closest = (version, problems, absent)
+    if closest is None:  # pragma: no cover - every backend builds version 1
+        raise MigrationError("no migration steps to compare the existing tables with")
+    return closest
 
 
 _CREATES = re.compile(r"^\s*CREATE\s+(?:TABLE\s+|(?:UNIQUE\s+)?INDEX\s+\w+\s+ON\s+)\"?(\w+)", re.IGNORECASE)
@@ -287,7 +311,8 @@ def statements_for_tables(step: Step, tables: set[str]) -> list[str]:
 
 def render_sql(conn: sa.Connection, *, to: int | None = None, pre_deploy: bool = False) -> str:
     """The SQL ``migrate`` would run from the database's version to ``to``, for review or to
-    apply by hand (it includes the version table and its rows). Reads only."""
+    apply by hand (it includes the version table and its rows). Reads only (on MySQL, the
+    versions that unversioned tables may match are built in a scratch database)."""
     status = read_status(conn)
     target = _target(status, to, pre_deploy)
     dialect = conn.dialect
@@ -295,21 +320,25 @@ def render_sql(conn: sa.Connection, *, to: int | None = None, pre_deploy: bool =
     if status.version is None:
         out.append(f"-- the version table, {VERSION_TABLE}: one row per applied step")
         out.append(str(sa.schema.CreateTable(versions).compile(dialect=dialect)).strip() + ";")
+    adopt_to, absent = 0, set[str]()
+    if status.has_tables and not status.version:
+        adopt_to, _, absent = existing_version(conn, backend_for(dialect), status.steps[:target])
     for step in status.pending:
         if step.version > target:
             break
         out.append(f"\n-- {step.label} ({step.phase.value}{'' if step.transactional else ', outside a transaction'})")
-        adopt = step.version == 1 and status.has_tables and not status.version
+        adopt = step.version <= adopt_to
         if adopt:
-            out.append("-- the tables exist already: record them as version 1")
-            absent = {name for name, shape in reflect_shape(conn).items() if shape is None}
+            out.append(f"-- the tables exist already: record them as version {adopt_to}")
             out += [statement + ";" for statement in statements_for_tables(step, absent)]
+            if step.run_when_adopted:
+                out.append(step.source.strip())
         if step.transactional and not adopt:
             out.append("BEGIN;")
         if not adopt:
             out.append(step.source.strip())
         row = versions.insert().values(
-            version=step.version, name="adopted" if adopt else step.name, phase=step.phase.value
+            version=step.version, name=ADOPTED if adopt else step.name, phase=step.phase.value
         )
         insert = row.values(applied_at=sa.func.current_timestamp())
         out.append(str(insert.compile(dialect=dialect, compile_kwargs={"literal_binds": True})) + ";")

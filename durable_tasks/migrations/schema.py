@@ -59,8 +59,15 @@ def _where(text: Any) -> str | None:
     return re.sub(r"::[a-z ]+|[()\s\"]", "", str(text)).lower() or None
 
 
+#: MySQL reflects display widths the DDL never gave (``INTEGER(11)``) and BOOL as TINYINT(1).
+_SPELLINGS = ((re.compile(r"^(INTEGER|BIGINT|SMALLINT)\(\d+\)"), r"\1"), (re.compile(r"^TINYINT\(1\)"), "BOOL"))
+
+
 def _type(type_: sa.types.TypeEngine[Any], dialect: sa.Dialect) -> str:
-    return str(type_.compile(dialect=dialect)).upper()
+    spelled = str(type_.compile(dialect=dialect)).upper()
+    for pattern, replacement in _SPELLINGS:
+        spelled = pattern.sub(replacement, spelled)
+    return spelled
 
 
 def reflect_shape(
@@ -78,6 +85,9 @@ def reflect_shape(
             c["name"]: (_type(c["type"], dialect), bool(c["nullable"]))
             for c in inspector.get_columns(name, schema=schema)
         }
+        uniques = {
+            str(uq["name"]): tuple(uq["column_names"]) for uq in inspector.get_unique_constraints(name, schema=schema)
+        }
         indexes = {
             str(ix["name"]): Index(
                 tuple(str(c) for c in ix["column_names"]),
@@ -85,10 +95,8 @@ def reflect_shape(
                 _where(next((v for k, v in ix.get("dialect_options", {}).items() if k.endswith("_where")), None)),
             )
             for ix in inspector.get_indexes(name, schema=schema)
-            if not ix.get("duplicates_constraint")
-        }
-        uniques = {
-            str(uq["name"]): tuple(uq["column_names"]) for uq in inspector.get_unique_constraints(name, schema=schema)
+            # MySQL lists a unique constraint among the indexes too, without saying so
+            if not ix.get("duplicates_constraint") and ix["name"] not in uniques
         }
         pk = tuple(inspector.get_pk_constraint(name, schema=schema)["constrained_columns"])
         found[name] = TableShape(columns, pk, indexes, uniques)

@@ -6,12 +6,17 @@ A file ``<backend>/NNNN_<name>.sql`` is step NNNN. Its header comments may say:
     the step contracts the schema (drops or tightens what the previous release still uses):
     apply it once no process of the previous release runs. The default, ``pre-deploy``, is a
     step that older code survives (it adds), applied before the new code starts.
+``-- adopted: run``
+    when tables made before versioning are adopted at this step's version or a later one, the
+    step runs anyway (it makes what a table comparison cannot see, e.g. a stored procedure, and
+    can run twice); the default, ``record``, only records it.
 ``-- transaction: none``
     the statements run one by one outside a transaction (``CREATE INDEX CONCURRENTLY``); the
     default runs the whole step in one transaction with its version row.
 
-Statements end with ``;``. The splitter knows quotes, comments and PostgreSQL's dollar-quoted
-bodies, so a function body keeps its own semicolons.
+Statements end with ``;``. The splitter knows quotes, comments, PostgreSQL's dollar-quoted
+bodies and the mysql client's ``DELIMITER`` lines, so a function or procedure body keeps its own
+semicolons.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from importlib.resources import files
 __all__ = ["BACKENDS", "Phase", "Step", "load_steps", "split_statements"]
 
 #: Backend name (a SQLAlchemy dialect name) -> the package folder of its steps.
-BACKENDS = {"postgresql": "postgres", "sqlite": "sqlite"}
+BACKENDS = {"postgresql": "postgres", "sqlite": "sqlite", "mysql": "mysql", "mariadb": "mysql"}
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
-_HEADER = re.compile(r"^--\s*(phase|transaction):\s*(\S+)\s*$", re.MULTILINE)
+_DELIMITER = re.compile(r"DELIMITER[ \t]+(\S+)[ \t]*(?:\n|$)", re.IGNORECASE)
+_HEADER = re.compile(r"^--\s*(phase|transaction|adopted):\s*(\S+)\s*$", re.MULTILINE)
 
 
 class Phase(StrEnum):
@@ -48,6 +54,7 @@ class Step:
     transactional: bool
     statements: tuple[str, ...]
     source: str
+    run_when_adopted: bool = False
 
     @property
     def label(self) -> str:
@@ -56,14 +63,20 @@ class Step:
 
 
 def split_statements(text: str) -> list[str]:
-    """Split SQL text on ``;`` outside quotes, comments and dollar-quoted bodies; statements
-    that hold only comments are dropped."""
+    """Split SQL text on ``;`` (or the delimiter a ``DELIMITER`` line sets) outside quotes,
+    comments and dollar-quoted bodies; statements that hold only comments are dropped."""
     out: list[str] = []
     start = i = 0
     n = len(text)
+    delimiter = ";"
     while i < n:
         c = text[i]
-        if c == "-" and text.startswith("--", i):
+        line_start = i == 0 or text[i - 1] == "\n"
+        if line_start and (directive := _DELIMITER.match(text, i)):
+            out.append(text[start:i])
+            delimiter = directive.group(1)
+            i = start = directive.end()
+        elif c == "-" and text.startswith("--", i):
             i = _end_of(text, "\n", i)
         elif c == "/" and text.startswith("/*", i):
             i = _end_of(text, "*/", i + 2)
@@ -71,9 +84,9 @@ def split_statements(text: str) -> list[str]:
             i = _end_of(text, c, i + 1)
         elif c == "$" and (tag := re.match(r"\$(\w*)\$", text[i:])):
             i = _end_of(text, tag.group(0), i + len(tag.group(0)))
-        elif c == ";":
+        elif text.startswith(delimiter, i):
             out.append(text[start:i])
-            i += 1
+            i += len(delimiter)
             start = i
         else:
             i += 1
@@ -109,6 +122,7 @@ def _parse(version: int, name: str, source: str) -> Step:
         transactional=transaction == "yes",
         statements=tuple(split_statements(source)),
         source=source,
+        run_when_adopted=header.get("adopted", "record") == "run",
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from datetime import timedelta
+from typing import Any
 
 import anyio
 from pydantic import BaseModel
@@ -17,7 +18,6 @@ from sqlmodel import Session
 
 import durable_tasks
 from durable_tasks import App, TaskContext
-from durable_tasks.store.execution import claim_execution
 from durable_tasks.transport.messages import parse_delivery
 
 
@@ -51,8 +51,35 @@ async def seed(app: App) -> None:
         s.commit()
     await app.dispatch_once()  # all four ENQUEUED
     # One RUNNING: a worker reads and claims it, then dies (its lease runs out).
-    [entry] = await app.transport().read(["upgrade"], "doomed", count=1, block=timedelta(seconds=1))
-    d = parse_delivery(entry.fields)
+    transport = app.transport() if hasattr(app, "transport") else app.runtime.transport()
+    [entry] = await transport.read(["upgrade"], "doomed", count=1, block=timedelta(seconds=1))
+    await claim_and_die(app, parse_delivery(entry.fields))
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=20)) == 1  # one SUCCEEDED
+    with Session(app.engine) as s:  # two PENDING: never dispatched
+        late = [app.submit(s, "upgrade.add", {"a": 10 + i, "b": 1}).id for i in range(2)]
+        s.commit()
+    await app.aclose()
+    states = {task_id: app.get_task(task_id).state.value for task_id in early + late}
+    print(json.dumps({"module": durable_tasks.__file__, "states": states}))
+
+
+async def claim_and_die(app: App, d: Any) -> None:
+    """Claim the delivery as a worker that dies next: through the store functions of code
+    before the Store protocol, through the protocol after."""
+    try:
+        from durable_tasks.store.execution import claim_execution  # type: ignore[attr-defined]
+    except ImportError:
+        from durable_tasks.store.execution import ClaimRequest
+
+        store: Any = app.runtime.store
+        await store.claim_executions(
+            app.settings.namespace,
+            [ClaimRequest(d.task_id, d.generation, d.delivery)],
+            worker_id="doomed",
+            now=app.clock(),
+            lease=timedelta(seconds=1),
+        )
+        return
     claim_execution(
         app.engine,
         app.settings.namespace,
@@ -63,13 +90,6 @@ async def seed(app: App) -> None:
         now=app.clock(),
         lease=timedelta(seconds=1),
     )
-    assert await app.work(max_tasks=1, timeout=timedelta(seconds=20)) == 1  # one SUCCEEDED
-    with Session(app.engine) as s:  # two PENDING: never dispatched
-        late = [app.submit(s, "upgrade.add", {"a": 10 + i, "b": 1}).id for i in range(2)]
-        s.commit()
-    await app.aclose()
-    states = {task_id: app.get_task(task_id).state.value for task_id in early + late}
-    print(json.dumps({"module": durable_tasks.__file__, "states": states}))
 
 
 if __name__ == "__main__":

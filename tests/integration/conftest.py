@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], str]]:
-    """A factory of empty databases on the test's backend: SQLite files, or PostgreSQL
-    schemas of their own (dropped after the test)."""
+    """A factory of empty databases on the test's backend: SQLite files, PostgreSQL schemas or
+    MySQL/MariaDB databases of their own (dropped after the test)."""
     made: list[str] = []
     admin: sa.Engine | None = None
     base: sa.URL | None = None
@@ -21,21 +21,29 @@ def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
         base = sa.make_url(request.getfixturevalue("postgres_url"))
         base = base.difference_update_query(["options"])
         admin = sa.create_engine(base)
+    if request.param == "mysql":
+        base = sa.make_url(request.getfixturevalue("mysql_url"))
+        admin = sa.create_engine(base)
 
     files = iter(range(1_000))
 
     def make() -> str:
         if admin is None or base is None:
             return f"sqlite:///{tmp_path / f'db{next(files)}.sqlite3'}"
-        schema = f"dt_mig_{uuid.uuid4().hex[:10]}"
+        name = f"dt_mig_{uuid.uuid4().hex[:10]}"
+        if request.param == "mysql":
+            with admin.begin() as conn:
+                conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+            made.append(f"DATABASE `{name}`")
+            return base.set(database=name).render_as_string(hide_password=False)
         with admin.begin() as conn:
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        made.append(schema)
-        return base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+            conn.execute(sa.text(f'CREATE SCHEMA "{name}"'))
+        made.append(f'SCHEMA "{name}" CASCADE')
+        return base.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(hide_password=False)
 
     yield make
     if admin is not None:
         with admin.begin() as conn:
-            for schema in made:
-                conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+            for what in made:
+                conn.execute(sa.text(f"DROP {what}"))
         admin.dispose()

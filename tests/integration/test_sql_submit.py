@@ -169,3 +169,64 @@ async def test_the_sqlite_insert_pair_writes_the_rows_of_submit_and_the_task_run
     assert app.get_task(first).result == "judged 7"
     assert app.get_task(plain).result == "judged 8"
     await app.aclose()
+
+
+def mysql_client(url: str, script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with the mysql client on the database of ``url``."""
+    u = sa.make_url(url)
+    command = ["mysql", "--batch", "--skip-column-names", "-h", u.host or "127.0.0.1", "-P", str(u.port or 3306)]
+    command += ["-u", u.username or "root", u.database or "test"]
+    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", **({"MYSQL_PWD": u.password} if u.password else {})}
+    return subprocess.run(command, input=script, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.mark.usefixtures("clean_redis")
+async def test_call_dt_submit_from_the_mysql_client_writes_the_rows_of_submit_and_the_task_runs(
+    mysql_url: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    if shutil.which("mysql") is None:
+        pytest.skip("mysql (the MySQL/MariaDB client) is not installed")
+    base = sa.make_url(mysql_url)
+    database = f"dt_sql_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4"))
+    url = base.set(database=database).render_as_string(hide_password=False)
+    try:
+        app = judge_app(url, redis_url, namespace, tmp_path)
+        with app.engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE submissions (id integer PRIMARY KEY, verdict text)"))
+        [block] = [b for b in sql_blocks() if "CALL dt_submit(" in b]
+        script = block.replace("'default'", f"'{namespace}'")
+
+        rolled_back = mysql_client(url, script.replace("COMMIT;", "ROLLBACK;"))
+        assert rolled_back.returncode == 0, rolled_back.stderr
+        with app.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM dt_tasks")).scalar_one() == 0  # nothing half-written
+
+        done = mysql_client(url, script)
+        assert done.returncode == 0, done.stderr
+        call = f"CALL dt_submit('{namespace}', 'judge', 'judge', '{{}}', 'submission-42', 3, FALSE, NULL, NULL);"
+        again = mysql_client(url, call)
+        assert again.returncode == 0, again.stderr
+        task_id = done.stdout.strip()
+        assert again.stdout.strip() == task_id  # the same key: the same task, nothing written
+        other_case = mysql_client(
+            url, call.replace("submission-42", "SUBMISSION-42").replace("{}", '{"submission_id": 43}')
+        )
+        assert other_case.stdout.strip() not in ("", task_id)  # keys compare byte for byte
+        bad = mysql_client(url, f"CALL dt_submit('{namespace}', 'judge', 'judge', 'not json', NULL, 3, 0, NULL, NULL);")
+        assert bad.returncode != 0
+        assert "dt_submit: payload must be JSON text" in bad.stderr
+        with app.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM dt_outbox")).scalar_one() == 2
+            assert conn.execute(sa.text("SELECT verdict FROM submissions")).scalar_one() == "Pending"
+
+        await run_until_settled(app, [task_id, other_case.stdout.strip()])
+        info = app.get_task(task_id)
+        assert (info.state, info.result, info.generation) == (TaskState.SUCCEEDED, "judged 42", 0)
+        await app.aclose()
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE `{database}`"))
+        admin.dispose()

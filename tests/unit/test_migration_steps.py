@@ -45,3 +45,31 @@ def test_headers_set_phase_and_transaction() -> None:
     assert step.label == "0007_drop_old"
     with pytest.raises(ValueError, match="transaction must be"):
         _parse(8, "bad", "-- transaction: maybe\nSELECT 1;\n")
+
+
+def test_a_delimiter_line_keeps_a_procedure_body_whole_as_the_mysql_client_does() -> None:
+    text = """DROP PROCEDURE IF EXISTS p;
+
+DELIMITER //
+CREATE PROCEDURE p()
+BEGIN
+    SELECT 'a;b';
+    SELECT 2;
+END //
+DELIMITER ;
+
+SELECT 3;
+"""
+    statements = split_statements(text)
+    assert len(statements) == 3
+    assert statements[0] == "DROP PROCEDURE IF EXISTS p"
+    assert statements[1].startswith("CREATE PROCEDURE p()")
+    assert statements[1].endswith("END")
+    assert "SELECT 2;" in statements[1]
+    assert statements[2] == "SELECT 3"
+
+
+def test_the_adopted_header_says_whether_a_step_runs_when_tables_are_adopted() -> None:
+    assert _parse(2, "proc", "-- adopted: run\nSELECT 1;\n").run_when_adopted
+    assert not _parse(3, "table", "CREATE TABLE t (x INT);\n").run_when_adopted
+    assert [s.version for s in load_steps("mysql") if s.run_when_adopted] == [2]  # dt_submit
