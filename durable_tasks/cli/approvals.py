@@ -17,22 +17,28 @@ from rich.table import Table
 
 from ..app import App
 from ..errors import DurableTasksError
-from .base import AppOpt, check, cli, console, fail, load_app
+from .base import AppArg, AppOpt, app_spec, check, cli, console, fail, load_app, split_app
 
 __all__: list[str] = []
 
 approvals_cli = typer.Typer(help="List and answer the approvals suspended tasks wait for.", no_args_is_help=True)
 cli.add_typer(approvals_cli, name="approvals")
 
-TaskIdArg = Annotated[str, typer.Argument(help="The waiting task's id")]
-NameArg = Annotated[str, typer.Argument(help="The approval's name, e.g. approval:call_1 (from `approvals list`)")]
+TaskIdArg = Annotated[str | None, typer.Argument(metavar="TASK_ID", show_default=False, help="The waiting task's id")]
+NameArg = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="NAME", show_default=False, help="The approval's name, e.g. approval:call_1 (from `approvals list`)"
+    ),
+]
 ReasonOpt = Annotated[str | None, typer.Option(help="Why: shown to the agent (and kept)")]
 ByOpt = Annotated[str | None, typer.Option("--by", help="Who answers (kept with the answer)")]
 
 
 @approvals_cli.command("list")
 def approvals_list(
-    app: AppOpt,
+    app: AppArg = None,
+    app_option: AppOpt = None,
     limit: Annotated[int, typer.Option(help="At most this many")] = 50,
     after: Annotated[int, typer.Option(help="Only those listed after this id (the next page)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
@@ -54,7 +60,7 @@ def approvals_list(
         if len(pending) == limit:
             out.print(f"more: --after {pending[-1].id}")
 
-    _sync(app, show)
+    _sync(app_spec(app, app_option), show)
 
 
 def _sync(spec: str, action: Callable[[App], None]) -> None:
@@ -68,24 +74,45 @@ def _sync(spec: str, action: Callable[[App], None]) -> None:
         raise fail(exc) from exc
 
 
-def _answer(app: str, task_id: str, name: str, *, approved: bool, reason: str | None, by: str | None) -> None:
+def _answer(
+    given: tuple[str | None, str | None, str | None, str | None],
+    *,
+    approved: bool,
+    reason: str | None,
+    by: str | None,
+) -> None:
+    app, app_option, *values = given
+    spec, (task_id, name) = split_app(app, app_option, *values, names=("TASK_ID", "NAME"))
+
     def send(the_app: App) -> None:
         delivered = the_app.approve(task_id, name, approved=approved, reason=reason, by=by)
         verdict = "approved" if approved else "denied"
         console().print(f"{verdict}: {task_id} {name}" if delivered else f"already answered: {task_id} {name}")
 
-    _sync(app, send)
+    _sync(spec, send)
 
 
 @approvals_cli.command("approve")
 def approvals_approve(
-    task_id: TaskIdArg, name: NameArg, app: AppOpt, reason: ReasonOpt = None, by: ByOpt = None
+    app: AppArg = None,
+    task_id: TaskIdArg = None,
+    name: NameArg = None,
+    app_option: AppOpt = None,
+    reason: ReasonOpt = None,
+    by: ByOpt = None,
 ) -> None:
     """Approve: the task resumes (as a new delivery) and the call goes ahead."""
-    _answer(app, task_id, name, approved=True, reason=reason, by=by)
+    _answer((app, app_option, task_id, name), approved=True, reason=reason, by=by)
 
 
 @approvals_cli.command("deny")
-def approvals_deny(task_id: TaskIdArg, name: NameArg, app: AppOpt, reason: ReasonOpt = None, by: ByOpt = None) -> None:
+def approvals_deny(
+    app: AppArg = None,
+    task_id: TaskIdArg = None,
+    name: NameArg = None,
+    app_option: AppOpt = None,
+    reason: ReasonOpt = None,
+    by: ByOpt = None,
+) -> None:
     """Deny: the task resumes and the agent is told the call was denied (with the reason)."""
-    _answer(app, task_id, name, approved=False, reason=reason, by=by)
+    _answer((app, app_option, task_id, name), approved=False, reason=reason, by=by)

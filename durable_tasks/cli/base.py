@@ -8,6 +8,7 @@ that registers on :data:`cli`; ``durable_tasks.cli`` imports them all.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
@@ -17,10 +18,10 @@ import typer
 from rich.console import Console
 
 from ..app import App
-from ..errors import DurableTasksError
+from ..errors import ConfigurationError, DurableTasksError
 from ..outages import database_errors
 
-__all__ = ["AppArg", "AppOpt", "call", "check", "cli", "console", "fail", "load_app", "ready"]
+__all__ = ["AppArg", "AppOpt", "app_spec", "call", "check", "cli", "console", "fail", "load_app", "ready", "split_app"]
 
 T = TypeVar("T")
 
@@ -33,22 +34,69 @@ def console() -> Console:
     return Console()
 
 
-AppArg = Annotated[str, typer.Argument(help="The App as module:attribute, e.g. myproject.tasks:app")]
-AppOpt = Annotated[str, typer.Option("--app", envvar="DT_APP", help="The App as module:attribute (or DT_APP)")]
+AppArg = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="APP", show_default=False, help="The App as module:attribute, e.g. myproject.tasks:app (or --app)"
+    ),
+]
+AppOpt = Annotated[
+    str | None,
+    typer.Option("--app", envvar="DT_APP", show_default=False, help="The App, when not given as APP (or DT_APP)"),
+]
+
+#: What an App spec looks like: a dotted module, a colon, an attribute. Task ids, queue,
+#: schedule names and DLQ entry ids never do, so a first positional that does is the APP.
+_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def app_spec(app: str | None, option: str | None) -> str:
+    """The App named positionally, else by ``--app`` / ``DT_APP``."""
+    spec = app or option
+    if not spec:
+        raise fail(ConfigurationError("name the App: APP as module:attribute (e.g. myproject.tasks:app), or --app"))
+    return spec
+
+
+def split_app(
+    app: str | None, option: str | None, *values: str | None, names: tuple[str, ...], more: bool = False
+) -> tuple[str, list[str]]:
+    """The App and a command's own positionals: ``names`` of them, all required (at least
+    those with ``more``).
+
+    Both ``tasks show APP TASK_ID`` and ``tasks show TASK_ID --app APP`` (or ``DT_APP``) work:
+    every positional is declared optional, and when the first one is not an App spec it
+    belongs to the command while the App comes from the option."""
+    given = [value for value in (app, *values) if value is not None]
+    if given and (option is None or _SPEC.match(given[0])):
+        spec, rest = given[0], given[1:]
+    else:
+        spec, rest = app_spec(None, option), given
+    if len(rest) < len(names):
+        missing = " ".join(names[len(rest) :])
+        raise fail(ConfigurationError(f"missing {missing}: the command takes APP {' '.join(names)}"))
+    if len(rest) > len(names) and not more:
+        extra = " ".join(rest[len(names) :])
+        raise fail(ConfigurationError(f"unexpected {extra}: the command takes APP {' '.join(names)}"))
+    return spec, rest
 
 
 def load_app(spec: str) -> App:
-    """Import ``module:attr`` and return the App it names."""
+    """Import ``module:attr`` and return the App it names; a bad spec exits 2 in one line."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise typer.BadParameter(f"{spec!r} is not module:attribute")
+        raise fail(ConfigurationError(f"{spec!r} is not module:attribute (e.g. myproject.tasks:app)"))
     sys.path.insert(0, ".")
     try:
         obj = getattr(importlib.import_module(module_name), attr, None)
     except DurableTasksError as exc:
-        raise typer.BadParameter(f"{spec}: {exc}") from exc
+        raise fail(ConfigurationError(f"{spec}: {exc}")) from exc
+    except ImportError as exc:
+        raise fail(
+            ConfigurationError(f"cannot import {module_name} for {spec}: {exc}; run from the project's directory")
+        ) from exc
     if not isinstance(obj, App):
-        raise typer.BadParameter(f"{spec} is not a durable_tasks.App")
+        raise fail(ConfigurationError(f"{spec} is not a durable_tasks.App"))
     return obj
 
 

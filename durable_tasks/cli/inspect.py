@@ -12,8 +12,9 @@ from rich.table import Table
 
 from .. import dlq
 from ..app import App
+from ..errors import InvalidQueryError
 from ..views import QueueStats
-from .base import AppArg, AppOpt, call, cli, console
+from .base import AppArg, AppOpt, app_spec, call, cli, console, split_app
 from .limits import limits_table
 from .schedule import schedules_table
 
@@ -32,7 +33,8 @@ def _stats_table(app: App, stats: dict[str, QueueStats]) -> Table:
 
 @cli.command()
 def status(
-    app: AppArg,
+    app: AppArg = None,
+    app_option: AppOpt = None,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch")] = 2.0,
     count: Annotated[int, typer.Option(help="Stop after this many refreshes (0: never)", hidden=True)] = 0,
@@ -55,19 +57,21 @@ def status(
                 live.update(_stats_table(the_app, await the_app.stats()))
                 shown += 1
 
-    call(app, show)
+    call(app_spec(app, app_option), show)
 
 
 tasks_cli = typer.Typer(help="Inspect tasks.", no_args_is_help=True)
+TaskIdArg = Annotated[str | None, typer.Argument(metavar="TASK_ID", show_default=False, help="The task id")]
 cli.add_typer(tasks_cli, name="tasks")
 
 
 @tasks_cli.command("show")
-def tasks_show(task_id: Annotated[str, typer.Argument(help="The task id")], app: AppOpt) -> None:
+def tasks_show(app: AppArg = None, task_id: TaskIdArg = None, app_option: AppOpt = None) -> None:
     """The task, its generations and every attempt with its outcome and reason."""
+    spec, (the_id,) = split_app(app, app_option, task_id, names=("TASK_ID",))
 
     async def show(the_app: App) -> None:
-        info = the_app.get_task(task_id)
+        info = the_app.get_task(the_id)
         out = console()
         out.print(
             f"[bold]{info.name}[/] {info.id} · queue {info.queue} · state [bold]{info.state}[/] · "
@@ -91,54 +95,59 @@ def tasks_show(task_id: Annotated[str, typer.Argument(help="The task id")], app:
             )
         out.print(table)
 
-    call(app, show)
+    call(spec, show)
 
 
 dlq_cli = typer.Typer(help="The dead-letter queue of a queue.", no_args_is_help=True)
 cli.add_typer(dlq_cli, name="dlq")
-QueueArg = Annotated[str, typer.Argument(help="The queue name")]
+QueueArg = Annotated[str | None, typer.Argument(metavar="QUEUE", show_default=False, help="The queue name")]
+EntryArg = Annotated[str | None, typer.Argument(metavar="ENTRY", show_default=False, help="DLQ entry id")]
 EntryOpt = Annotated[list[str] | None, typer.Option("--entry", help="DLQ entry id (repeatable); default all")]
 
 
 @dlq_cli.command("list")
-def dlq_list(queue: QueueArg, app: AppOpt) -> None:
+def dlq_list(app: AppArg = None, queue: QueueArg = None, app_option: AppOpt = None) -> None:
     """The queue's dead letters: entry, task, reason (never the payload)."""
+    spec, (name,) = split_app(app, app_option, queue, names=("QUEUE",))
 
     async def show(the_app: App) -> None:
         table = Table("entry", "task", "name", "generation", "reason")
-        for d in await dlq.list_dead_letters(the_app, queue):
+        for d in await dlq.list_dead_letters(the_app, name):
             table.add_row(d.entry_id, d.task_id or "-", d.name or "-", str(d.generation), d.reason)
         console().print(table)
 
-    call(app, show, schema=False)
+    call(spec, show, schema=False)
 
 
 @dlq_cli.command("show")
-def dlq_show(queue: QueueArg, entry: Annotated[str, typer.Argument(help="DLQ entry id")], app: AppOpt) -> None:
+def dlq_show(app: AppArg = None, queue: QueueArg = None, entry: EntryArg = None, app_option: AppOpt = None) -> None:
     """One dead letter and the task it names."""
+    spec, (name, entry_id) = split_app(app, app_option, queue, entry, names=("QUEUE", "ENTRY"))
 
     async def show(the_app: App) -> None:
-        found = [d for d in await dlq.list_dead_letters(the_app, queue, count=10_000) if d.entry_id == entry]
+        found = [d for d in await dlq.list_dead_letters(the_app, name, count=10_000) if d.entry_id == entry_id]
         if not found:
-            raise typer.BadParameter(f"no entry {entry} in the DLQ of {queue}")
+            raise InvalidQueryError(f"no entry {entry_id} in the DLQ of {name}; see `durable-tasks dlq list`")
         d = found[0]
         console().print(f"entry {d.entry_id}: task {d.task_id} ({d.name}) generation {d.generation}: {d.reason}")
         if d.task_id:
             info = the_app.get_task(d.task_id)
             console().print(f"task state {info.state}, attempts {len(info.attempts)}, error {info.error_message}")
 
-    call(app, show)
+    call(spec, show)
 
 
 @dlq_cli.command("replay")
-def dlq_replay(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
+def dlq_replay(app: AppArg = None, queue: QueueArg = None, app_option: AppOpt = None, entry: EntryOpt = None) -> None:
     """Run dead-lettered tasks again as a new generation, through the outbox."""
-    rerun = call(app, lambda the_app: dlq.replay(the_app, queue, entry))
+    spec, (name,) = split_app(app, app_option, queue, names=("QUEUE",))
+    rerun = call(spec, lambda the_app: dlq.replay(the_app, name, entry))
     console().print(f"replayed {len(rerun)} task(s): {', '.join(rerun)}")
 
 
 @dlq_cli.command("purge")
-def dlq_purge(queue: QueueArg, app: AppOpt, entry: EntryOpt = None) -> None:
+def dlq_purge(app: AppArg = None, queue: QueueArg = None, app_option: AppOpt = None, entry: EntryOpt = None) -> None:
     """Delete dead letters (the tasks stay DEAD in the database)."""
-    removed = call(app, lambda the_app: dlq.purge(the_app, queue, entry), schema=False)
+    spec, (name,) = split_app(app, app_option, queue, names=("QUEUE",))
+    removed = call(spec, lambda the_app: dlq.purge(the_app, name, entry), schema=False)
     console().print(f"purged {removed} entr{'y' if removed == 1 else 'ies'}")

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..app import App
 from ..flow.control import LimitInfo
-from .base import AppOpt, call, cli, console
+from .base import AppArg, AppOpt, app_spec, call, cli, console, split_app
 
 __all__ = ["limits_table"]
 
@@ -18,7 +18,10 @@ limits_cli = typer.Typer(
     help="Rate and concurrency limits: list and change them while workers run.", no_args_is_help=True
 )
 cli.add_typer(limits_cli, name="limits")
-NameArg = Annotated[str, typer.Argument(help="The limit's name (a task's own: task:<task name>)")]
+NameArg = Annotated[
+    str | None,
+    typer.Argument(metavar="NAME", show_default=False, help="The limit's name (a task's own: task:<task name>)"),
+]
 
 
 def limits_table(found: list[LimitInfo]) -> Table:
@@ -31,38 +34,41 @@ def limits_table(found: list[LimitInfo]) -> Table:
 
 
 @limits_cli.command("list")
-def limits_list(app: AppOpt) -> None:
+def limits_list(app: AppArg = None, app_option: AppOpt = None) -> None:
     """Every limit of the App, as it applies now."""
 
     async def show(the_app: App) -> None:
         console().print(limits_table(await the_app.limits_status()))
 
-    call(app, show)
+    call(app_spec(app, app_option), show)
 
 
 @limits_cli.command("set")
 def limits_set(
-    name: NameArg,
-    app: AppOpt,
+    app: AppArg = None,
+    name: NameArg = None,
+    app_option: AppOpt = None,
     rate: Annotated[str | None, typer.Option(help="e.g. 3000/m")] = None,
     burst: Annotated[int | None, typer.Option(help="admissions at once")] = None,
     concurrency: Annotated[int | None, typer.Option(help="running attempts per concurrency key")] = None,
 ) -> None:
     """Override a limit's values on every worker (kept until ``limits clear``)."""
+    spec, (limit,) = split_app(app, app_option, name, names=("NAME",))
 
     async def change(the_app: App) -> None:
-        await the_app.set_limit(name, rate=rate, burst=burst, concurrency=concurrency)
+        await the_app.set_limit(limit, rate=rate, burst=burst, concurrency=concurrency)
         console().print(limits_table(await the_app.limits_status()))
 
-    call(app, change)
+    call(spec, change)
 
 
 @limits_cli.command("clear")
-def limits_clear(name: NameArg, app: AppOpt) -> None:
+def limits_clear(app: AppArg = None, name: NameArg = None, app_option: AppOpt = None) -> None:
     """Back to the values the code declares."""
+    spec, (limit,) = split_app(app, app_option, name, names=("NAME",))
 
     async def clear(the_app: App) -> None:
-        changed = await the_app.clear_limit(name)
-        console().print(f"{name}: {'back to the code' if changed else 'had no run-time setting'}")
+        changed = await the_app.clear_limit(limit)
+        console().print(f"{limit}: {'back to the code' if changed else 'had no run-time setting'}")
 
-    call(app, clear)
+    call(spec, clear)

@@ -12,7 +12,7 @@ from rich.table import Table
 from ..app import App
 from ..errors import DurableTasksError
 from ..outages import broker_errors, database_errors
-from .base import AppArg, call, check, cli, console, fail, load_app
+from .base import AppArg, AppOpt, app_spec, call, check, cli, console, fail, load_app
 
 __all__: list[str] = []
 
@@ -21,12 +21,13 @@ T = TypeVar("T")
 
 @cli.command()
 def prune(
-    app: AppArg,
+    app: AppArg = None,
+    app_option: AppOpt = None,
     older_than: Annotated[float, typer.Option(help="Age in hours of what may go")] = 24 * 7,
     batch: Annotated[int, typer.Option(help="Rows per transaction")] = 1000,
 ) -> None:
     """Delete sent outbox rows and finished tasks older than --older-than, in bounded batches."""
-    the_app = load_app(app)
+    the_app = load_app(app_spec(app, app_option))
     check(the_app, redis=False, schema=True)
     try:
         report = the_app.prune(timedelta(hours=older_than), batch=batch)
@@ -39,14 +40,15 @@ def prune(
 
 
 @cli.command()
-def doctor(app: AppArg) -> None:
+def doctor(app: AppArg = None, app_option: AppOpt = None) -> None:
     """Check what would lose or duplicate work: eviction, persistence, version, groups, clocks,
     timeouts, dedup TTL, trimming, a pooler in front of PostgreSQL, LISTEN/NOTIFY. Exits 1 on an
     error-level finding."""
     from ..doctor import Level, diagnose, gather_facts
 
     # The schema is one of the findings: only the connections must work first.
-    findings = call(app, lambda the_app: _facts_then(the_app, gather_facts, diagnose), schema=False)
+    spec = app_spec(app, app_option)
+    findings = call(spec, lambda the_app: _facts_then(the_app, gather_facts, diagnose), schema=False)
     table = Table("check", "level", "finding")
     colors = {Level.OK: "green", Level.WARNING: "yellow", Level.ERROR: "red"}
     for f in findings:

@@ -12,7 +12,7 @@ from .. import migrations
 from ..app import App
 from ..errors import DurableTasksError
 from ..outages import database_error
-from .base import cli, fail, load_app
+from .base import AppOpt, cli, fail, load_app
 
 __all__ = ["migrate"]
 
@@ -24,8 +24,11 @@ EXIT_BEHIND = 1
 def migrate(
     app: Annotated[
         str | None,
-        typer.Argument(help="The App as module:attribute; without it, the database of DT_DATABASE_URL"),
+        typer.Argument(
+            metavar="[APP]", help="The App as module:attribute (or --app); without one, the database of DT_DATABASE_URL"
+        ),
     ] = None,
+    app_option: AppOpt = None,
     to: Annotated[int | None, typer.Option("--to", help="Stop at this version (default: the latest)")] = None,
     sql: Annotated[bool, typer.Option("--sql", help="Print the SQL it would run instead (dry run)")] = False,
     check: Annotated[bool, typer.Option("--check", help="Apply nothing; exit 1 if steps are missing")] = False,
@@ -36,7 +39,8 @@ def migrate(
 ) -> None:
     """Apply the schema steps the database lacks, one transaction each (serialized between
     processes); ``init-db`` does the same to the latest version."""
-    the_app = load_app(app) if app else App()
+    spec = app or app_option
+    the_app = load_app(spec) if spec else App()
     try:
         if check:
             _check(the_app)

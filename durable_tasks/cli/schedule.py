@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..errors import DurableTasksError
 from ..scheduler import ScheduleInfo
-from .base import AppArg, AppOpt, check, cli, console, fail, load_app
+from .base import AppArg, AppOpt, app_spec, check, cli, console, fail, load_app, split_app
 from .serve import serve
 
 __all__ = ["schedules_table"]
@@ -19,14 +19,14 @@ schedules_cli = typer.Typer(
     help="Periodic schedules: list them, pause and resume without a deploy.", no_args_is_help=True
 )
 cli.add_typer(schedules_cli, name="schedules")
-NameArg = Annotated[str, typer.Argument(help="The schedule's name")]
+NameArg = Annotated[str | None, typer.Argument(metavar="NAME", show_default=False, help="The schedule's name")]
 
 
 @cli.command()
-def scheduler(app: AppArg) -> None:
+def scheduler(app: AppArg = None, app_option: AppOpt = None) -> None:
     """Run a scheduler only: it submits the periodic tasks' ticks (run as many as you like:
     each tick is submitted once)."""
-    serve(load_app(app), dispatcher=False, worker=False, reaper=False, scheduler=True)
+    serve(load_app(app_spec(app, app_option)), ["scheduler"])
 
 
 def _when(moment: datetime | None) -> str:
@@ -58,18 +58,20 @@ def _run(spec: str, action: str, name: str | None = None) -> None:
 
 
 @schedules_cli.command("list")
-def schedules_list(app: AppOpt) -> None:
+def schedules_list(app: AppArg = None, app_option: AppOpt = None) -> None:
     """Every schedule with its last and next tick (UTC)."""
-    _run(app, "list")
+    _run(app_spec(app, app_option), "list")
 
 
 @schedules_cli.command("pause")
-def schedules_pause(name: NameArg, app: AppOpt) -> None:
+def schedules_pause(app: AppArg = None, name: NameArg = None, app_option: AppOpt = None) -> None:
     """Pause a schedule: every scheduler stops submitting it within scheduler_refresh."""
-    _run(app, "pause", name)
+    spec, (the_name,) = split_app(app, app_option, name, names=("NAME",))
+    _run(spec, "pause", the_name)
 
 
 @schedules_cli.command("resume")
-def schedules_resume(name: NameArg, app: AppOpt) -> None:
+def schedules_resume(app: AppArg = None, name: NameArg = None, app_option: AppOpt = None) -> None:
     """Resume a paused schedule (the ticks that fell while it was paused are skipped)."""
-    _run(app, "resume", name)
+    spec, (the_name,) = split_app(app, app_option, name, names=("NAME",))
+    _run(spec, "resume", the_name)

@@ -11,14 +11,15 @@ from ..errors import DurableTasksError
 
 if TYPE_CHECKING:
     from ..agents import Agent
-from .base import AppArg, check, cli, console, fail, load_app
+from .base import AppArg, AppOpt, app_spec, check, cli, console, fail, load_app
 
 __all__: list[str] = []
 
 
 @cli.command()
 def web(
-    app: AppArg,
+    app: AppArg = None,
+    app_option: AppOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on; beyond loopback only with DT_WEB_USER/PASSWORD")] = (
         "127.0.0.1"
     ),
@@ -42,7 +43,8 @@ def web(
     except ImportError as exc:
         console().print("[red]error:[/] the dashboard needs the web extra: pip install 'durable-tasks[web]'")
         raise typer.Exit(2) from exc
-    the_app = load_app(app)
+    spec = app_spec(app, app_option)
+    the_app = load_app(spec)
     auth = BasicAuth.from_env()
     try:
         check_bind(host, authenticated=auth is not None)
@@ -54,7 +56,7 @@ def web(
         basic_auth=auth,
         read_only=read_only,
         trace_url=trace_url,
-        agents=_agents_of(app),
+        agents=_agents_of(spec),
         poll_interval=timedelta(seconds=poll_interval),
     )
     console().print(f"dashboard on http://{host}:{port}/ (namespace {the_app.settings.namespace})")

@@ -8,15 +8,19 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import typer.main
 from sqlmodel import Session
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from durable_tasks import App, TaskState
 from durable_tasks.cli import cli
 from tests.helpers import block_until
+from tests.servers import private_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,6 +78,28 @@ def test_unreachable_redis_exits_with_a_typed_error_once_the_startup_wait_is_ove
     assert retries == 0 if wait == "0" else retries >= 2  # it kept trying for the whole wait
 
 
+def test_every_command_that_loads_an_app_takes_it_first_or_by_option() -> None:
+    def leaves(group: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+        if isinstance(group, TyperGroup):
+            for name, sub in sorted(group.commands.items()):
+                yield from leaves(sub, (*path, name))
+        else:
+            yield path, group
+
+    checked = 0
+    for path, command in leaves(typer.main.get_command(cli), ()):
+        arguments = [p for p in command.params if p.param_type_name == "argument"]
+        if not any(p.name == "app" for p in command.params):
+            continue
+        assert arguments[0].name == "app", f"`{' '.join(path)}`: APP is not its first argument"
+        options = [opt for p in command.params if p.param_type_name == "option" for opt in p.opts]
+        assert "--app" in options, f"`{' '.join(path)}` takes APP but not --app"
+        option = next(p for p in command.params if "--app" in getattr(p, "opts", ()))
+        assert option.envvar == "DT_APP", f"`{' '.join(path)}`: --app does not read DT_APP"
+        checked += 1
+    assert checked >= 20
+
+
 def run_cli(*argv: str, env: dict[str, str]) -> tuple[int, list[str]]:
     """The command in its own process; its exit code and non-blank output lines."""
     proc = subprocess.run(
@@ -114,6 +140,59 @@ def test_an_empty_database_fails_each_command_in_one_line_that_names_init_db(
     assert code == 2, lines
     assert len(lines) == 1, lines
     assert "durable-tasks init-db" in lines[0]
+
+
+def test_worker_prints_a_banner_with_masked_urls_and_takes_queues_and_concurrency(
+    postgres_url: str, namespace: str, tmp_path: Path
+) -> None:
+    secret = "Banner-pw-31c7"
+    database = sa.make_url(postgres_url).set(password=secret).render_as_string(hide_password=False)
+    with private_redis(tmp_path / "redis", "--requirepass", secret) as server:
+        env = {**os.environ, "DT_DATABASE_URL": database, "DT_NAMESPACE": namespace, "DT_DATA_DIR": str(tmp_path)}
+        env["DT_REDIS_URL"] = f"redis://:{secret}@127.0.0.1:{server.port}/0"
+        App(database, env["DT_REDIS_URL"], namespace).create_all()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "durable_tasks", "worker", "tests.apps.cli_app:app", "-Q", "cli", "-c", "3"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            banner: list[str] = []
+            while not any("concurrency" in line for line in banner):
+                line = proc.stdout.readline()
+                assert line, f"the worker ended before its banner: {banner}"
+                banner.append(line)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = "".join(banner)
+    assert secret not in text
+    assert "postgres:***@" in text
+    assert f"redis://:***@127.0.0.1:{server.port}/0" in text
+    assert f"namespace    {namespace}" in text
+    assert "queues       cli" in text
+    assert "cli.nap (cli)" in text
+    assert "concurrency  3" in text
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [(["-Q", "nowhere"], "no registered task uses queue nowhere"), (["-c", "0"], "concurrency")],
+)
+def test_worker_refuses_a_queue_no_task_uses_and_a_bad_concurrency_in_one_line(
+    cli_env: dict[str, str], option: list[str], says: str
+) -> None:
+    code, lines = run_cli("worker", "tests.apps.cli_app:app", *option, env=cli_env)
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert says in lines[0]
 
 
 @pytest.mark.slow

@@ -81,10 +81,13 @@ def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> 
         await app.aclose()
 
     anyio.run(run)
-    code, out = invoke("tasks", "show", task_id, "--app", APP)
+    code, out = invoke("tasks", "show", APP, task_id)
     assert code == 0, out
     assert "SUCCEEDED" in out
     assert "succeeded" in out
+    code, by_option = invoke("tasks", "show", task_id, "--app", APP)
+    assert code == 0, by_option
+    assert "succeeded" in by_option
     named = CliRunner().invoke(cli, ["tasks", "show", task_id], env={"DT_APP": APP, "COLUMNS": "250"})
     assert named.exit_code == 0, named.output  # `durable-tasks tasks show ID` with DT_APP set
     assert "succeeded" in named.output
@@ -96,12 +99,12 @@ def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> 
 def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
     app = the_app()
     task_id = anyio.run(dead_letter_one, app)
-    code, out = invoke("dlq", "list", "cli", "--app", APP)
+    code, out = invoke("dlq", "list", APP, "cli")
     assert code == 0, out
     assert task_id in out
     assert "max_deliveries" in out
     entry = next(line.split("│")[1].strip() for line in out.splitlines() if task_id in line)
-    code, out = invoke("dlq", "show", "cli", entry, "--app", APP)
+    code, out = invoke("dlq", "show", APP, "cli", entry)
     assert code == 0, out
     assert "DEAD" in out
 

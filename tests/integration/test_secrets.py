@@ -70,10 +70,9 @@ def leaf_commands() -> list[Command]:
         argv: list[str] = list(path)
         for name, param in params.items():
             value = APP_SPEC if name == "app" else SAMPLES.get(str(name), "x")
-            if param.param_type_name == "argument":
-                if param.required:
-                    argv.append(value)
-            elif name == "app" or param.required:
+            if param.param_type_name == "argument":  # APP first, then the command's own
+                argv.append(value)
+            elif param.required:
                 argv += [param.opts[0], value]
             elif name == "yes":  # a command asking for confirmation
                 argv.append(param.opts[0])

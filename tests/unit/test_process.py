@@ -54,7 +54,7 @@ def test_the_cli_tunes_the_process_before_it_starts_the_runtime(
         seen.append(gc.get_threshold())
 
     monkeypatch.setattr("durable_tasks.cli.serve.anyio.run", runtime_would_start)
-    serve_module.serve(app, dispatcher=False, worker=True, reaper=False)
+    serve_module.serve(app, ["worker"])
     assert seen == [(2345, *pristine_gc[1:])]
 
 
