@@ -20,7 +20,7 @@ from .outcome import TaskOutcome
 from .policy import backoff_delay
 from .records import TaskState
 from .runtime import Runtime
-from .store.outbox import ClaimedDelivery
+from .store.outbox import ClaimedDelivery, dead_error_type
 from .store.queries import UNKNOWN_TASK_ERROR
 from .transport.announce import announce_outcomes
 from .transport.keys import partition_for
@@ -113,7 +113,7 @@ class Dispatcher:
         self._record_unknown(unknown, now)
         if dead:  # wake the result waits on them (an invalid payload never runs)
             outcomes = [
-                TaskOutcome(row.task_id, row.generation, TaskState.DEAD, None, "InvalidPayload", reason)
+                TaskOutcome(row.task_id, row.generation, TaskState.DEAD, None, dead_error_type(reason), reason)
                 for row, reason in dead
                 if not row.shadow
             ]

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
+from .queries import UNKNOWN_TASK_ERROR
 
 __all__ = [
     "ClaimedDelivery",
@@ -26,6 +27,7 @@ __all__ = [
     "Sent",
     "claim_rows",
     "claimed_rows",
+    "dead_error_type",
     "deliveries",
     "mark_dead",
     "mark_sent",
@@ -233,13 +235,22 @@ def mark_dead(conn: sa.Connection, rows: Sequence[Dead], *, now: datetime) -> No
         )
         .values(
             state=TaskState.DEAD,
-            error_type="InvalidPayload",
+            error_type=sa.bindparam("b_type"),
             error_message=sa.bindparam("b_reason"),
             finished_at=now,
             lease_expires_at=None,
         ),
-        [{"b_task": r.task_id, "b_gen": r.generation, "b_reason": reason} for r, reason in rows],
+        [
+            {"b_task": r.task_id, "b_gen": r.generation, "b_reason": reason, "b_type": dead_error_type(reason)}
+            for r, reason in rows
+        ],
     )
+
+
+def dead_error_type(reason: str) -> str:
+    """The error type a dead-lettered row's task records: its name unknown past the grace, or
+    a payload that does not fit its task."""
+    return "UnknownTask" if reason.startswith(UNKNOWN_TASK_ERROR) else "InvalidPayload"
 
 
 def schedule_retry(conn: sa.Connection, rows: Sequence[Retry]) -> None:

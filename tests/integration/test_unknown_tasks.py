@@ -97,7 +97,7 @@ async def test_a_task_still_unknown_after_the_grace_is_dead_lettered(make_app: C
     clock.advance(timedelta(minutes=1))
     assert await old_runtime.dispatch_once() == 1
     info = old_runtime.get_task(task_id)
-    assert info.state is TaskState.DEAD
+    assert (info.state, info.error_type) == (TaskState.DEAD, "UnknownTask")
     assert info.error_message is not None
     assert "unknown task name 'grade_v2'" in info.error_message
     assert "unknown_task_grace (0:10:00)" in info.error_message
