@@ -27,6 +27,10 @@ __all__ = [
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
+#: ``postgres://`` and ``postgres+driver://``, which SQLAlchemy does not read as PostgreSQL.
+_POSTGRES_SCHEME = re.compile(r"^postgres(\+[A-Za-z0-9_]+)?://")
+
+
 def _seconds(value: Any) -> Any:
     """Environment variables arrive as text: "2.5" means seconds, like the number 2.5."""
     if isinstance(value, str):
@@ -191,6 +195,14 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1024 * 1024, ge=64)
     max_json_depth: int = Field(default=64, ge=2)
     max_idempotency_key_length: int = Field(default=512, ge=8, le=512)  # dt_tasks.idempotency_key
+
+    @field_validator("database_url", "listen_database_url")
+    @classmethod
+    def _postgres_scheme_is_postgresql(cls, value: str | None) -> str | None:
+        # Heroku, Render, Supabase and libpq write postgres://; SQLAlchemy knows only postgresql.
+        if value is not None and _POSTGRES_SCHEME.match(value):
+            return "postgresql" + value[len("postgres") :]
+        return value
 
     @field_validator("namespace")
     @classmethod

@@ -130,6 +130,19 @@ def test_a_database_that_does_not_exist_fails_each_command_at_once_in_one_line(
     assert "does not exist" in lines[0]
 
 
+def test_a_postgres_scheme_url_is_read_as_postgresql(
+    postgres_url: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    url = sa.make_url(postgres_url)
+    heroku_style = url.set(drivername="postgres").render_as_string(hide_password=False)
+    assert heroku_style.startswith("postgres://")
+    env = {"DT_DATABASE_URL": heroku_style, "DT_REDIS_URL": redis_url, "DT_NAMESPACE": namespace}
+    env["DT_DATA_DIR"] = str(tmp_path)
+    for command in ("init-db", "status"):
+        code, lines = run_cli(command, "tests.apps.cli_app:app", env=env)
+        assert code == 0, lines
+
+
 @pytest.mark.parametrize("command", ["web", "run", "status", "prune"])
 def test_an_empty_database_fails_each_command_in_one_line_that_names_init_db(
     redis_url: str, namespace: str, tmp_path: Path, command: str

@@ -110,6 +110,7 @@ def failures(postgres_url: str) -> dict[str, dict[str, str]]:
         },
         "database-refused": {"DT_DATABASE_URL": db(pg.set(port=closed_port())), "DT_REDIS_URL": good_redis},
         "database-missing": {"DT_DATABASE_URL": db(pg.set(database="dt_no_such_database")), "DT_REDIS_URL": good_redis},
+        # postgres:// is read as postgresql://: this fails on the closed port, not on the scheme.
         "postgres-scheme-refused": {
             "DT_DATABASE_URL": f"postgres://postgres:{CANARY}@127.0.0.1:{closed_port()}/test",
             "DT_REDIS_URL": good_redis,
