@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..records import metadata
+from ..store.schema import made_on
 
 __all__ = ["TableShape", "differences", "model_shape", "reflect_shape", "runtime_tables"]
 
@@ -112,12 +113,10 @@ def model_shape(dialect: sa.Dialect, tables: sa.MetaData = metadata) -> dict[str
             str(ix.name): Index(
                 tuple(c.name for c in ix.columns),
                 bool(ix.unique),
-                _where(
-                    ix.dialect_options[dialect.name].get("where") if dialect.name in ("postgresql", "sqlite") else None
-                ),
+                _where(ix.dialect_options[dialect.name].get("where")),  # None where the dialect has no partial index
             )
             for ix in table.indexes
-            if _made_on(ix, dialect)
+            if made_on(ix, dialect)
         }
         uniques = {
             str(c.name): tuple(col.name for col in c.columns)
@@ -126,15 +125,6 @@ def model_shape(dialect: sa.Dialect, tables: sa.MetaData = metadata) -> dict[str
         }
         shapes[table.name] = TableShape(columns, tuple(c.name for c in table.primary_key.columns), indexes, uniques)
     return shapes
-
-
-def _made_on(index: sa.Index, dialect: sa.Dialect) -> bool:
-    """Whether ``index`` exists on this dialect (``Index(...).ddl_if(dialect=...)``)."""
-    condition = getattr(index, "_ddl_if", None)
-    names = getattr(condition, "dialect", None)
-    if names is None:
-        return True
-    return dialect.name in ((names,) if isinstance(names, str) else tuple(names))
 
 
 def differences(

@@ -1,6 +1,6 @@
 """The SQL side of the runtime, behind one :class:`Store` protocol (:mod:`.protocol`).
 
-One implementation per dialect (:mod:`.postgres`, :mod:`.sqlite`), chosen once by
+One implementation per dialect (:mod:`.postgres`, :mod:`.sqlite`, :mod:`.mysql`), chosen once by
 :func:`open_store` where the App builds its engine; the loops call the protocol and never ask
 which database they run on. The statements every dialect shares are SQLAlchemy Core in
 :mod:`.submit`, :mod:`.outbox`, :mod:`.execution`, :mod:`.results`, :mod:`.leases`,

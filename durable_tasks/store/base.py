@@ -6,13 +6,16 @@ A dialect's store subclasses :class:`SqlStore` and overrides what its database d
 differently: the hooks below (how a duplicate idempotency key is ignored, how dispatchers are
 woken, how rows are locked before a multi-statement write) and, where it has a faster way,
 whole operations (PostgreSQL's one-statement hot paths on the event loop's own connections).
-The Core statements use ``UPDATE … RETURNING``, which SQLite and PostgreSQL both have.
+The Core statements use ``UPDATE … RETURNING``, which SQLite and PostgreSQL both have; MySQL's
+store replaces the operations that use it (lock the rows, update, read back). The reaper's
+operations are :class:`~.recovering.RecoveryStore`'s, the journal's
+:class:`~.journaling.JournalStore`'s.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TypeVar
@@ -23,31 +26,26 @@ from sqlalchemy.orm import Session
 
 from ..journal import ChildOutcome
 from ..outcome import TaskOutcome
-from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
 from . import (
-    deferral,
     execution,
     journal,
     leases,
     outbox,
     outcomes,
     queries,
-    recovery,
     results,
     retention,
     schema,
     submit,
 )
-from .deferral import Deferral
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .journaling import JournalStore
 from .notify import OutboxWaiter, PollingWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
 from .protocol import DatabaseFacts
-from .queries import QueueBacklog
-from .recovery import DeadTask, UnconfirmedDelivery
+from .recovering import RecoveryStore
 from .results import FinalWrite
 from .retention import PruneReport
 from .submit import NewTask, SubmitOutcome
@@ -57,7 +55,7 @@ __all__ = ["SqlStore"]
 R = TypeVar("R")
 
 
-class SqlStore(JournalStore):
+class SqlStore(RecoveryStore, JournalStore):
     """The operations of :class:`~.protocol.Store` in SQLAlchemy Core, each in a worker thread."""
 
     def __init__(self, engine: sa.Engine) -> None:
@@ -344,106 +342,6 @@ class SqlStore(JournalStore):
     async def mark_solo(self, claim: ExecutionClaim) -> None:
         """Record that this attempt runs alone."""
         await self._in_thread(partial(self._runtime_transaction, leases.mark_solo, claim))
-
-    # -- the reaper --------------------------------------------------------------------------
-
-    async def lease_views(self, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
-        """What the database says about each task."""
-        ids = list(task_ids)
-        return await self._in_thread(partial(self._runtime_read, recovery.lease_views, namespace, ids))
-
-    async def redeliver(
-        self,
-        namespace: str,
-        *,
-        task_id: str,
-        generation: int,
-        delivery: int,
-        now: datetime,
-        reason: str,
-        count_reclaim: bool,
-        due: datetime | None = None,
-    ) -> bool:
-        """Supersede a delivery with a new one (on the application's engine, as failures are)."""
-
-        def run() -> bool:
-            with self._engine.begin() as conn:
-                done = recovery.redeliver(
-                    conn,
-                    namespace,
-                    task_id=task_id,
-                    generation=generation,
-                    delivery=delivery,
-                    now=now,
-                    reason=reason,
-                    count_reclaim=count_reclaim,
-                    due=due,
-                )
-                if done:
-                    self._wake_dispatchers(conn, namespace)
-            return done
-
-        return await self._in_thread(run)
-
-    async def defer_deliveries(self, namespace: str, rows: Sequence[Deferral], *, now: datetime) -> int:
-        """Supersede deliveries refused admission with new ones due later (:mod:`.deferral`)."""
-
-        def run() -> int:
-            with self._engine.begin() as conn:
-                moved = deferral.defer_deliveries(conn, namespace, rows, now)
-                if moved:
-                    self._wake_dispatchers(conn, namespace)
-                return moved
-
-        return await self._in_thread(run)
-
-    async def dead_letter_task(
-        self,
-        namespace: str,
-        *,
-        task_id: str,
-        generation: int,
-        delivery: int,
-        now: datetime,
-        reason: str,
-        on_dead: Callable[[sa.Connection, DeadTask], None] | None = None,
-    ) -> bool:
-        """Mark the task DEAD, running its failure hooks in the same transaction."""
-
-        def run() -> bool:
-            with self._engine.begin() as conn:
-                dead = recovery.dead_letter_task(
-                    conn,
-                    namespace,
-                    task_id=task_id,
-                    generation=generation,
-                    delivery=delivery,
-                    now=now,
-                    reason=reason,
-                    on_dead=on_dead,
-                )
-                if dead:
-                    self._settle_if_child(conn, namespace, task_id, "DEAD", now)
-                return dead
-
-        return await self._in_thread(run)
-
-    async def unconfirmed_deliveries(
-        self, namespace: str, *, now: datetime, grace: timedelta, limit: int
-    ) -> list[UnconfirmedDelivery]:
-        """Sent deliveries whose entry the reconciler checks."""
-        return await self._in_thread(
-            partial(self._runtime_read, recovery.unconfirmed_deliveries, namespace, now=now, grace=grace, limit=limit)
-        )
-
-    async def queue_backlogs(self, namespace: str) -> dict[str, QueueBacklog]:
-        """Per queue backlog."""
-
-        def read() -> dict[str, QueueBacklog]:
-            with self._read_engine.connect() as conn:
-                return queries.queue_backlogs(conn, namespace)
-
-        return await self._in_thread(read)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from sqlmodel import SQLModel
 
 from ..records import attempts_table, outbox_table, steps_table, tasks_table
 
-__all__ = ["create_all", "missing_indexes"]
+__all__ = ["create_all", "made_on", "missing_indexes"]
 
 
 def create_all(engine: sa.Engine, tables: Sequence[sa.Table]) -> None:
@@ -28,13 +28,14 @@ def missing_indexes(engine: sa.Engine) -> list[str]:
             continue
         present = {index["name"] for index in inspector.get_indexes(table.name)}
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            if index.name not in present and _made_on(index, engine.dialect):
+            if index.name not in present and made_on(index, engine.dialect):
                 statements.append(str(sa.schema.CreateIndex(index).compile(dialect=engine.dialect)).strip())
     return statements
 
 
-def _made_on(index: sa.Index, dialect: sa.Dialect) -> bool:
-    """Whether ``create_all`` makes ``index`` on this dialect (``Index.ddl_if``)."""
+def made_on(index: sa.Index, dialect: sa.Dialect) -> bool:
+    """Whether ``index`` exists on this dialect (``Index(...).ddl_if(dialect=...)``): the
+    models declare a few indexes per dialect (a partial index, or MySQL's range instead)."""
     condition = getattr(index, "_ddl_if", None)
     if condition is None or condition.dialect is None:
         return True
