@@ -274,7 +274,10 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
     def create_all(self) -> None:
         """Migrate the runtime's tables to the latest version (creating them in an empty
         database; :mod:`durable_tasks.migrations`) and create the application's ``tables`` if
-        they do not exist. ``durable-tasks init-db`` calls this."""
+        they do not exist. ``durable-tasks init-db`` calls this.
+
+        Only the tables named in ``App(tables=[...])`` are made, never every model SQLModel
+        knows of: an application's own tables usually belong to its migrations."""
         tables: list[sa.Table] = [model.__table__ for model in self.tables]  # type: ignore[attr-defined]
         with self._database_errors():
             migrations.migrate(self.engine)
