@@ -40,6 +40,8 @@ from .errors import (
     UnknownScheduleError,
     UnknownTaskError,
 )
+from .flow.control import LimitInfo
+from .flow.policy import Limit
 from .journal import Journal, current_journal
 from .periodic import CatchUp
 from .reaper import ReapReport
@@ -70,6 +72,8 @@ __all__ = [
     "InvalidSessionError",
     "Journal",
     "JournalFencedOutError",
+    "Limit",
+    "LimitInfo",
     "MigrationError",
     "PayloadError",
     "PayloadNotSerializableError",

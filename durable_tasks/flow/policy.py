@@ -165,17 +165,20 @@ def task_flow(
     if priority is not None:
         check_priority(priority)
     limits: list[Limit] = []
-    own = f"task:{task_name}"
+    own_rate: Rate | None = None
+    own_concurrency: int | None = None
     if isinstance(rate_limit, Limit):
         limits.append(rate_limit)
     elif rate_limit is not None:
-        limits.append(Limit(own, rate=parse_rate(rate_limit)))
+        own_rate = parse_rate(rate_limit)
     if isinstance(concurrency_limit, Limit):
         limits.append(concurrency_limit)
     elif concurrency_limit is not None:
         if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int):
             raise InvalidFlowControlError(f"concurrency_limit={concurrency_limit!r}: pass an int or an app.limit(...)")
-        limits.append(Limit(f"{own}:running", concurrency=concurrency_limit))
+        own_concurrency = concurrency_limit
+    if own_rate is not None or own_concurrency is not None:  # the task's own: one limit, task:<name>
+        limits.append(Limit(f"task:{task_name}", rate=own_rate, concurrency=own_concurrency))
     for limit in limits:
         if limit.rate is None and limit.concurrency is None:
             raise InvalidFlowControlError(f"limit {limit.name!r} limits nothing")

@@ -82,7 +82,7 @@ async def test_a_concurrency_key_holds_its_limit_and_frees_on_release_or_expiry(
     await gate.release([first.task_id])
     assert (await gate.admit([second]))[0] == 0
     # A worker that dies keeps no slot past its lease: a slot whose expiry passed is free.
-    slots = FlowKeys(app.settings.namespace).slots("task:judge:running", "user:1")
+    slots = FlowKeys(app.settings.namespace).slots("task:judge", "user:1")
     await app.runtime.transport().client.zadd(slots, {"task-2:0:0": 0})
     assert (await gate.admit([delivery(4, "judge", "user:1")]))[0] == 0
     await app.aclose()

@@ -37,7 +37,7 @@ def test_limits_are_listed_changed_and_cleared_without_a_deploy(env: dict[str, s
     code, out = invoke("status", APP)
     assert code == 0, out
     assert limit_rows(out)["openai"] == ["3000/m", "10", "-", "no"]
-    assert limit_rows(out)["task:flow.call:running"] == ["-", "1", "2", "no"]
+    assert limit_rows(out)["task:flow.call"] == ["-", "1", "2", "no"]
     code, out = invoke("limits", "set", "openai", "--rate", "600/m", "--app", APP)
     assert code == 0, out
     assert limit_rows(out)["openai"] == ["600/m", "10", "-", "yes"]
