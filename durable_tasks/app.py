@@ -327,7 +327,9 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
         return self._redis_url
 
     def stop_embedded(self) -> bool:
-        """Stop the embedded Valkey this process started (no-op with a configured Redis URL)."""
+        """Stop using the embedded Valkey now, and stop it if no other process uses it; True if
+        it was stopped (no-op with a configured Redis URL). Not needed at exit: the server stops
+        by itself once the last process that uses it has exited."""
         if self.settings.redis_url is not None:
             return False
         from .embedded import stop_valkey
