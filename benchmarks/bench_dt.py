@@ -3,6 +3,9 @@
     python -m benchmarks.bench_dt drain --n 10000 [--workers 1] [--concurrency 200]
         pre-submitted, pre-dispatched no-op tasks; W worker processes (released together);
         rate = N / (last finished_at - first started_at); also the in-process dispatch rate
+    python -m benchmarks.bench_dt readme --n 10000
+        the README's path: def handler, pydantic payload, dict result, one `durable-tasks
+        worker` process at every default setting; rate as in drain
     python -m benchmarks.bench_dt dispatch --n 10000 [--dispatchers 1] [--batch 50]
         outbox rows/s into Redis by D dispatcher processes (no worker)
     python -m benchmarks.bench_dt pipeline --n 10000 [--dispatchers 1] [--workers 1]
@@ -54,14 +57,16 @@ from sqlmodel import Session
 from durable_tasks import App, TaskContext
 from durable_tasks.process import tune_gc
 from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks.settings import Settings
 from durable_tasks.store.results import FinalWrite
 
 DB = os.environ.get("DT_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("DT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-# Worker concurrency of the drain runs (the runtime's default is 16). In-flight counts tasks
+# Worker concurrency of the drain runs (the runtime's default: DEFAULT_CONCURRENCY). In-flight counts tasks
 # waiting for their group commit, so a deep window keeps the claim, run and commit stages
 # overlapped; pgqueuer and dbos run with no limit at all.
 DRAIN_CONCURRENCY = 1000
+DEFAULT_CONCURRENCY: int = Settings.model_fields["concurrency"].default
 READY_TIMEOUT = 120.0
 
 t = tasks_table.c
@@ -365,6 +370,42 @@ def drain(n: int, workers: int, concurrency: int = DRAIN_CONCURRENCY, timeout: f
         record(name, rate, "tasks/s", metric=metric, n=n, workers=workers, concurrency=concurrency)
 
 
+def readme(n: int, timeout: float = 600) -> None:
+    """The README's path: ``def`` handler, pydantic payload, dict result, one ``durable-tasks
+    worker`` process at every default setting (concurrency included); rate as in drain."""
+    from benchmarks import readme_app
+
+    with bench_app(batch_size=500) as (app, db, ns):
+        readme_app.register(app)
+        for lo in range(0, n, 500):
+            with Session(app.engine) as s:
+                for i in range(lo, min(n, lo + 500)):
+                    request = readme_app.JudgeRequest(submission_id=i, code="print(42)\n" * 4)
+                    app.submit(s, readme_app.TASK, request, idempotency_key=f"sub-{i}")
+                s.commit()
+        analyze(app)
+        anyio.run(dispatch_all, app)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DT_") or k.startswith("DT_BENCH_")}
+        env.update(DT_BENCH_DB=db, DT_BENCH_REDIS=REDIS, DT_BENCH_NS=ns)
+        cli = str(Path(sys.executable).with_name("durable-tasks"))
+        worker = subprocess.Popen([cli, "worker", "benchmarks.readme_app:app"], env=env, cwd=Path(__file__).parents[1])
+        try:
+            done = wait_count(app, ns, n, timeout)
+        finally:
+            worker.send_signal(signal.SIGINT)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()  # by pid: the worker this run started
+                worker.wait(10)
+        name = "README path (def handler, pydantic payload, dict result, `durable-tasks worker` at defaults)"
+        if done < n:
+            record(name, None, "tasks/s", metric="readme_drain_rate", n=n, error=f"only {done}/{n} in {timeout:.0f} s")
+            return
+        rate = n / span(app, ns, t.started_at, t.finished_at)
+        record(name, rate, "tasks/s", metric="readme_drain_rate", n=n, concurrency=app.settings.concurrency)
+
+
 def dispatch(n: int, dispatchers: int, batch: int | None, timeout: float = 600) -> None:
     with bench_app() as (app, db, ns):
         submit_many(app, n)
@@ -433,8 +474,7 @@ def pipeline(
 def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> None:
     commit_log = Path(tempfile.mkdtemp(prefix="dt-bench-latency-")) / "result-commits.log"
     with bench_app() as (app, db, ns):
-        # concurrency 16: the runtime's default
-        with Children(db, ns, DT_BENCH_CONC="16", DT_BENCH_COMMIT_LOG=str(commit_log)) as kids:
+        with Children(db, ns, DT_BENCH_CONC=str(DEFAULT_CONCURRENCY), DT_BENCH_COMMIT_LOG=str(commit_log)) as kids:
             kids.spawn("worker")
             kids.spawn("dispatcher")
             kids.wait_ready()
@@ -824,7 +864,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "what",
-        choices=["drain", "dispatch", "pipeline", "submit", "latency", "embedded", "rss", "_worker", "_dispatcher"],
+        choices=[
+            "drain",
+            "readme",
+            "dispatch",
+            "pipeline",
+            "submit",
+            "latency",
+            "embedded",
+            "rss",
+            "_worker",
+            "_dispatcher",
+        ],
     )
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--workers", type=int, default=1)
@@ -838,6 +889,8 @@ def main() -> None:
     bound = {"timeout": a.timeout} if a.timeout else {}
     if a.what == "drain":
         drain(a.n, a.workers, a.concurrency, **bound)
+    elif a.what == "readme":
+        readme(a.n, **bound)
     elif a.what == "dispatch":
         dispatch(a.n, a.dispatchers, a.batch, **bound)
     elif a.what == "pipeline":

@@ -106,9 +106,10 @@ def plot(path: Path, out_dir: Path | None = None, stem: str | None = None) -> li
         ax.errorbar(xs, ys, yerr=errs, marker="o", color=DT_COLOR, capsize=3, label="durable_tasks drain")
         ax.plot(xs, [ys[0] * x for x in xs], ls=":", color=DT_COLOR, alpha=0.5, label="linear from 1 worker")
         ax.set_ylim(0, max(y + e for y, e in zip(ys, errs[1], strict=True)) * 1.5)  # the ideal line is clipped
-    c16 = _values(summary, DT, "drain_rate_w1_c16")
-    if c16:
-        ax.plot([1], [statistics.median(c16)], marker="s", color="tab:orange", ls="", label="1 worker, concurrency 16")
+    for metric in sorted(m for m in summary.get(DT, {}) if m.startswith("drain_rate_w1_c")):  # the default's
+        label = f"1 worker, concurrency {metric.removeprefix('drain_rate_w1_c')} (default)"
+        rate = statistics.median(_values(summary, DT, metric))
+        ax.plot([1], [rate], marker="s", color="tab:orange", ls="", label=label)
     ax.set_xticks([1, 2, 4])
     ax.set_xlabel("worker processes")
     ax.set_ylabel("tasks/s")

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_dt import DRAIN_CONCURRENCY
+from benchmarks.bench_dt import DEFAULT_CONCURRENCY, DRAIN_CONCURRENCY
 from benchmarks.peers.install import PEERS, PINS, install, venv_python
 from benchmarks.record import RAW, NotRecordable, commit_id, record_latest
 
@@ -64,7 +64,13 @@ def dt_cases(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
     n = str(a.n)
     cases = {
         "drain": [("drain, 1 worker", ["drain", "--n", n, "--workers", "1"])],
-        "drain16": [("drain, 1 worker, concurrency 16", ["drain", "--n", n, "--workers", "1", "--concurrency", "16"])],
+        "readme": [("README path: def, pydantic, dict, `durable-tasks worker` at defaults", ["readme", "--n", n])],
+        "drain_default": [
+            (
+                f"drain, 1 worker, concurrency {DEFAULT_CONCURRENCY} (the default)",
+                ["drain", "--n", n, "--workers", "1", "--concurrency", str(DEFAULT_CONCURRENCY)],
+            )
+        ],
         "scaling": [
             ("drain, 2 workers", ["drain", "--n", n, "--workers", "2"]),
             ("drain, 4 workers", ["drain", "--n", n, "--workers", "4"]),
@@ -330,12 +336,19 @@ def print_summary(
             f"{fmt(comparable(summary, system, 'enqueue_rate')):>11}"
             + (f"   ({len(errors)} error(s))" if errors else "")
         )
+    readme = summary.get(DT, {}).get("readme_drain_rate", {}).get("median")
+    if readme:  # the path users write, beside the headline
+        fastest = rat["best_peer"].get("processing_rate", {}).get("value")
+        print(f"{'  README path':<15}{fmt(readme):>10}{fmt(readme / fastest if fastest else None, 2):>11}")
     print(
-        "   durable_tasks: tasks/s = drain of pre-dispatched tasks; start = submit->handler start; "
+        "   durable_tasks: tasks/s = drain of pre-dispatched tasks (async def, float payload, concurrency "
+        f"{DRAIN_CONCURRENCY}); README path = def handler, pydantic payload, dict result, `durable-tasks worker` "
+        "at defaults; start = submit->handler start; "
         "enqueue/s = submit() transactions/s (one task each)\n"
         f"   paced/s = the rate the latency producer reached (asked: {a.lat_rate:g}/s); below it, the producer "
         "could not keep up and latency is measured at that lower rate"
     )
+    print_targets(summary, rat)
     dt = summary.get(DT, {})
     if dt:
         print("\n== durable_tasks (medians) ==")
@@ -352,6 +365,40 @@ def print_summary(
                 print(f"   commit->commit p50 by quarter of the run, round {r.get('round')}: {quarters} ms")
 
 
+def targets(summary: dict[str, Any], rat: dict[str, Any]) -> list[tuple[str, str, float | None, str, bool | None]]:
+    """Issue 25's targets for this run: (what, aim, value, unit, met: None when not measured)."""
+    dt = {metric: entry.get("median") for metric, entry in summary.get(DT, {}).items()}
+    best = rat.get("best_peer", {})
+    headline, readme = dt.get("drain_rate_w1"), dt.get("readme_drain_rate")
+    fastest = best.get("processing_rate", {}).get("value")
+    out: list[tuple[str, str, float | None, str, bool | None]] = []
+
+    def add(what: str, aim: str, value: float | None, unit: str, met: bool | None) -> None:
+        out.append((what, aim, None if value is None else round(value, 2), unit, None if value is None else met))
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    r = ratio(readme, headline)
+    add("README path / headline drain", ">= 0.6", r, "x", r is not None and r >= 0.6)
+    r = ratio(readme, fastest)
+    peer = best.get("processing_rate", {}).get("peer", "fastest peer")
+    add(f"README path / {peer} at its defaults", ">= 2", r, "x", r is not None and r >= 2)
+    for q, factor in (("p50", 1.0), ("p99", 2.0)):
+        mine, theirs = dt.get(f"start_latency_{q}"), best.get(f"start_latency_{q}", {}).get("value")
+        r = ratio(mine, theirs)
+        who = best.get(f"start_latency_{q}", {}).get("peer", "best peer")
+        add(f"submit->start {q} / {who}'s", f"<= {factor:g}", r, "x", r is not None and r <= factor)
+    return out
+
+
+def print_targets(summary: dict[str, Any], rat: dict[str, Any]) -> None:
+    print("\n== targets (issue 25), medians of this run ==")
+    for what, aim, value, unit, met in targets(summary, rat):
+        verdict = "not measured" if met is None else "met" if met else "MISSED"
+        print(f"   {what:<52}{aim:>8}{fmt(value, 2):>10} {unit}   {verdict}")
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -361,8 +408,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--peers", default="all", help="all, none, or a comma list of " + ",".join(PEERS))
     ap.add_argument("--no-dt", action="store_true", help="skip durable_tasks (peers only)")
-    ap.add_argument("--dt-cases", default="all", help="all or a comma list: drain,drain16,scaling,dispatch,"
-                    "pipeline,latency,submit,embedded")  # fmt: skip
+    ap.add_argument("--dt-cases", default="all", help="all or a comma list: drain,readme,drain_default,scaling,"
+                    "dispatch,pipeline,latency,submit,embedded")  # fmt: skip
     ap.add_argument("--lat-n", type=int, default=1000, help="paced tasks in each latency run")
     ap.add_argument("--lat-rate", type=float, default=200.0, help="tasks/s of the latency runs (all systems)")
     ap.add_argument(
@@ -409,9 +456,10 @@ def main() -> None:
         "commit": commit,
         "full_run": full,
         "pins": {p: PINS[p] for p in peers},
-        "durable_tasks_settings": f"drain workers concurrency {DRAIN_CONCURRENCY} (one case at 16, the default); "
+        "durable_tasks_settings": f"drain workers concurrency {DRAIN_CONCURRENCY} (one case at "
+        f"{DEFAULT_CONCURRENCY}, the default); "
         "dispatchers batch 500 (the default); group commit up to 512 results (the default); "
-        "latency worker concurrency 16",
+        f"latency worker concurrency {DEFAULT_CONCURRENCY} (the default)",
     }
     records: list[dict[str, Any]] = []
     status: dict[str, str] = {}
@@ -501,6 +549,7 @@ def main() -> None:
         "peers_status": status,
         "summary": summary,
         "ratios": rat,
+        "targets": targets(summary, rat),
         "records": records,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
