@@ -54,6 +54,20 @@ class _NoRedis:
     def pipeline(self, transaction: bool = False) -> _Pipeline:
         return _Pipeline(self._flow)
 
+    # the limits' run-time settings (durable_tasks.flow.control)
+    async def hget(self, key: str, field: str) -> str | None:
+        return self._flow.hashes.get(key, {}).get(field)
+
+    async def hmget(self, key: str, fields: list[str]) -> list[str | None]:
+        return [self._flow.hashes.get(key, {}).get(f) for f in fields]
+
+    async def hset(self, key: str, field: str, value: str) -> int:
+        self._flow.hashes.setdefault(key, {})[field] = value
+        return 1
+
+    async def hdel(self, key: str, field: str) -> int:
+        return 1 if self._flow.hashes.get(key, {}).pop(field, None) is not None else 0
+
     async def publish(self, channel: str, message: str) -> int:
         self.announced.append((channel, message))
         return 0

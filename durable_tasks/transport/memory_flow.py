@@ -1,8 +1,7 @@
 """Flow control's admission for the in-memory transport: ``admit.lua`` and ``renew_slots.lua``
 computed in Python on the App's clock, with the same rules (GCRA rates, concurrency slots that
 expire with their lease, refused deliveries' staggered waits, one all-or-nothing decision per
-delivery). Run-time limit settings (``App.set_limit``) live in Redis, so inline they are the
-code's defaults.
+delivery), including the run-time settings ``App.set_limit`` writes (a hash kept here).
 """
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ class MemoryFlow:
 
     def __init__(self, now_ms: Callable[[], int]) -> None:
         self._now_ms = now_ms
+        #: Hashes by key (the limits' run-time settings): field -> value.
+        self.hashes: dict[str, dict[str, str]] = {}
         self._tats: dict[str, float] = {}
         self._slots: dict[str, dict[str, int]] = {}  # key -> member -> lease expiry (ms)
 
@@ -44,9 +45,12 @@ class MemoryFlow:
         for request in requests:
             wait = 0.0
             takes: list[tuple[str, str, float]] = []
-            for kind, index, _name, default, burst in request["c"]:
+            for kind, index, name, default, burst in request["c"]:
                 key = keys[index - 1]
+                raw = self.hashes.get(keys[0], {}).get(name)
+                given: dict[str, Any] = json.loads(raw) if raw else {}
                 if kind == "r":
+                    default, burst = given.get("interval_ms", default), given.get("burst", burst)
                     tat = max(self._tats.get(key, 0.0), now)
                     if tat - now - (burst - 1) * default > 0:
                         vt = max(virtual_tat.get(key, tat), tat)
@@ -55,6 +59,7 @@ class MemoryFlow:
                     else:
                         takes.append(("r", key, tat + default))
                 else:
+                    default = given.get("concurrency", default)
                     slots = self._slots.setdefault(key, {})
                     for who in [w for w, expiry in slots.items() if expiry <= now]:
                         del slots[who]

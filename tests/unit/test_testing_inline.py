@@ -235,3 +235,30 @@ def test_a_concurrency_limit_runs_one_at_a_time(app: App) -> None:
         runner.drain()
         assert [app.get_task(i).state for i in ids] == [TaskState.SUCCEEDED] * 3
     assert most == 1
+
+
+@pytest.mark.anyio
+async def test_run_time_limit_settings_apply_inline(app: App) -> None:
+    running: list[int] = []
+    most = 0
+
+    @app.task(name="pair", concurrency_limit=1)
+    async def pair(ctx: TaskContext[int], n: int) -> int:
+        nonlocal most
+        running.append(n)
+        most = max(most, len(running))
+        await anyio.sleep(0.05)  # the work: holds its slot meanwhile
+        running.remove(n)
+        return n
+
+    with testing.run_inline(app) as runner:
+        await app.set_limit("task:pair", concurrency=2)
+        [info] = await app.limits_status()
+        assert (info.concurrency, info.changed) == (2, True)
+        with Session(app.engine) as session:
+            for n in range(4):
+                pair.submit(session, n)
+            session.commit()
+        await runner.adrain()
+        assert await app.clear_limit("task:pair") is True
+    assert most == 2
