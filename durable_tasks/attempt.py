@@ -205,7 +205,7 @@ async def _fail(
         claim,
         now=now,
         error_type=failure.error_type,
-        error_message=failure.message,
+        error_message=failure.recorded_message,
         retry_at=retry_at,
         on_failed=session_hooks(task.failure_hooks, ctx, exc) if task else None,
         traceback=failure.traceback,
@@ -219,7 +219,7 @@ async def _fail(
         return ExecutionOutcome.RETRYING
     if not claim.shadow:  # wake the result waits on it
         failed = TaskOutcome(
-            claim.task_id, claim.generation, TaskState.FAILED, None, failure.error_type, failure.message
+            claim.task_id, claim.generation, TaskState.FAILED, None, failure.error_type, failure.recorded_message
         )
         await announce_outcomes(runtime.transport().client, s.namespace, [failed], inline_bytes=s.result_inline_bytes)
     return ExecutionOutcome.FAILED

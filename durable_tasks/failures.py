@@ -59,6 +59,12 @@ class Failure:
     #: rolled back with the hook's writes), False when the body itself failed.
     in_hook: bool = False
 
+    @property
+    def recorded_message(self) -> str:
+        """The message the task and attempt rows keep: a hook's failure says so, so that a
+        FAILED task's error tells a bug in the hook from a failing task body."""
+        return f"in the on_commit hook: {self.message}" if self.in_hook else self.message
+
     @classmethod
     def of(cls, exc: BaseException, *, in_hook: bool = False) -> Failure:
         """The record of ``exc``, raised by a task body or (``in_hook``) by its on_commit hook."""

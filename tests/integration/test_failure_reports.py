@@ -78,6 +78,7 @@ async def test_an_on_commit_hook_that_raises_is_reported_as_the_hooks_failure(
     assert (info.state, info.result) == (TaskState.SUCCEEDED, 2)
     first, second = info.attempts
     assert (first.outcome, first.error_type) == (AttemptOutcome.HOOK_FAILED, "LookupError")
+    assert first.error_message == "in the on_commit hook: no submission row to write the verdict into"
     assert first.retry_reason is not None
     assert "in the on_commit hook" in first.retry_reason
     assert first.traceback is not None
@@ -87,3 +88,21 @@ async def test_an_on_commit_hook_that_raises_is_reported_as_the_hooks_failure(
     assert record.getMessage().startswith(
         f"the on_commit hook of task hooked (id {task_id}, queue jobs) attempt 1 raised LookupError"
     )
+
+
+async def test_a_task_failed_by_its_hook_says_so_in_its_error(app: App) -> None:
+    @app.task(name="hook_always_fails", queue="jobs", max_attempts=1)
+    def body(ctx: TaskContext[Job], p: Job) -> int:
+        return p.n
+
+    @body.on_commit
+    def save(session: Session, ctx: TaskContext[Job], result: int) -> None:
+        raise PermissionError("the verdicts table is read-only")
+
+    task_id = submit(app, "hook_always_fails", {"n": 1})
+    await app.dispatch_once()
+    await app.work(max_tasks=1, timeout=timedelta(seconds=10))
+    info = app.get_task(task_id)
+    assert (info.state, info.result, info.error_type) == (TaskState.FAILED, None, "PermissionError")
+    assert info.error_message == "in the on_commit hook: the verdicts table is read-only"
+    assert [a.outcome for a in info.attempts] == [AttemptOutcome.HOOK_FAILED]
