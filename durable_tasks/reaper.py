@@ -26,6 +26,7 @@ from .records import TaskState
 from .runtime import Runtime
 from .stats import queue_stats
 from .store.recovery import DeadTask, UnconfirmedDelivery
+from .store.retention import PruneReport
 from .tasks import TaskContext, session_hooks
 from .transport.announce import announce_outcomes
 from .transport.messages import Delivery, MalformedEntryError
@@ -35,6 +36,9 @@ __all__ = ["ReapReport", "Reaper"]
 logger = logging.getLogger(__name__)
 
 REAPER_CONSUMER = "dt-reaper"
+#: Rows per prune transaction, and transactions per retention pass (bounded locks and passes).
+_PRUNE_BATCH = 1000
+_PRUNE_BATCHES = 20
 
 
 @dataclass(slots=True)
@@ -246,11 +250,36 @@ class Reaper:
                     runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
                     logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
 
-    async def run(self) -> None:
-        """Reap every ``reaper_interval`` until cancelled."""
+    async def prune_once(self) -> PruneReport:
+        """Delete finished work older than the ``retention`` setting, up to a bounded number of
+        batches (nothing when it is off)."""
+        runtime, s = self.runtime, self.runtime.settings
+        if s.retention is None:
+            return PruneReport()
+        before = runtime.clock() - s.retention
+        prune = partial(runtime.store.prune, s.namespace, before=before, batch=_PRUNE_BATCH, max_batches=_PRUNE_BATCHES)
+        return await anyio.to_thread.run_sync(prune)
+
+    async def _retain(self) -> None:
+        """Prune beside the reaping (a long prune never delays a reclaim); while a pass leaves
+        more behind, the next starts at once."""
         while True:
             try:
-                await self.reap_once()
+                caught_up = (await self.prune_once()).batches < _PRUNE_BATCHES
             except Exception:
-                logger.exception("reaper pass failed; trying again next interval")
-            await anyio.sleep(self.runtime.settings.reaper_interval.total_seconds())
+                logger.exception("retention pass failed; trying again next interval")
+                caught_up = True
+            if caught_up:
+                await anyio.sleep(self.runtime.settings.reaper_interval.total_seconds())
+
+    async def run(self) -> None:
+        """Reap every ``reaper_interval`` until cancelled, and prune with ``retention`` set."""
+        async with anyio.create_task_group() as tg:
+            if self.runtime.settings.retention is not None:
+                tg.start_soon(self._retain)
+            while True:
+                try:
+                    await self.reap_once()
+                except Exception:
+                    logger.exception("reaper pass failed; trying again next interval")
+                await anyio.sleep(self.runtime.settings.reaper_interval.total_seconds())

@@ -31,9 +31,16 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _POSTGRES_SCHEME = re.compile(r"^postgres(\+[A-Za-z0-9_]+)?://")
 
 
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+
+
 def _seconds(value: Any) -> Any:
-    """Environment variables arrive as text: "2.5" means seconds, like the number 2.5."""
+    """Environment variables arrive as text: "2.5" means seconds, like the number 2.5; "7d",
+    "12h", "30m", "45s" and "500ms" carry their unit."""
     if isinstance(value, str):
+        if unit := _WITH_UNIT.match(value.lower()):
+            return float(unit[1]) * _UNIT_SECONDS[unit[2]]
         try:
             return float(value)
         except ValueError:
@@ -41,8 +48,14 @@ def _seconds(value: Any) -> Any:
     return value
 
 
-#: A duration: a timedelta, a number of seconds, or ISO 8601 text.
+def _off_or_seconds(value: Any) -> Any:
+    return None if isinstance(value, str) and value.strip().lower() in _NEVER else _seconds(value)
+
+
+#: A duration: a timedelta, a number of seconds, text with a unit ("7d"), or ISO 8601 text.
 Duration = Annotated[timedelta, BeforeValidator(_seconds)]
+#: A duration, or none at all ("off").
+OptionalDuration = Annotated[timedelta | None, BeforeValidator(_off_or_seconds)]
 
 _NEVER = frozenset({"off", "none", "null", ""})
 
@@ -167,6 +180,11 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=5, ge=1)
     reaper_batch: int = Field(default=100, ge=1)
     reconcile_grace: Duration = timedelta(seconds=30)
+    retention: OptionalDuration = Field(
+        default=None,
+        description="Finished tasks (with their attempts and outbox rows) older than this are deleted by the "
+        "reaper, as `durable-tasks prune` does, e.g. 7d; off (the default) keeps them until a prune.",
+    )
 
     # scheduler (periodic tasks)
     scheduler_grace: Duration = Field(
@@ -283,6 +301,7 @@ class SettingsOverrides(TypedDict, total=False):
     max_deliveries: int
     reaper_batch: int
     reconcile_grace: timedelta
+    retention: timedelta | None
     scheduler_grace: timedelta
     scheduler_refresh: timedelta
     result_poll_initial: timedelta

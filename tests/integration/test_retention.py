@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
+import anyio
 import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks.records import attempts_table, outbox_table, tasks_table
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -48,3 +50,38 @@ async def test_prune_removes_old_finished_work_only(make_app: Callable[..., App]
     assert count(app, attempts_table) == 0
     assert app.get_task(pending).state == TaskState.PENDING
     assert app.prune(timedelta(days=7)).tasks == 0
+
+
+async def test_with_retention_set_the_reaper_prunes_by_itself(make_app: Callable[..., App]) -> None:
+    clock = FrozenClock()
+    app = make_app(clock=clock, retention="7d", reaper_interval=timedelta(milliseconds=50))
+    assert app.settings.retention == timedelta(days=7)
+
+    @app.task(name="job", queue="jobs")
+    def job(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    with Session(app.engine) as s:
+        for i in range(3):
+            app.submit(s, "job", i)
+        s.commit()
+    await app.dispatch_once()
+    await app.work(max_tasks=3, timeout=timedelta(seconds=10))
+    clock.advance(timedelta(days=6))
+    with Session(app.engine) as s:
+        recent = app.submit(s, "job", 98).id  # finished one day before the cutoff: kept
+        s.commit()
+    await app.dispatch_once()
+    await app.work(max_tasks=1, timeout=timedelta(seconds=10))
+    clock.advance(timedelta(days=2))
+    with Session(app.engine) as s:
+        pending = app.submit(s, "job", 99).id  # not yet dispatched: never pruned
+        s.commit()
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: app.run(dispatcher=False, worker=False, reaper=True, scheduler=False, stop=stop))
+        await wait_until(lambda: count(app, tasks_table) == 2, what="the reaper's retention pass")
+        stop.set()
+    assert app.get_task(recent).state == TaskState.SUCCEEDED
+    assert app.get_task(pending).state == TaskState.PENDING
+    assert count(app, attempts_table) == 1
