@@ -20,7 +20,7 @@ from .errors import (
     TaskNotFoundError,
     UnknownTaskError,
 )
-from .flow.policy import submit_flow
+from .flow.policy import dispatch_due, submit_flow
 from .outages import UNREACHABLE, database_error
 from .store.submit import NewTask, SubmitOutcome
 from .submit_checks import check_same_payloads, check_session, undo_submits
@@ -126,6 +126,7 @@ class IntentsMixin:
             priority=priority,
             concurrency_key=concurrency_key,
         )
+        due = dispatch_due(now, due, priority)  # a level goes ahead in the dispatcher's due order
         checked = [self._checked_item(task, i, item) for i, item in enumerate(items)]
         with telemetry.submit_span(task.name, task.queue) as span:
             if len(checked) == 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ..errors import InvalidFlowControlError
 
@@ -15,12 +15,14 @@ __all__ = [
     "CONCURRENCY_RETRY",
     "GUARD_SHARE",
     "NO_FLOW",
+    "PRIORITY_HEAD_START",
     "PRIORITY_LEVELS",
     "Limit",
     "Rate",
     "TaskFlow",
     "check_concurrency_key",
     "check_priority",
+    "dispatch_due",
     "guard_reserve",
     "parse_rate",
     "submit_flow",
@@ -36,6 +38,11 @@ PRIORITY_LEVELS = 4
 #: are backlogged; a read too small for a share (``n < GUARD_SHARE``) gives every
 #: ``GUARD_SHARE``-th read's first entry to the lowest level that has one.
 GUARD_SHARE = 10
+
+#: How far ahead of level 0 each level is in the dispatcher's due order: a prioritized task due
+#: now is recorded as due this much earlier per level, so the claim, which takes due rows
+#: oldest first through its index, takes it before a backlog of lower rows up to this old.
+PRIORITY_HEAD_START = timedelta(days=1)
 
 #: The first wait of a delivery refused by a busy concurrency key; the n-th refused for one key
 #: in one admission call waits n times as long, so a key's backlog comes back spread out.
@@ -205,3 +212,12 @@ def submit_flow(
                 "concurrency_key= needs a concurrency limit on the task: @app.task(concurrency_limit=...)"
             )
     return priority, concurrency_key
+
+
+def dispatch_due(now: datetime, due: datetime | None, priority: int | None) -> datetime | None:
+    """When the dispatcher may take a new task's first delivery: ``due`` as given for a delayed
+    task (a priority never makes it early); for one due now, ``now`` less the head start of its
+    level (:data:`PRIORITY_HEAD_START`), so dispatch order respects priority too."""
+    if due is not None or not priority:
+        return due
+    return now - PRIORITY_HEAD_START * priority

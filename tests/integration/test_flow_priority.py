@@ -49,6 +49,26 @@ async def test_high_priority_tasks_start_in_the_next_read_batch_after_a_backlog(
     await app.aclose()
 
 
+async def test_high_priority_tasks_are_dispatched_ahead_of_an_outbox_backlog(make_app: Callable[..., App]) -> None:
+    started: list[int] = []
+    app = prioritized_app(make_app, started, concurrency=20, batch_size=50)
+    submit_all(app, "job", range(1000))  # level 0, not dispatched yet
+    high = list(range(10_000, 10_010))
+    submit_all(app, "job", high, priority=1)
+    assert await app.dispatch_once() == 50  # one pass of the backlog's size takes the high ones first
+    assert await app.work(max_tasks=20, timeout=timedelta(seconds=60)) == 20
+    assert set(high) <= set(started), started
+    await app.aclose()
+
+
+async def test_a_delayed_task_is_not_made_early_by_its_priority(make_app: Callable[..., App]) -> None:
+    started: list[int] = []
+    app = prioritized_app(make_app, started)
+    submit(app, "job", 1, priority=3, delay=timedelta(hours=1))
+    assert await app.dispatch_once() == 0
+    await app.aclose()
+
+
 async def test_a_prioritized_entry_travels_on_its_level_stream(make_app: Callable[..., App]) -> None:
     started: list[int] = []
     app = prioritized_app(make_app, started)

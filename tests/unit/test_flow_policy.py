@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from durable_tasks import InvalidFlowControlError
 from durable_tasks.flow.policy import (
     GUARD_SHARE,
+    PRIORITY_HEAD_START,
     PRIORITY_LEVELS,
     Limit,
     Rate,
+    dispatch_due,
     guard_reserve,
     parse_rate,
     submit_flow,
@@ -81,3 +83,11 @@ def test_a_limit_must_limit_something() -> None:
         Limit("nothing")
     with pytest.raises(InvalidFlowControlError, match="burst=0"):
         Limit("zero", rate=parse_rate("1/s"), burst=0)
+
+
+def test_a_level_goes_ahead_in_the_dispatch_order_but_a_delay_is_kept() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert dispatch_due(now, None, 2) == now - 2 * PRIORITY_HEAD_START
+    assert dispatch_due(now, None, 0) is None
+    later = now + timedelta(hours=1)
+    assert dispatch_due(now, later, 3) == later
