@@ -363,21 +363,22 @@ class RedisStreamsTransport:
         return int(await self.client.xtrim(stream, minid=floor, approximate=False))
 
     async def snapshot(self, queue: str, *, now_ms: int | None = None) -> QueueSnapshot:
-        """PEL size, oldest pending age, DLQ and stream length of a queue (all partitions)."""
+        """PEL size, oldest pending age, DLQ and stream length of a queue (all partitions and,
+        on a prioritized queue, all levels)."""
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
         pel_size, oldest_age, lag, stream_length = 0, 0.0, 0, 0
-        for keys in self.partition_keys(queue):
+        for stream in (s for s, shadow, _ in self.streams(queue) if not shadow):
             try:
-                summary = await self.client.xpending(keys.stream, CONSUMER_GROUP)
+                summary = await self.client.xpending(stream, CONSUMER_GROUP)
                 pel_size += int(summary["pending"])
                 if summary["pending"]:
                     oldest_age = max(oldest_age, (now_ms - _entry_ms(str(summary["min"]))) / 1000)
-                for group in await self.client.xinfo_groups(keys.stream):
+                for group in await self.client.xinfo_groups(stream):
                     if str(group["name"]) == CONSUMER_GROUP and group.get("lag") is not None:
                         lag += int(group["lag"])  # entries not yet read by the group (Redis 7+)
             except ResponseError:
                 pass  # no stream or group yet: nothing pending
-            stream_length += int(await self.client.xlen(keys.stream))
+            stream_length += int(await self.client.xlen(stream))
         dlq_length = int(await self.client.xlen(self.keys(queue).dlq))
         return QueueSnapshot(pel_size, oldest_age, dlq_length, stream_length, lag)
 

@@ -87,6 +87,19 @@ async def test_a_prioritized_entry_travels_on_its_level_stream(make_app: Callabl
     await app.aclose()
 
 
+async def test_status_counts_the_entries_of_every_level(make_app: Callable[..., App]) -> None:
+    started: list[int] = []
+    app = prioritized_app(make_app, started)
+    submit_all(app, "job", range(3))
+    submit_all(app, "job", range(3, 5), priority=2)
+    await dispatch_all(app)
+    read = await app.runtime.transport().read(["jobs"], "reader", count=2, block=timedelta(milliseconds=10))
+    assert {e.stream for e in read} == {keys(app).level_stream(2)}
+    stats = (await app.stats())["jobs"]
+    assert (stats.pel_size, stats.stream_lag) == (2, 3)  # read at level 2, waiting at level 0
+    await app.aclose()
+
+
 async def test_the_starvation_guard_reads_lower_levels_first_for_its_share(make_app: Callable[..., App]) -> None:
     started: list[int] = []
     app = prioritized_app(make_app, started, concurrency=GUARD_SHARE * 2, batch_size=500)
