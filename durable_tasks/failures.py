@@ -25,9 +25,10 @@ MAX_TRACEBACK_CHARS = 8192
 
 # scheme://user:password@ -> scheme://user:***@ (the password may not hold '@', '/' or spaces).
 _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)[^\s/@]+@")
-# password=secret (a query parameter, a libpq DSN, a keyword argument's repr).
+# password=secret (a query parameter, a libpq DSN, a keyword argument's repr, a dict's repr).
+# ("pass" only before "=": "first pass: 3 errors" is prose.)
 _PASSWORD_PAIR = re.compile(
-    r"(?P<key>\b(?:password|passwd|pass|sslpassword)\s*[=:]\s*['\"]?)[^\s&'\",;)]+", re.IGNORECASE
+    r"(?P<key>\b(?:(?:password|passwd|sslpassword)['\"]?\s*[=:]|pass\s*=)\s*['\"]?)[^\s&'\",;)]+", re.IGNORECASE
 )
 
 

@@ -23,6 +23,9 @@ from durable_tasks.failures import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, Failu
         ("connect(password='s3cret', host='db')", "connect(password='***', host='db')"),
         ("https://h/x?user=a&password=s3cret&x=1", "https://h/x?user=a&password=***&x=1"),
         ("nothing to hide: ValueError at line 3", "nothing to hide: ValueError at line 3"),
+        ("first pass: 3 errors; bypass=on", "first pass: 3 errors; bypass=on"),
+        ("{'password': 's3cret'}", "{'password': '***'}"),
+        ("redis?pass=s3cret", "redis?pass=***"),
     ],
 )
 def test_scrub_masks_passwords_in_free_text_and_keeps_the_rest(text: str, shown: str) -> None:
