@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs check chaos bench test-cluster clean
+.PHONY: demo test lint typecheck docs check chaos bench bench-scale test-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ test-cluster: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+# How costs grow (history, payload size, tasks in flight, backlog) on the PostgreSQL of
+# DT_BENCH_DATABASE_URL; SCALE_ARGS="--scale 0.01" for a quick run.
+bench-scale: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_scale $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .durable_tasks .pytest_cache .mypy_cache .ruff_cache build/site

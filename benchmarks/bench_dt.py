@@ -471,10 +471,12 @@ def pipeline(
         )
 
 
-def latency(n: int, rate: float, producers: int = 1, timeout: float = 120) -> None:
+def latency(
+    n: int, rate: float, producers: int = 1, timeout: float = 120, concurrency: int = DEFAULT_CONCURRENCY
+) -> None:
     commit_log = Path(tempfile.mkdtemp(prefix="dt-bench-latency-")) / "result-commits.log"
     with bench_app() as (app, db, ns):
-        with Children(db, ns, DT_BENCH_CONC=str(DEFAULT_CONCURRENCY), DT_BENCH_COMMIT_LOG=str(commit_log)) as kids:
+        with Children(db, ns, DT_BENCH_CONC=str(concurrency), DT_BENCH_COMMIT_LOG=str(commit_log)) as kids:
             kids.spawn("worker")
             kids.spawn("dispatcher")
             kids.wait_ready()
@@ -880,13 +882,21 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--dispatchers", type=int, default=1)
-    ap.add_argument("--concurrency", type=int, default=DRAIN_CONCURRENCY, help="worker concurrency (drain runs)")
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help=f"worker concurrency (default: {DRAIN_CONCURRENCY} in drains, {DEFAULT_CONCURRENCY} in latency)",
+    )
     ap.add_argument("--batch", type=int, default=None, help="dispatcher batch size (default: the runtime's)")
     ap.add_argument("--rate", type=float, default=200)
     ap.add_argument("--producers", type=int, default=1, help="latency: threads sharing the paced schedule")
     ap.add_argument("--timeout", type=float, default=None, help="bound on waiting for completion, seconds")
     a = ap.parse_args()
     bound = {"timeout": a.timeout} if a.timeout else {}
+    if a.what == "latency" and a.concurrency:
+        bound["concurrency"] = a.concurrency
+    a.concurrency = a.concurrency or DRAIN_CONCURRENCY
     if a.what == "drain":
         drain(a.n, a.workers, a.concurrency, **bound)
     elif a.what == "readme":

@@ -1,0 +1,268 @@
+"""How each cost grows with the work: history, payload size, tasks in flight, backlog.
+
+    python -m benchmarks.bench_scale [--cases history,payload,inflight,backlog] [--scale 1.0]
+
+Every case prints one JSON line per measurement and, at the end, a table of each target with
+its value and met/missed. ``--scale`` multiplies the sizes (history rows, tasks in flight,
+backlog) for a quick run: ``--scale 0.01`` runs in a few minutes; the full sizes (1 M and 10 M
+rows of history, 10,000 tasks in flight, a backlog of 1,000,000) take much longer. PostgreSQL
+only (history and backlog rows are made by ``generate_series``, not by running tasks). One
+in-process worker at the default settings unless a case says otherwise; every case has its own
+schema and namespace (bench_dt.bench_app), dropped at the end.
+
+    history   drain of N tasks with H finished tasks (+ their attempt and outbox rows) already
+              in the tables, H = 0, 1 M, 10 M: within 10 % of H = 0
+    payload   drain at 100 B, 10 KB and 1 MB payloads (limit: DT_MAX_PAYLOAD_BYTES, 1 MiB)
+    inflight  10,000 tasks that each await 1 s in one worker (concurrency 10,000): >= 8,000
+              tasks/s, peak RSS growth <= 300 MB, the lease renewal of all of them within one
+              heartbeat interval (its statement timed)
+    backlog   1,000,000 tasks pending in the outbox, then a dispatcher and a worker start: the
+              rate over the backlog within 10 % of a 10,000-task backlog's
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from benchmarks.bench_dt import analyze, bench_app, dispatch_all
+from durable_tasks import App, TaskContext
+from durable_tasks.dispatcher import Dispatcher
+from durable_tasks.process import tune_gc
+from durable_tasks.settings import Settings
+from durable_tasks.store.execution import ExecutionClaim
+from durable_tasks.worker import Worker
+
+TARGETS: list[tuple[str, str, float | None, str, bool | None]] = []
+
+HISTORY_SQL = """
+INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+    counted_losses, failures, max_attempts, worker_id, result, shadow, created_at, enqueued_at, started_at,
+    finished_at)
+SELECT md5(:ns || g)::uuid::text, :ns, 'scale.noop', 'scale', g::text, 'SUCCEEDED', 0, 1, 0, 0, 0, 0, 3,
+    'worker-' || (g % 4), g::text, false, t.created, t.created + interval '20 ms',
+    t.created + interval '30 ms', t.created + interval '40 ms'
+FROM generate_series(1, :rows) AS g,
+LATERAL (SELECT now() - interval '40 days' + g * (interval '30 days' / :rows) AS created) AS t
+"""
+HISTORY_ATTEMPTS_SQL = """
+INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, finished_at,
+    outcome)
+SELECT namespace, id, 0, 1, 0, worker_id, started_at, finished_at, 'succeeded' FROM dt_tasks WHERE namespace = :ns
+"""
+HISTORY_OUTBOX_SQL = """
+INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
+    stream_id, created_at, sent_at)
+SELECT namespace, id, queue, 0, 0, 'SENT', 1, created_at, false, '0-1', created_at, enqueued_at
+FROM dt_tasks WHERE namespace = :ns
+"""
+BACKLOG_SQL = """
+WITH made AS (
+    INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+        counted_losses, failures, max_attempts, shadow, created_at)
+    SELECT md5(:ns || 'b' || g)::uuid::text, :ns, 'scale.noop', 'scale', g::text, 'PENDING', 0, 0, 0, 0, 0, 0,
+        3, false, now()
+    FROM generate_series(1, :rows) AS g
+    RETURNING id, namespace, queue, created_at
+)
+INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
+    created_at)
+SELECT namespace, id, queue, 0, 0, 'PENDING', 0, created_at, false, created_at FROM made
+"""
+
+
+def emit(**record: Any) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def target(what: str, aim: str, value: float | None, unit: str, met: bool | None) -> None:
+    TARGETS.append((what, aim, None if value is None else round(value, 3), unit, None if value is None else met))
+    emit(metric="target", what=what, aim=aim, value=value, unit=unit, met=met)
+
+
+def register(app: App, sleep_s: float = 0.0) -> None:
+    @app.task(name="scale.noop", queue="scale")
+    async def noop(ctx: TaskContext[Any], payload: Any) -> int:
+        if sleep_s:
+            await anyio.sleep(sleep_s)
+        return 1
+
+
+def fill(app: App, ns: str, sql: Sequence[str], rows: int) -> float:
+    started = time.monotonic()
+    with app.engine.begin() as conn:
+        for statement in sql:
+            conn.execute(sa.text(statement), {"ns": ns, "rows": rows})
+    with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE dt_tasks, dt_attempts, dt_outbox"))
+    return time.monotonic() - started
+
+
+def submit(app: App, n: int, payload: Any = 0) -> None:
+    for lo in range(0, n, 500):
+        with Session(app.engine) as s:
+            for _ in range(lo, min(n, lo + 500)):
+                app.submit(s, "scale.noop", payload)
+            s.commit()
+    analyze(app)
+
+
+async def drain(app: App, n: int, concurrency: int | None = None) -> float:
+    """Tasks/s of one in-process worker over n ready tasks."""
+    worker = Worker(app.runtime, concurrency=concurrency)
+    started = time.perf_counter()
+    settled = await worker.run(max_tasks=n, timeout=timedelta(minutes=30))
+    if settled < n:
+        raise RuntimeError(f"only {settled}/{n} settled")
+    return n / (time.perf_counter() - started)
+
+
+def rss_mb() -> tuple[float, float]:
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) / 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+# -- cases -----------------------------------------------------------------------------------
+
+
+def history(n: int, scale: float) -> None:
+    rates: dict[int, float] = {}
+    for rows in (0, int(1_000_000 * scale), int(10_000_000 * scale)):
+        with bench_app() as (app, _db, ns):
+            register(app)
+            filled = fill(app, ns, [HISTORY_SQL, HISTORY_ATTEMPTS_SQL, HISTORY_OUTBOX_SQL], rows) if rows else 0.0
+            submit(app, n)
+            anyio.run(dispatch_all, app)
+            rates[rows] = anyio.run(drain, app, n)
+            emit(case="history", history_rows=rows, fill_s=round(filled, 1), n=n, rate=round(rates[rows], 1))
+    for rows, rate in rates.items():
+        if rows:
+            ratio = rate / rates[0]
+            target(f"history {rows:,} rows: drain / empty", ">= 0.9", ratio, "x", ratio >= 0.9)
+
+
+def payload(n: int) -> None:
+    for size, count in ((100, n), (10_000, n), (1_000_000, max(20, n // 50))):
+        with bench_app() as (app, _db, _ns):
+            register(app)
+            body = "x" * (size - 2)  # a JSON string of `size` bytes
+            submit(app, count, body)
+            anyio.run(dispatch_all, app)
+            rate = anyio.run(drain, app, count)
+            emit(case="payload", bytes=size, n=count, rate=round(rate, 1), mb_per_s=round(rate * size / 1e6, 1))
+            target(f"payload {size:,} B: drain", "reported", rate, "tasks/s", True)
+
+
+def inflight(scale: float) -> None:
+    n = max(100, int(10_000 * scale))
+    timings: list[float] = []
+    # Heartbeats every 0.5 s, so 1-second tasks renew their leases while in flight.
+    with bench_app(heartbeat_interval=timedelta(milliseconds=500)) as (app, _db, _ns):
+        register(app, sleep_s=1.0)
+        store = type(app.runtime.store)
+        renew = store.renew_leases
+
+        @functools.wraps(renew)
+        async def timed(self: Any, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> Any:
+            began = time.perf_counter()
+            try:
+                return await renew(self, claims, now=now, lease=lease)
+            finally:
+                timings.append(time.perf_counter() - began)
+                emit(case="inflight", renewed=len(claims), renew_ms=round(timings[-1] * 1000, 1))
+
+        store.renew_leases = timed  # type: ignore[method-assign]
+        try:
+            submit(app, n)
+            anyio.run(dispatch_all, app)
+            before, _ = rss_mb()
+            rate = anyio.run(drain, app, n, n)
+            _, peak = rss_mb()
+        finally:
+            store.renew_leases = renew  # type: ignore[method-assign]
+        beat = app.settings.heartbeat_interval.total_seconds()
+        emit(case="inflight", n=n, rate=round(rate, 1), rss_before_mb=round(before, 1), rss_peak_mb=round(peak, 1))
+        aim = 8000 * min(1.0, scale) if scale < 1 else 8000
+        target(f"in flight {n:,} x 1 s: throughput", f">= {aim:,.0f}", rate, "tasks/s", rate >= aim)
+        target(f"in flight {n:,}: RSS growth", "<= 300", peak - before, "MB", peak - before <= 300)
+        worst = max(timings) if timings else None
+        met = worst is not None and worst < beat
+        target(f"in flight {n:,}: lease renewal statement", f"< {beat:g} s", worst, "s", met if timings else None)
+
+
+async def drain_with_dispatcher(app: App, n: int, rss: list[float]) -> float:
+    """Drain n tasks with a dispatcher running in the same process; RSS sampled every 0.5 s."""
+
+    async def sample() -> None:
+        while True:
+            rss.append(rss_mb()[0])
+            await anyio.sleep(0.5)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(Dispatcher(app.runtime).run)
+        tg.start_soon(sample)
+        rate = await drain(app, n)
+        tg.cancel_scope.cancel()
+    return rate
+
+
+def backlog(n_small: int, scale: float) -> None:
+    rates: dict[int, float] = {}
+    for rows in (n_small, int(1_000_000 * scale)):
+        with bench_app(batch_size=500) as (app, _db, ns):
+            register(app)
+            fill(app, ns, [BACKLOG_SQL], rows)
+            rss: list[float] = []
+            rates[rows] = anyio.run(drain_with_dispatcher, app, rows, rss)
+            emit(case="backlog", rows=rows, rate=round(rates[rows], 1), rss_first_mb=round(rss[0], 1),
+                 rss_max_mb=round(max(rss), 1), rss_last_mb=round(rss[-1], 1))  # fmt: skip
+    big = max(rates)
+    ratio = rates[big] / rates[n_small]
+    target(f"backlog {big:,}: drain / {n_small:,}-task backlog", ">= 0.9", ratio, "x", ratio >= 0.9)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="history,payload,inflight,backlog")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies history, in-flight and backlog sizes")
+    ap.add_argument("--n", type=int, default=5000, help="tasks per drain (history, payload)")
+    a = ap.parse_args(argv)
+    if os.environ.get("DT_BENCH_DATABASE_URL", "postgresql").split(":")[0].startswith("sqlite"):
+        raise SystemExit("bench_scale makes its rows with PostgreSQL's generate_series: set DT_BENCH_DATABASE_URL")
+    tune_gc(Settings())
+    for case in a.cases.split(","):
+        if case == "history":
+            history(a.n, a.scale)
+        elif case == "payload":
+            payload(a.n)
+        elif case == "inflight":
+            inflight(a.scale)
+        elif case == "backlog":
+            backlog(max(100, int(10_000 * min(1.0, a.scale * 10))), a.scale)
+        else:
+            raise SystemExit(f"unknown case {case!r}")
+    print(f"\n== scale targets (issue 25), --scale {a.scale:g} ==")
+    for what, aim, value, unit, met in TARGETS:
+        verdict = "not measured" if met is None else "met" if met else "MISSED"
+        shown = "-" if value is None else f"{value:,.2f}"
+        print(f"   {what:<50}{aim:>10}{shown:>12} {unit:<8}{verdict}")
+    print("   (the values above at --scale below 1 are for a quick check; the targets hold at --scale 1)")
+
+
+if __name__ == "__main__":
+    main()
