@@ -14,6 +14,11 @@ cost of the features when they are not used.
         path that does not use them (adjacent runs share the machine's load of the moment).
         REF is exported with `git archive` into a temporary directory.
 
+    python -m benchmarks.bench_flow hooks [--n 1000] [--rounds 3]
+        the flow-control calls on the path of tasks that use no feature, in-process, in ns per
+        task (read batches of n; rounds x 100 batches): the cost that overhead's drain ratio
+        cannot resolve on a noisy machine.
+
 Prints one JSON object per line (name, value, unit, details), like benchmarks.bench_dt.
 Postgres and Redis: DT_BENCH_DATABASE_URL / DT_BENCH_REDIS_URL (default: the local servers).
 """
@@ -34,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import sqlalchemy as sa
 from sqlmodel import Session
 
@@ -203,9 +209,62 @@ def overhead(n: int, rounds: int, ref: str) -> None:
     )
 
 
+def hooks(batch: int, rounds: int) -> None:
+    """The flow-control calls a worker makes for tasks that use no feature, timed in-process:
+    per read batch (admission, release of unclaimed deliveries, the prioritized-queue check of
+    the read and of each publish) and per task (release at the end). No server is touched: the
+    gate returns before any I/O when no task declares a limit."""
+    from durable_tasks.transport.messages import Delivery, OutgoingMessage, StreamEntry
+
+    app = App("sqlite://", REDIS, "benchhooks")
+
+    @app.task(name="bench.noop", queue="bench")
+    async def noop(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    gate, runtime = app.runtime.flow, app.runtime
+    items = [
+        (StreamEntry("bench", False, f"{i}-0", {}), Delivery(f"task-{i}", 0, 0, "bench.noop", None), None)
+        for i in range(batch)
+    ]
+    claims = [object()] * batch
+
+    messages = [OutgoingMessage("bench", f"task-{i}", 0, 0, "bench.noop") for i in range(batch)]
+
+    async def per_batch() -> None:
+        transport = runtime.transport()  # made once per event loop; no connection until used
+        await gate.admit_entries(items, lambda *a, **k: None, lambda _: _done())  # type: ignore[arg-type]
+        gate.unclaimed(items, claims)
+        runtime.prioritized("bench")  # the read's check
+        for msg in messages:  # the dispatcher's publish, per message
+            transport.level_of(msg)
+        for _, d, _ in items:  # the end of each attempt
+            gate.release_soon(d.task_id)
+
+    async def run() -> float:
+        started = time.perf_counter()
+        for _ in range(rounds):
+            await per_batch()
+        return time.perf_counter() - started
+
+    elapsed = anyio.run(run)
+    record(
+        "flow-control calls on the path of a task that uses no feature",
+        elapsed / (rounds * batch) * 1e9,
+        "ns/task",
+        metric="flow_hooks_ns_per_task",
+        batch=batch,
+        tasks=rounds * batch,
+    )
+
+
+async def _done() -> None:
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["rate", "overhead", "_flow_worker"])
+    ap.add_argument("what", choices=["rate", "overhead", "hooks", "_flow_worker"])
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--rate", default="20/s")
     ap.add_argument("--burst", type=int, default=5)
@@ -217,6 +276,8 @@ def main() -> None:
         rate_run(a.n or 300, a.rate, a.burst, a.timeout)
     elif a.what == "overhead":
         overhead(a.n or 5000, a.rounds, a.baseline_ref)
+    elif a.what == "hooks":
+        hooks(a.n or 1000, a.rounds * 100)
     else:
         child_main()
 

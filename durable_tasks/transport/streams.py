@@ -103,6 +103,11 @@ class RedisStreamsTransport:
             return [self.keys(queue)]
         return [self.keys(queue, p) for p in range(count)]
 
+    def level_of(self, msg: OutgoingMessage) -> int:
+        """The level stream a delivery goes to: its priority on a prioritized queue, else 0
+        (a level-0 delivery, the usual case, costs one attribute read)."""
+        return msg.priority if msg.priority and self.prioritized(msg.queue) else 0
+
     def streams(self, queue: str) -> list[tuple[str, bool, int | None]]:
         """Every stream of ``queue``: (key, shadow, partition) for each partition, main and
         shadow, and each priority level's of a prioritized queue."""
@@ -161,7 +166,7 @@ class RedisStreamsTransport:
         entries: list[str] = []
         for i, msg in enumerate(messages):
             keys = self.keys(msg.queue, msg.partition)
-            stream = keys.stream_for(shadow=msg.shadow, priority=msg.priority if self.prioritized(msg.queue) else 0)
+            stream = keys.stream_for(shadow=msg.shadow, priority=self.level_of(msg))
             by_stream.setdefault(stream, []).append(i)
             dedup_keys.append(keys.dedup(msg.task_id, msg.generation, msg.delivery))
             entries.append(_entry_json(msg.fields(stream, self.signing_key)))
