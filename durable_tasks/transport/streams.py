@@ -20,8 +20,9 @@ import anyio
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from ..flow.policy import PRIORITY_LEVELS, guard_reserve
+from ..flow.policy import PRIORITY_LEVELS
 from .keys import CONSUMER_GROUP, QueueKeys
+from .levels import never, read_by_level
 from .messages import AutoclaimPage, Delivery, OutgoingMessage, StreamEntry, parse_autoclaim_reply, parse_delivery
 from .scripts import lua_source
 
@@ -84,13 +85,13 @@ class RedisStreamsTransport:
         self.partitions = dict(partitions or {})
         self._dedup_ttl_ms = int(dedup_ttl.total_seconds() * 1000)
         self._enqueue = _Script("enqueue_batch")
-        self._read_levels = _Script("read_levels")
         self._scripts: dict[str, _Script] = {}
         self._groups_ready: set[str] = set()
         #: Whether a queue has priority levels (durable_tasks.flow): the Runtime sets it from
         #: the registry. A queue without them keeps its one stream and its plain read.
-        self.prioritized: Callable[[str], bool] = _never
-        self._level_reads = 0
+        self.prioritized: Callable[[str], bool] = never
+        #: Prioritized reads so far (the starvation guard's turn: flow.policy.guard_reserve).
+        self.level_reads = 0
 
     def keys(self, queue: str, partition: int | None = None) -> QueueKeys:
         """Key names of ``queue`` (one partition of it) in this namespace."""
@@ -212,7 +213,7 @@ class RedisStreamsTransport:
                 await self.ensure_group(stream)
         reply: list[Any] = []
         if any(self.prioritized(q) for q, _, _ in by_stream.values()):
-            reply = await self._read_by_level(list(by_stream), consumer, count)
+            reply = await read_by_level(self, list(by_stream), consumer, count)
         if reply:
             pass  # a prioritized read found entries: no blocking read after it
         elif self.cluster:
@@ -224,34 +225,6 @@ class RedisStreamsTransport:
             queue, shadow, partition = by_stream[str(stream)]
             for entry_id, fields in entries:
                 out.append(StreamEntry(queue, shadow, str(entry_id), dict(fields or {}), str(stream), partition))
-        return out
-
-    async def _read_by_level(self, streams: list[str], consumer: str, count: int) -> list[Any]:
-        """A prioritized read (read_levels.lua), highest level first with the starvation
-        guard's reserve; never blocks (the caller's plain read blocks when this finds nothing).
-        ``streams`` come from :meth:`streams`: each queue's levels highest first, then level 0."""
-        ordered = sorted(streams, key=_level_of, reverse=True)  # stable: queue order within a level
-        by_tag: dict[str, list[str]] = defaultdict(list)
-        for stream in ordered:
-            by_tag[stream.split("}", 1)[0] if self.cluster else ""].append(stream)
-        reserve = guard_reserve(count, self._level_reads)
-        self._level_reads += 1
-        out: list[Any] = []
-        left = count
-        for keys in by_tag.values():  # one slot per call: one call, or one per slot on a cluster
-            if left <= 0:
-                break
-            args: list[str | int] = [CONSUMER_GROUP, consumer, left, min(reserve, left)]
-            [reply] = await self._evalsha_all(self._read_levels, [(keys, args)])
-            if isinstance(reply, Exception):
-                if "NOGROUP" not in str(reply):
-                    raise reply
-                for stream in keys:  # recreated; this read finds nothing there, the next one does
-                    await self.ensure_group(stream)
-                continue
-            for stream, entries in reply:  # a script's reply has flat field lists: as XREADGROUP's
-                out.append([stream, [(entry_id, dict(zip(f[::2], f[1::2], strict=True))) for entry_id, f in entries]])
-                left -= len(entries)
         return out
 
     async def _read_recreating(
@@ -386,18 +359,6 @@ class RedisStreamsTransport:
             stream_length += int(await self.client.xlen(stream))
         dlq_length = int(await self.client.xlen(self.keys(queue).dlq))
         return QueueSnapshot(pel_size, oldest_age, dlq_length, stream_length, lag)
-
-
-def _never(_queue: str) -> bool:
-    return False
-
-
-def _level_of(stream: str) -> int:
-    """A stream's priority level: ``…:stream:p<level>``; 0 for level 0, -1 for shadow."""
-    head, _, level = stream.rpartition(":p")
-    if head.endswith(":stream") and level.isdigit():
-        return int(level)
-    return -1 if stream.endswith(":shadow") else 0
 
 
 def _stream_id_key(entry_id: str) -> tuple[int, int]:
