@@ -6,13 +6,13 @@ The Typer app lives in :mod:`.base`; each module here adds one group of commands
 
 from __future__ import annotations
 
-from . import approvals, inspect, limits, maintain, migrate, schedule, serve, web
+from . import approvals, inspect, limits, maintain, migrate, schedule, serve, tasks, web
 from .base import cli, load_app
 
 __all__ = ["cli", "load_app", "main"]
 
 # imported for the commands they register
-_COMMAND_MODULES = (approvals, inspect, limits, maintain, migrate, schedule, serve, web)
+_COMMAND_MODULES = (approvals, inspect, limits, maintain, migrate, schedule, serve, tasks, web)
 
 
 def main() -> None:

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..app import App
 from ..errors import DurableTasksError
 from .base import AppArg, AppOpt, app_spec, check, cli, console, fail, load_app, split_app
+from .output import Grid
 
 __all__: list[str] = []
 
@@ -52,13 +52,13 @@ def approvals_list(
             for p in pending:
                 typer.echo(json.dumps(p.as_dict()))
             return
-        table = Table("id", "task", "name", "asks", "waiting since", title="open approvals")
+        grid = Grid(["id", "task", "name", "asks", "waiting since"], title="open approvals", numeric=frozenset({"id"}))
         for p in pending:
             asks = json.dumps(p.request) if p.request is not None else ""
-            table.add_row(str(p.id), f"{p.task_name} {p.task_id}", p.name, asks, f"{p.since:%Y-%m-%d %H:%M:%S}")
-        out.print(table)
+            grid.add(p.id, f"{p.task_name} {p.task_id}", p.name, asks, f"{p.since:%Y-%m-%d %H:%M:%S}")
+        grid.print(out)
         if len(pending) == limit:
-            out.print(f"more: --after {pending[-1].id}")
+            console(stderr=True).print(f"more: --after {pending[-1].id}", markup=False, highlight=False)
 
     _sync(app_spec(app, app_option), show)
 

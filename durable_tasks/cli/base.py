@@ -28,10 +28,10 @@ T = TypeVar("T")
 cli = typer.Typer(help="Durable background tasks: outbox → Redis Streams → fenced workers.", no_args_is_help=True)
 
 
-def console() -> Console:
-    """A console for this command's output (made per call, so the terminal width is read when
-    the command runs)."""
-    return Console()
+def console(*, stderr: bool = False) -> Console:
+    """A console for this command's output, or for notes beside it on stderr (made per call,
+    so the terminal width is read when the command runs)."""
+    return Console(stderr=stderr)
 
 
 AppArg = Annotated[

@@ -3,16 +3,17 @@ every worker at once without a deploy; ``status`` shows the same table."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..app import App
 from ..flow.control import LimitInfo
 from .base import AppArg, AppOpt, app_spec, call, cli, console, split_app
+from .output import Grid, print_json_lines
 
-__all__ = ["limits_table"]
+__all__ = ["limits_grid"]
 
 limits_cli = typer.Typer(
     help="Rate and concurrency limits: list and change them while workers run.", no_args_is_help=True
@@ -24,21 +25,33 @@ NameArg = Annotated[
 ]
 
 
-def limits_table(found: list[LimitInfo]) -> Table:
+def limits_grid(found: list[LimitInfo]) -> Grid:
     """The limits as admission applies them now; ``set at run time`` marks an override."""
-    table = Table("limit", "rate", "burst", "concurrency", "set at run time", title="limits")
+    grid = Grid(
+        ["limit", "rate", "burst", "concurrency", "set at run time"],
+        title="limits",
+        numeric=frozenset({"burst", "concurrency"}),
+    )
     for info in found:
         concurrency = "-" if info.concurrency is None else str(info.concurrency)
-        table.add_row(info.name, info.rate or "-", str(info.burst), concurrency, "yes" if info.changed else "no")
-    return table
+        grid.add(info.name, info.rate or "-", info.burst, concurrency, "yes" if info.changed else "no")
+    return grid
 
 
 @limits_cli.command("list")
-def limits_list(app: AppArg = None, app_option: AppOpt = None) -> None:
+def limits_list(
+    app: AppArg = None,
+    app_option: AppOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
+) -> None:
     """Every limit of the App, as it applies now."""
 
     async def show(the_app: App) -> None:
-        console().print(limits_table(await the_app.limits_status()))
+        found = await the_app.limits_status()
+        if as_json:
+            print_json_lines(asdict(info) for info in found)
+        else:
+            limits_grid(found).print()
 
     call(app_spec(app, app_option), show)
 
@@ -57,7 +70,7 @@ def limits_set(
 
     async def change(the_app: App) -> None:
         await the_app.set_limit(limit, rate=rate, burst=burst, concurrency=concurrency)
-        console().print(limits_table(await the_app.limits_status()))
+        limits_grid(await the_app.limits_status()).print()
 
     call(spec, change)
 

@@ -7,12 +7,13 @@ from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from ..app import App
 from ..errors import DurableTasksError
 from ..outages import broker_errors, database_errors
 from .base import AppArg, AppOpt, app_spec, call, check, cli, console, fail, load_app
+from .output import Grid, print_json_lines
 
 __all__: list[str] = []
 
@@ -40,7 +41,11 @@ def prune(
 
 
 @cli.command()
-def doctor(app: AppArg = None, app_option: AppOpt = None) -> None:
+def doctor(
+    app: AppArg = None,
+    app_option: AppOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per finding, one per line")] = False,
+) -> None:
     """Check what would lose or duplicate work: eviction, persistence, version, groups, clocks,
     timeouts, dedup TTL, trimming, a pooler in front of PostgreSQL, LISTEN/NOTIFY. Exits 1 on an
     error-level finding."""
@@ -49,11 +54,14 @@ def doctor(app: AppArg = None, app_option: AppOpt = None) -> None:
     # The schema is one of the findings: only the connections must work first.
     spec = app_spec(app, app_option)
     findings = call(spec, lambda the_app: _facts_then(the_app, gather_facts, diagnose), schema=False)
-    table = Table("check", "level", "finding")
-    colors = {Level.OK: "green", Level.WARNING: "yellow", Level.ERROR: "red"}
-    for f in findings:
-        table.add_row(f.check, f"[{colors[f.level]}]{f.level.value}[/]", f.message)
-    console().print(table)
+    if as_json:
+        print_json_lines({"check": f.check, "level": f.level.value, "message": f.message} for f in findings)
+    else:
+        grid = Grid(["check", "level", "finding"])
+        colors = {Level.OK: "green", Level.WARNING: "yellow", Level.ERROR: "red"}
+        for f in findings:
+            grid.add(f.check, f"[{colors[f.level]}]{f.level.value}[/]", escape(f.message))
+        grid.print()
     if any(f.level is Level.ERROR for f in findings):
         raise typer.Exit(1)
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..errors import DurableTasksError
 from ..scheduler import ScheduleInfo
-from .base import AppArg, AppOpt, app_spec, check, cli, console, fail, load_app, split_app
+from .base import AppArg, AppOpt, app_spec, check, cli, fail, load_app, split_app
+from .output import Grid, print_json_lines
 from .serve import serve
 
-__all__ = ["schedules_table"]
+__all__ = ["schedules_grid"]
 
 schedules_cli = typer.Typer(
     help="Periodic schedules: list them, pause and resume without a deploy.", no_args_is_help=True
@@ -33,16 +34,19 @@ def _when(moment: datetime | None) -> str:
     return "-" if moment is None else f"{moment:%Y-%m-%d %H:%M:%S}Z"
 
 
-def schedules_table(found: list[ScheduleInfo]) -> Table:
-    """The schedules as a table: name, task, spec, catch-up, state, last and next tick (UTC)."""
-    table = Table("schedule", "task", "spec", "catch up", "state", "last tick", "next tick", title="schedules")
+def _state(s: ScheduleInfo) -> str:
+    return "paused" if s.paused else "active" if s.declared else "not declared"
+
+
+def schedules_grid(found: list[ScheduleInfo]) -> Grid:
+    """The schedules: name, task, spec, catch-up, state, last and next tick (UTC)."""
+    grid = Grid(["schedule", "task", "spec", "catch up", "state", "last tick", "next tick"], title="schedules")
     for s in found:
-        state = "paused" if s.paused else "active" if s.declared else "not declared"
-        table.add_row(s.name, s.task, s.spec, s.catch_up, state, _when(s.last_tick), _when(s.next_tick))
-    return table
+        grid.add(s.name, s.task, s.spec, s.catch_up, _state(s), _when(s.last_tick), _when(s.next_tick))
+    return grid
 
 
-def _run(spec: str, action: str, name: str | None = None) -> None:
+def _run(spec: str, action: str, name: str | None = None, *, as_json: bool = False) -> None:
     the_app = load_app(spec)
     check(the_app, redis=False, schema=True)
     try:
@@ -50,7 +54,11 @@ def _run(spec: str, action: str, name: str | None = None) -> None:
             the_app.pause_schedule(name)
         elif action == "resume" and name is not None:
             the_app.resume_schedule(name)
-        console().print(schedules_table(the_app.list_schedules()))
+        found = the_app.list_schedules()
+        if as_json:
+            print_json_lines(asdict(s) | {"state": _state(s)} for s in found)
+        else:
+            schedules_grid(found).print()
     except DurableTasksError as exc:
         raise fail(exc) from exc
     finally:
@@ -58,9 +66,13 @@ def _run(spec: str, action: str, name: str | None = None) -> None:
 
 
 @schedules_cli.command("list")
-def schedules_list(app: AppArg = None, app_option: AppOpt = None) -> None:
+def schedules_list(
+    app: AppArg = None,
+    app_option: AppOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
+) -> None:
     """Every schedule with its last and next tick (UTC)."""
-    _run(app_spec(app, app_option), "list")
+    _run(app_spec(app, app_option), "list", as_json=as_json)
 
 
 @schedules_cli.command("pause")

@@ -19,3 +19,8 @@ class Nap(BaseModel):
 def nap(ctx: TaskContext[Nap], p: Nap) -> str:
     time.sleep(p.seconds)
     return f"slept {p.seconds}"
+
+
+@app.task(name="cli.fail", queue="cli", max_attempts=1)
+def fail(ctx: TaskContext[Nap], p: Nap) -> str:
+    raise ValueError(f"cannot nap {p.seconds} s")

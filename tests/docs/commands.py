@@ -128,18 +128,35 @@ def _check_leaf(cmd: Any, name: str, args: list[str], complete: bool) -> str | N
         else:
             positionals.append(word)
     arguments = [p for p in cmd.params if p.param_type_name == "argument"]
+    if "app_option" in given:  # --app names the App: APP is not among the positionals
+        arguments = [a for a in arguments if a.name != "app"]
     if not any(a.nargs == -1 for a in arguments) and len(positionals) > len(arguments):
-        names = " ".join(a.name.upper() for a in arguments) or "no arguments"
+        names = " ".join(_metavar(a) for a in arguments) or "no arguments"
         return f"`{name}` takes {names}; the docs pass {' '.join(positionals)}"
     if not complete:
         return None
-    required = [a for a in arguments if a.required and not a.envvar]
+    # APP may come from DT_APP as well as from --app: a line may leave it out.
+    required = [a for a in arguments if _required(a) and a.name != "app"]
     if len(positionals) < len(required):
-        return f"`{name}` needs {' '.join(a.name.upper() for a in required)}; the docs pass {positionals or 'none'}"
+        return f"`{name}` needs {' '.join(_metavar(a) for a in required)}; the docs pass {positionals or 'none'}"
     for option in cmd.params:
         if option.param_type_name == "option" and option.required and not option.envvar and option.name not in given:
             return f"`{name}` needs {option.opts[0]}"
     return None
+
+
+def _metavar(argument: Any) -> str:
+    return str(argument.metavar or argument.name.upper())
+
+
+def _required(argument: Any) -> bool:
+    """Whether a line must give this argument. The CLI declares its positionals optional (the
+    App may come from --app, shifting the others), so its metavar says: ``TASK_ID`` is
+    required, ``[APP]`` and ``TASK_ID...`` are not."""
+    if argument.required:
+        return not argument.envvar
+    metavar = argument.metavar or ""
+    return bool(metavar) and not metavar.startswith("[") and argument.nargs == 1
 
 
 def make_targets(makefile: Path) -> set[str]:

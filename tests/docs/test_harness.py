@@ -24,7 +24,7 @@ def words(line: str) -> tuple[str, ...]:
         ("durable-tasks tasks frobnicate ID", "has no command 'frobnicate'"),
         ("durable-tasks status APP --colour", "has no option --colour"),
         ("durable-tasks dlq show QUEUE ENTRY EXTRA --app APP", "takes QUEUE ENTRY"),
-        ("durable-tasks status", "needs APP"),
+        ("durable-tasks dlq show QUEUE", "needs QUEUE ENTRY"),
     ],
 )
 def test_a_command_the_cli_does_not_have_is_reported(line: str, problem: str) -> None:
@@ -39,7 +39,10 @@ def test_a_command_the_cli_does_not_have_is_reported(line: str, problem: str) ->
         "durable-tasks --help",
         "durable-tasks status APP [--watch] [--interval 0.5]",
         "durable-tasks prune APP --older-than=24",
-        "durable-tasks tasks show TASK_ID",  # --app may come from DT_APP
+        "durable-tasks tasks show TASK_ID",  # the App may come from DT_APP
+        "durable-tasks tasks show APP TASK_ID",
+        "durable-tasks tasks show TASK_ID --app APP",
+        "durable-tasks tasks rerun APP --state FAILED --yes",
         "DT_NAMESPACE=x durable-tasks run myproject.tasks:app",
     ],
 )
@@ -48,8 +51,8 @@ def test_a_command_the_cli_has_passes(line: str) -> None:
 
 
 def test_prose_may_name_a_command_without_its_arguments() -> None:
-    assert check_command(words("durable-tasks doctor"), complete=False) is None
-    assert check_command(words("durable-tasks doctor"), complete=True) is not None
+    assert check_command(words("durable-tasks dlq show"), complete=False) is None
+    assert check_command(words("durable-tasks dlq show"), complete=True) is not None
 
 
 def test_shell_lines_split_into_commands() -> None:

@@ -21,8 +21,9 @@ def env(cli_app_env: Callable[..., dict[str, str]]) -> Iterator[dict[str, str]]:
 
 
 def limit_rows(out: str) -> dict[str, list[str]]:
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") == 6]
-    return {row[0]: row[1:] for row in rows}
+    # plain columns when piped: limit, rate, burst, concurrency, set at run time (yes/no)
+    rows = [line.split() for line in out.splitlines()]
+    return {row[0]: row[1:] for row in rows if len(row) == 5 and row[-1] in ("yes", "no")}
 
 
 def invoke(*args: str) -> tuple[int, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -96,6 +97,89 @@ def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> 
     assert "no task" in out
 
 
+def run_until_failed(app: App) -> str:
+    """Submit ``cli.fail`` (one attempt) and run it until it is FAILED."""
+    with Session(app.engine) as s:
+        task_id = app.submit(s, "cli.fail", {"seconds": 7}).id
+        s.commit()
+
+    async def run() -> None:
+        await app.dispatch_once()
+        await app.work(max_tasks=1, timeout=timedelta(seconds=10))
+        await app.aclose()
+
+    anyio.run(run)
+    assert app.get_task(task_id).state == TaskState.FAILED
+    return task_id
+
+
+def test_a_failed_task_is_counted_listed_and_shown_with_its_traceback(env: dict[str, str]) -> None:
+    app = the_app()
+    task_id = run_until_failed(app)
+    code, out = invoke("status", APP)
+    assert code == 0, out
+    header, row = (line.split() for line in out.splitlines()[1:3])
+    assert dict(zip(header, row, strict=True))["failed"] == "1"
+
+    code, out = invoke("tasks", "list", APP, "--state", "FAILED")
+    assert code == 0, out
+    assert task_id in out
+    assert "ValueError: cannot nap 7" in out
+    code, out = invoke("tasks", "list", APP, "--state", "failed", "--name", "cli.fail", "--since", "1h", "--json")
+    assert code == 0, out
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [task_id]
+
+    code, out = invoke("tasks", "show", APP, task_id)
+    assert code == 0, out
+    assert "ValueError: cannot nap 7" in out
+    if hasattr(app.get_task(task_id).attempts[0], "traceback"):  # dt_attempts.traceback (schema 0010)
+        assert "Traceback (most recent call last)" in out
+        assert 'raise ValueError(f"cannot nap' in out
+    code, out = invoke("tasks", "show", APP, task_id, "--json")
+    assert json.loads(out)["attempts"][0]["error_message"] == "cannot nap 7.0 s"
+
+
+def test_read_commands_piped_at_80_columns_print_whole_headers_and_cells(env: dict[str, str]) -> None:
+    app = the_app()
+    task_id = run_until_failed(app)
+    for argv, must in [
+        (["status", APP], ["outbox_oldest_age_s", "oldest_pending_age_s", "unknown_held", "failed", "dead"]),
+        (["tasks", "list", APP], [task_id, "ValueError: cannot nap 7.0 s", "created"]),
+        (["tasks", "show", APP, task_id], ["generation", "delivery", "outcome", "ValueError: cannot nap 7.0 s"]),
+        (["doctor", APP], ["maxmemory-policy", "clock-skew"]),
+    ]:
+        result = CliRunner().invoke(cli, argv, env={"COLUMNS": "80"})  # CliRunner's output is not a terminal
+        assert result.exit_code in (0, 1), result.output  # doctor exits 1 on an error-level finding
+        assert "…" not in result.output, argv
+        for text in must:
+            assert text in result.output, (argv, text)
+
+
+def test_tasks_rerun_and_cancel_by_id_or_by_filter_with_yes(env: dict[str, str]) -> None:
+    app = the_app()
+    first, second = run_until_failed(app), run_until_failed(app)
+    code, out = invoke("tasks", "rerun", APP, "--state", "FAILED")
+    assert code == 2, out  # not a terminal: no prompt to answer
+    assert "2 task(s) match: pass --yes" in out
+    assert app.get_task(first).generation == 0
+
+    code, out = invoke("tasks", "rerun", APP, "--state", "FAILED", "--name", "cli.fail", "--yes")
+    assert code == 0, out
+    assert "rerun 2 task(s)" in out
+    assert {app.get_task(t).generation for t in (first, second)} == {1}
+
+    code, out = invoke("tasks", "cancel", first, second, "--app", APP)
+    assert code == 0, out
+    assert "cancelled 2 task(s)" in out
+    assert {app.get_task(t).state for t in (first, second)} == {TaskState.CANCELLED}
+    code, out = invoke("tasks", "cancel", APP, first)
+    assert code == 0, out
+    assert "already final, left alone" in out
+    code, out = invoke("tasks", "rerun", APP, "no-such-task")
+    assert code == 2, out
+    assert "no task 'no-such-task'" in out
+
+
 def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
     app = the_app()
     task_id = anyio.run(dead_letter_one, app)
@@ -103,10 +187,13 @@ def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
     assert code == 0, out
     assert task_id in out
     assert "max_deliveries" in out
-    entry = next(line.split("│")[1].strip() for line in out.splitlines() if task_id in line)
+    entry = next(line.split()[0] for line in out.splitlines() if task_id in line)  # plain columns when piped
     code, out = invoke("dlq", "show", APP, "cli", entry)
     assert code == 0, out
     assert "DEAD" in out
+    code, out = invoke("status", APP, "--json")
+    assert code == 0, out
+    assert json.loads(out)["queues"]["cli"]["dead"] == 1  # a task the reaper dead-lettered
 
     code, out = invoke("dlq", "replay", "cli", "--app", APP)
     assert code == 0, out
