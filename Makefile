@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs check chaos bench bench-scale test-cluster clean
+.PHONY: demo test test-full lint typecheck docs check chaos bench bench-scale test-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +15,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
-# What CI runs (.ci/run): lint, format, types, the docs site, then every test.
+# What CI runs (.ci/run): lint, format, types, the docs site, then every test, in 4 processes
+# (most tests wait on servers and subprocesses; tests/conftest.py keeps shared stacks together).
+PYTEST_PARALLEL ?= -n 4
 test: lint typecheck docs
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+
+# The same with the full matrices (DT_TEST_FULL=1): the agent kill-and-resume runs on every
+# database, not on PostgreSQL alone.
+test-full: lint typecheck docs
+	DT_TEST_FULL=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
 lint: $(STAMP)
 	$(BIN)/ruff check durable_tasks tests examples

@@ -10,9 +10,11 @@ the keys of the test's namespace.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +26,8 @@ import sqlalchemy as sa
 
 from durable_tasks import App
 from tests.servers import server_home
+
+TESTS = Path(__file__).resolve().parent
 
 FAST = {
     "heartbeat_interval": timedelta(milliseconds=300),
@@ -37,6 +41,44 @@ FAST = {
     "retry_backoff_max": timedelta(0),
     "reconcile_grace": timedelta(0),
 }
+
+
+# -- pytest-xdist (make test: -n 4) --------------------------------------------------------
+
+
+@functools.cache
+def shares_a_module_fixture(path: str) -> bool:
+    """Whether the test file ``path`` (or the conftest.py of its own folder) defines a
+    module-scoped fixture: a server stack, a Redis Cluster, a private PostgreSQL."""
+    file = TESTS.parent / path
+    sources = [file, file.parent / "conftest.py"] if file.parent != TESTS else [file]
+    return any('scope="module"' in p.read_text(encoding="utf-8") for p in sources if p.is_file())
+
+
+def xdist_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs together: a test file whose tests share a module
+    fixture (started once, not once per worker); the chaos scenarios in two chains (each starts
+    its own processes and waits for them to settle: two at a time at most); any other test alone."""
+    path = nodeid.split("::")[0]
+    if path == "tests/chaos/test_chaos.py":
+        return f"{path}#{zlib.crc32(nodeid.encode()) % 2}"
+    return path if shares_a_module_fixture(path) else nodeid
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest-xdist is not installed: the suite runs in one process
+    pass
+else:
+
+    class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]  # pytest-xdist is untyped
+        """Load scheduling over the units of :func:`xdist_unit`, largest first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> UnitScheduling:
+        return UnitScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ consumer that stopped long ago (:func:`outlive_lease`).
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
@@ -27,6 +28,8 @@ from durable_tasks.transport.messages import StreamEntry, parse_delivery
 
 #: How often a wait checks its condition again.
 POLL_S = 0.02
+#: ``make test-full`` (DT_TEST_FULL=1): the full matrices, where ``make test`` runs a slice.
+FULL = os.environ.get("DT_TEST_FULL") == "1"
 
 
 async def wait_until(
