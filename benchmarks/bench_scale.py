@@ -16,6 +16,8 @@ schema and namespace (bench_dt.bench_app), dropped at the end.
     inflight  10,000 tasks that each await 1 s in one worker (concurrency 10,000): >= 8,000
               tasks/s, peak RSS growth <= 300 MB, the lease renewal of all of them within one
               heartbeat interval (its statement timed)
+    recovery  SIGKILL of a worker holding 5,000 running tasks: all redelivered and finished within
+              2 x the lease timeout + 5 s (kill to first and last restart reported)
     backlog   1,000,000 tasks pending in the outbox, then a dispatcher and a worker start: the
               rate over the backlog within 10 % of a 10,000-task backlog's
 """
@@ -26,6 +28,8 @@ import argparse
 import functools
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -35,10 +39,11 @@ import anyio
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from benchmarks.bench_dt import analyze, bench_app, dispatch_all
+from benchmarks.bench_dt import REDIS, analyze, bench_app, dispatch_all, seconds
 from durable_tasks import App, TaskContext
 from durable_tasks.dispatcher import Dispatcher
 from durable_tasks.process import tune_gc
+from durable_tasks.records import tasks_table
 from durable_tasks.settings import Settings
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.worker import Worker
@@ -95,6 +100,12 @@ def register(app: App, sleep_s: float = 0.0) -> None:
     async def noop(ctx: TaskContext[Any], payload: Any) -> int:
         if sleep_s:
             await anyio.sleep(sleep_s)
+        return 1
+
+    @app.task(name="scale.stuck_once", queue="scale")
+    async def stuck_once(ctx: TaskContext[Any], payload: Any) -> int:
+        if ctx.attempt == 1:  # the worker that first runs it is SIGKILLed meanwhile
+            await anyio.sleep(3600)
         return 1
 
 
@@ -236,12 +247,77 @@ def backlog(n_small: int, scale: float) -> None:
     target(f"backlog {big:,}: drain / {n_small:,}-task backlog", ">= 0.9", ratio, "x", ratio >= 0.9)
 
 
+def count_state(app: App, ns: str, state: str) -> int:
+    t = tasks_table.c
+    with app.runtime.store.read_engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).where(t.namespace == ns, t.state == state)).scalar_one())
+
+
+def recovery(scale: float) -> None:
+    """SIGKILL a worker holding n running tasks; a fresh worker and reaper (in this process)
+    redeliver and finish them: time from the kill to the first and last restart and the end."""
+    n = max(50, int(5_000 * scale))
+    with bench_app() as (app, db, ns):
+        register(app)
+        for lo in range(0, n, 500):
+            with Session(app.engine) as s:
+                for i in range(lo, min(n, lo + 500)):
+                    app.submit(s, "scale.stuck_once", i)
+                s.commit()
+        analyze(app)
+        anyio.run(dispatch_all, app)
+        env = {**os.environ, "DT_BENCH_DB": db, "DT_BENCH_NS": ns, "DT_BENCH_CONC": str(n)}
+        child = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_scale", "--cases", "_worker"], env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while count_state(app, ns, "RUNNING") < n and time.monotonic() < deadline and child.poll() is None:
+                time.sleep(0.2)
+            running = count_state(app, ns, "RUNNING")
+        finally:
+            child.kill()  # SIGKILL, by pid: the worker this run started
+            child.wait(10)
+        killed = time.time()
+        lease = app.settings.lease_timeout.total_seconds()
+        bound = 2 * lease + 5
+
+        async def recover() -> float | None:
+            stop = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: app.run(scheduler=False, stop=stop))
+                give_up = time.monotonic() + max(120.0, bound * 4)
+                while count_state(app, ns, "SUCCEEDED") < n and time.monotonic() < give_up:  # noqa: ASYNC110
+                    await anyio.sleep(0.2)  # the database says when: nothing to wait on
+                stop.set()
+            return time.time() - killed if count_state(app, ns, "SUCCEEDED") >= n else None
+
+        done_after = anyio.run(recover)
+        t = tasks_table.c
+        with app.runtime.store.read_engine.connect() as conn:
+            first, last = conn.execute(
+                sa.select(sa.func.min(t.started_at), sa.func.max(t.started_at)).where(t.namespace == ns)
+            ).one()
+        first_s, last_s = (seconds(first) - killed, seconds(last) - killed) if first and last else (None, None)
+        emit(case="recovery", n=n, running_at_kill=running, first_restart_s=first_s, last_restart_s=last_s,
+             all_done_s=done_after, lease_s=lease)  # fmt: skip
+        met = done_after is not None and done_after <= bound
+        target(f"recovery of {running:,} running: all finished", f"<= {bound:g} s", done_after, "s", met)
+
+
+def worker_child() -> None:
+    app = App(os.environ["DT_BENCH_DB"], REDIS, os.environ["DT_BENCH_NS"], concurrency=int(os.environ["DT_BENCH_CONC"]))
+    register(app)
+    anyio.run(lambda: app.run(dispatcher=False, reaper=False, scheduler=False))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="history,payload,inflight,backlog")
+    ap.add_argument("--cases", default="history,payload,inflight,backlog,recovery")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies history, in-flight and backlog sizes")
     ap.add_argument("--n", type=int, default=5000, help="tasks per drain (history, payload)")
     a = ap.parse_args(argv)
+    if a.cases == "_worker":
+        worker_child()
+        return
     if os.environ.get("DT_BENCH_DATABASE_URL", "postgresql").split(":")[0].startswith("sqlite"):
         raise SystemExit("bench_scale makes its rows with PostgreSQL's generate_series: set DT_BENCH_DATABASE_URL")
     tune_gc(Settings())
@@ -252,6 +328,8 @@ def main(argv: list[str] | None = None) -> None:
             payload(a.n)
         elif case == "inflight":
             inflight(a.scale)
+        elif case == "recovery":
+            recovery(a.scale)
         elif case == "backlog":
             backlog(max(100, int(10_000 * min(1.0, a.scale * 10))), a.scale)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -36,6 +37,9 @@ __all__ = ["ReapReport", "Reaper"]
 logger = logging.getLogger(__name__)
 
 REAPER_CONSUMER = "dt-reaper"
+#: Pages of the PEL one pass reads per stream at most, and entries settled at once.
+_MAX_PAGES = 1000
+_SETTLING = 8
 #: Rows per prune transaction, and transactions per retention pass (bounded locks and passes).
 _PRUNE_BATCH = 1000
 _PRUNE_BATCHES = 20
@@ -76,13 +80,14 @@ class Reaper:
         runtime, s = self.runtime, self.runtime.settings
         transport = runtime.transport()
         min_idle = min(s.lease_timeout, s.visibility_timeout)
-        cursor, seen = "0-0", 0
-        while seen < s.reaper_batch:
+        cursor = "0-0"
+        # The whole PEL in one pass, a page of reaper_batch at a time: a worker killed with
+        # thousands of entries is recovered in one pass, not in one pass per page.
+        for _ in range(_MAX_PAGES):
             page = await transport.autoclaim(
-                stream, REAPER_CONSUMER, min_idle=min_idle, cursor=cursor, count=min(100, s.reaper_batch - seen)
+                stream, REAPER_CONSUMER, min_idle=min_idle, cursor=cursor, count=min(100, s.reaper_batch)
             )
             report.deleted_entries += page.deleted
-            seen += len(page.entries)
             parsed: list[tuple[str, Delivery]] = []
             for entry_id, fields in page.entries:
                 try:
@@ -92,8 +97,11 @@ class Reaper:
                     report.dead_lettered += 1
             task_ids = [d.task_id for _, d in parsed]
             views = await runtime.store.lease_views(s.namespace, task_ids)
-            for entry_id, d in parsed:
-                await self._settle_entry(queue, stream, entry_id, d, views.get(d.task_id), min_idle, report)
+            settling = anyio.CapacityLimiter(_SETTLING)  # each entry is its own transaction: overlap some
+            async with anyio.create_task_group() as tg:
+                for entry_id, d in parsed:
+                    settle = partial(self._settle_entry, queue, stream, entry_id, d, views.get(d.task_id), min_idle)
+                    tg.start_soon(_limited, settling, settle, report)
             cursor = page.cursor
             if cursor == "0-0" or not page.entries:
                 break
@@ -283,3 +291,10 @@ class Reaper:
                 except Exception:
                     logger.exception("reaper pass failed; trying again next interval")
                 await anyio.sleep(self.runtime.settings.reaper_interval.total_seconds())
+
+
+async def _limited(
+    limiter: anyio.CapacityLimiter, settle: Callable[[ReapReport], Awaitable[None]], report: ReapReport
+) -> None:
+    async with limiter:
+        await settle(report)
