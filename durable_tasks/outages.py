@@ -82,6 +82,11 @@ def broker_errors(redis_url: Callable[[], str]) -> Iterator[None]:
     """redis' (and socket) errors raised in the block as BrokerUnavailableError."""
     try:
         yield
+    except AuthenticationError as exc:
+        raise BrokerUnavailableError(
+            f"Redis at {safe_url(redis_url())} refused the login: {str(exc).rstrip('.')}. "
+            "Check the user and password in DT_REDIS_URL."
+        ) from exc
     except (RedisError, RedisClusterException, OSError) as exc:
         raise BrokerUnavailableError(
             f"cannot reach Redis at {safe_url(redis_url())}: {str(exc).rstrip('.')}. "

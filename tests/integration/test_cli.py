@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -150,6 +151,19 @@ def test_a_database_that_does_not_exist_fails_each_command_at_once_in_one_line(
     assert len(lines) == 1, lines
     assert "dt_no_such_database" in lines[0]
     assert "does not exist" in lines[0]
+
+
+def test_a_refused_redis_login_fails_at_once_in_one_line(
+    postgres_url: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    server = urlsplit(redis_url)
+    env = {"DT_DATABASE_URL": postgres_url, "DT_NAMESPACE": namespace, "DT_DATA_DIR": str(tmp_path)}
+    env |= {"DT_REDIS_URL": f"redis://dt:not-the-password@{server.hostname}:{server.port}/0", "DT_STARTUP_WAIT": "600"}
+    code, lines = run_cli("worker", "tests.apps.cli_app:app", env=env)
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert "refused the login" in lines[0]
+    assert "not-the-password" not in lines[0]
 
 
 def test_a_postgres_scheme_url_is_read_as_postgresql(
