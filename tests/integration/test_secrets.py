@@ -147,6 +147,7 @@ def test_no_command_prints_or_logs_a_password_when_its_connections_fail(
     caplog.set_level(logging.DEBUG)
     runner = CliRunner()
     leaks: list[str] = []
+    dumped: list[str] = []
     failed: list[tuple[str, ...]] = []
     for command in leaf_commands():
         canary_env(failures(postgres_url)[mode])
@@ -160,10 +161,14 @@ def test_no_command_prints_or_logs_a_password_when_its_connections_fail(
         )
         seen = {"output": result.output, "log": caplog.text, "traceback": escaped}
         leaks += [f"{' '.join(command.path)} ({where})" for where, text in seen.items() if CANARY in text]
+        raised = result.exception is not None and not isinstance(result.exception, SystemExit)
+        if raised or "Traceback" in result.output:
+            dumped.append(f"{' '.join(command.path)}: {(escaped or result.output).strip().splitlines()[-1]}")
         if result.exit_code != 0:
             failed.append(command.path)
     assert ("status",) in failed, f"{mode} did not make `status` fail: the mode tests nothing"
     assert not leaks, f"{mode}: the password shows in {leaks}"
+    assert not dumped, f"{mode}: a traceback instead of one line from {dumped}"
 
 
 @pytest.fixture(scope="module")
