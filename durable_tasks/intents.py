@@ -175,6 +175,8 @@ class IntentsMixin:
         except IdempotencyConflictError:
             undo_submits(session, [o.task_id for o in outcomes if o.created])
             raise
+        if any(o.created for o in outcomes):
+            self.runtime.wake_dispatchers_after_commit(session)
         return outcomes
 
     async def asubmit(
@@ -242,6 +244,7 @@ class IntentsMixin:
             generation = self.runtime.store.rerun(session, self.settings.namespace, task_id, now, due=due)
         if generation is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
+        self.runtime.wake_dispatchers_after_commit(session)
         return generation
 
     def cancel(self, session: Session, task_id: str) -> bool:

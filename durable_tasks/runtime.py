@@ -22,6 +22,9 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import redis.asyncio
+from sqlalchemy.orm import Session
+
 from .clock import Clock
 from .flow.gate import FlowGate
 from .loopbound import LoopBound
@@ -31,8 +34,10 @@ from .store.notify import OutboxWaiter
 from .tasks import Task
 from .telemetry import Telemetry
 from .transport.connect import close_stale, open_transport
+from .transport.keys import wake_channel
 from .transport.streams import RedisStreamsTransport
 from .views import QueueStats
+from .wakeup import CommitWakeups, RedisWakeWaiter
 
 __all__ = ["Runtime"]
 
@@ -76,6 +81,8 @@ class Runtime:
         #: Flow control's admission (rate and concurrency limits) before a worker's claim.
         self.flow = FlowGate(self)
         self._store: Store | None = None
+        #: Wake-ups published on Redis at a submit's commit where the database has none.
+        self.wakeups = CommitWakeups(settings)
         self._transports: LoopBound[RedisStreamsTransport] = LoopBound(
             lambda: self._open_transport(redis_url()), close_stale=close_stale, aclose=_close_transport
         )
@@ -129,8 +136,21 @@ class Runtime:
             self._store, self._transports, self.subscribes_to_results = saved
 
     def outbox_waiter(self) -> OutboxWaiter:
-        """How the dispatcher waits between passes (the store's notification, or polling)."""
-        return self.store.outbox_waiter(self.settings.namespace)
+        """How the dispatcher waits between passes: the store's notification, or the poll
+        ended early by a wake-up on Redis (a substituted transport without pub/sub: the poll)."""
+        store = self.store
+        if store.notifies_dispatchers or not self.subscribes_to_results:
+            return store.outbox_waiter(self.settings.namespace)
+        client = self.transport().client
+        if not isinstance(client, redis.asyncio.Redis):  # a cluster client has no pub/sub here
+            return store.outbox_waiter(self.settings.namespace)
+        return RedisWakeWaiter(client, wake_channel(self.settings.namespace))
+
+    def wake_dispatchers_after_commit(self, session: Session) -> None:
+        """Publish a wake-up when ``session`` commits, unless the database wakes them itself
+        (or the runtime runs substituted, without Redis)."""
+        if not self.store.notifies_dispatchers and self.subscribes_to_results:
+            self.wakeups.after_commit(session)
 
     def queues(self) -> list[str]:
         """Every queue a registered task uses."""

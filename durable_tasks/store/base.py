@@ -58,6 +58,9 @@ R = TypeVar("R")
 class SqlStore(RecoveryStore, JournalStore):
     """The operations of :class:`~.protocol.Store` in SQLAlchemy Core, each in a worker thread."""
 
+    #: Dispatchers poll (the runtime adds a wake-up on Redis); PostgreSQL's store NOTIFYs.
+    notifies_dispatchers = False
+
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
         self._read_engine = read_only(engine)

@@ -9,7 +9,8 @@ transaction. InnoDB reports a deadlock or a lock wait timeout as an error: the s
 whole transaction again (a few times, with a short random pause); anything else is an outage,
 as on the other backends.
 
-There is no LISTEN/NOTIFY: dispatchers poll the outbox every ``poll_interval``.
+There is no LISTEN/NOTIFY: dispatchers poll the outbox every ``poll_interval``, and the runtime
+wakes them earlier with a Redis message after each committed submit (:mod:`durable_tasks.wakeup`).
 """
 
 from __future__ import annotations

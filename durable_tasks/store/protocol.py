@@ -94,6 +94,10 @@ class Store(Protocol):
         PostgreSQL they plan keyed (sequential scans priced out)."""
         ...
 
+    #: Whether the database itself wakes dispatchers at a submit's commit (PostgreSQL's
+    #: NOTIFY); elsewhere the runtime publishes a wake-up on Redis (durable_tasks.wakeup).
+    notifies_dispatchers: bool
+
     # -- the App's own ---------------------------------------------------------------------
 
     def create_all(self, tables: Sequence[sa.Table]) -> None:

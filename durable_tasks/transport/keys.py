@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-__all__ = ["CONSUMER_GROUP", "QueueKeys", "outcome_channel", "partition_for"]
+__all__ = ["CONSUMER_GROUP", "QueueKeys", "outcome_channel", "partition_for", "wake_channel"]
 
 #: One consumer group per stream; workers of one namespace share it.
 CONSUMER_GROUP = "dt-workers"
@@ -71,6 +71,12 @@ def partition_for(key: str, count: int) -> int | None:
     if count <= 1:
         return None
     return zlib.crc32(key.encode()) % count
+
+
+def wake_channel(namespace: str) -> str:
+    """The pub/sub channel on which committed submits wake the dispatchers of ``namespace``
+    where the database has no notification of its own (:mod:`durable_tasks.wakeup`)."""
+    return f"dt:{{{namespace}}}:wake"
 
 
 def outcome_channel(namespace: str) -> str:

@@ -54,6 +54,8 @@ async def _aclose(connections: AsyncConnections) -> None:
 class PostgresStore(SqlStore):
     """:class:`~..protocol.Store` on PostgreSQL (psycopg 3)."""
 
+    notifies_dispatchers = True
+
     def __init__(
         self,
         engine: sa.Engine,

@@ -1,0 +1,130 @@
+"""Waking dispatchers through Redis where the database cannot (MySQL/MariaDB, SQLite).
+
+PostgreSQL's submits NOTIFY the dispatchers' LISTEN at commit. The other databases have no such
+channel, so their dispatchers poll the outbox every ``poll_interval``, and a task submitted
+into an idle system waits up to that long. Here a submit in the caller's session asks for a
+wake-up, and once that session's transaction commits (never before: a dispatcher woken early
+would find nothing), one ``PUBLISH`` on the namespace's wake channel ends the dispatchers' wait
+(:class:`RedisWakeWaiter`, subscribed there). The wake-up is an optimization only: a publish
+that fails or a subscription that drops leaves the poll as it was, so correctness never
+depends on Redis delivering it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import redis
+import redis.asyncio
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from .settings import Settings
+from .transport.keys import wake_channel
+
+__all__ = ["CommitWakeups", "RedisWakeWaiter"]
+
+logger = logging.getLogger(__name__)
+
+#: A publish that takes longer is given up (the dispatchers' poll covers it).
+_PUBLISH_TIMEOUT = 0.25
+
+
+class CommitWakeups:
+    """Publishes one wake-up per committed transaction that wrote outbox rows (one per App)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._channel = wake_channel(settings.namespace)
+        self._cluster = settings.redis_cluster
+        #: Only a configured server: publishing must not start an embedded Valkey in a process
+        #: that only submits (dispatchers on the embedded default poll).
+        self._redis_url = settings.redis_url
+        self._key = f"durable_tasks.wake:{self._channel}"  # session.info: a wake-up is owed at commit
+        self._lock = threading.Lock()
+        self._client: tuple[int, Any] | None = None  # (pid, client): a forked child makes its own
+
+    def disable(self) -> None:
+        """Publish nothing from now on (the dispatchers poll): for measuring what it saves."""
+        self._redis_url = None
+
+    def after_commit(self, session: Session) -> None:
+        """Publish a wake-up when ``session``'s transaction commits (nothing if it rolls back)."""
+        if self._redis_url is None:
+            return
+        session.info[self._key] = True
+        if not event.contains(session, "after_commit", self._committed):
+            event.listen(session, "after_commit", self._committed)
+            event.listen(session, "after_soft_rollback", self._rolled_back)
+
+    def _committed(self, session: Session) -> None:
+        if session.info.pop(self._key, False):
+            self.publish()
+
+    def _rolled_back(self, session: Session, previous_transaction: Any) -> None:
+        if previous_transaction.parent is None:  # the outermost transaction: its rows are gone
+            session.info.pop(self._key, None)
+
+    def publish(self) -> None:
+        """One PUBLISH on the wake channel; a failure is logged and left to the poll."""
+        try:
+            self._redis().publish(self._channel, "1")
+        except (redis.RedisError, OSError) as exc:
+            logger.debug("waking the dispatchers through Redis failed (they poll): %s", exc)
+
+    def _redis(self) -> Any:
+        with self._lock:
+            if self._client is None or self._client[0] != os.getpid():
+                url = str(self._redis_url)
+                timeouts = {"socket_timeout": _PUBLISH_TIMEOUT, "socket_connect_timeout": _PUBLISH_TIMEOUT}
+                if self._cluster or "+cluster://" in url:
+                    seed = url.replace("+cluster", "", 1)
+                    client: Any = redis.RedisCluster.from_url(seed.split(",")[0], **timeouts)
+                else:
+                    client = redis.Redis.from_url(url, **timeouts)
+                self._client = (os.getpid(), client)
+            return self._client[1]
+
+
+class RedisWakeWaiter:
+    """A dispatcher's wait: a message on the wake channel ends it early, else the timeout."""
+
+    def __init__(self, client: redis.asyncio.Redis, channel: str) -> None:
+        self._client = client
+        self._channel = channel
+        self._pubsub: Any = None
+        self._warned = False
+
+    async def wait(self, timeout: timedelta) -> None:
+        """Return on a wake-up, or after ``timeout`` (the poll)."""
+        deadline = anyio.current_time() + timeout.total_seconds()
+        try:
+            if self._pubsub is None:
+                pubsub = self._client.pubsub()
+                await pubsub.subscribe(self._channel)
+                self._pubsub = pubsub
+            while (left := deadline - anyio.current_time()) > 0:
+                if await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left) is not None:
+                    return
+        except (redis.RedisError, OSError) as exc:
+            if not self._warned:
+                logger.warning("the dispatcher's wake-up subscription failed (%s): polling until it is back", exc)
+                self._warned = True
+            await self._drop()
+            await anyio.sleep(max(0.0, deadline - anyio.current_time()))
+
+    async def _drop(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(redis.RedisError, OSError):
+                    await pubsub.aclose()
+
+    async def aclose(self) -> None:
+        """Unsubscribe."""
+        await self._drop()

@@ -1,0 +1,82 @@
+"""Where the database has no notification of its own (MySQL/MariaDB, SQLite), a committed
+submit wakes the dispatchers through Redis: a dispatcher polling once an hour publishes the
+task at once. A rolled-back submit publishes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from sqlmodel import Session
+
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.transport.keys import wake_channel
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlite", "mysql"], indirect=True)]
+
+
+def doubling_app(make_app: Callable[..., App]) -> App:
+    app = make_app(poll_interval=timedelta(hours=1))  # only a wake-up can end a dispatcher's wait
+
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    return app
+
+
+async def test_a_committed_submit_wakes_a_dispatcher_that_polls_once_an_hour(
+    make_app: Callable[..., App], redis_url: str
+) -> None:
+    app = doubling_app(make_app)
+    channel = wake_channel(app.settings.namespace)
+    client = redis.Redis.from_url(redis_url)
+
+    def dispatcher_listens() -> bool:
+        return bool(client.pubsub_numsub(channel)[0][1])
+
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(app.run, reaper=False, stop=stop))
+        await wait_until(dispatcher_listens, what="the dispatcher's wake-up subscription")
+        with Session(app.engine) as session:
+            handle = app.submit(session, "double", 21)
+            session.commit()
+        await wait_until(lambda: app.get_task(handle.id).state is TaskState.SUCCEEDED, what="the woken dispatch")
+        stop.set()
+    client.close()
+    await app.aclose()
+
+
+async def test_only_a_commit_publishes_a_wake_up(make_app: Callable[..., App], redis_url: str) -> None:
+    app = doubling_app(make_app)
+    channel = wake_channel(app.settings.namespace)
+    client: Any = redis.Redis.from_url(redis_url)  # redis-py's pubsub() is untyped
+    listener = client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(channel)
+    with Session(app.engine) as session:
+        app.submit(session, "double", 1)
+        session.rollback()  # nothing to deliver: no wake-up
+        app.submit(session, "double", 2)
+        app.submit(session, "double", 3)
+        session.commit()  # one wake-up for the transaction
+    client.publish(channel, "end")
+    seen: list[bytes] = []
+
+    def read_to_the_end() -> bool:
+        message = listener.get_message(timeout=0.1)  # None for the subscribe confirmation too
+        if message is not None:
+            seen.append(message["data"])
+        return bool(seen) and seen[-1] == b"end"
+
+    await wait_until(read_to_the_end, what="the wake-ups, then our end marker")
+    assert seen == [b"1", b"end"]
+    listener.close()
+    client.close()
+    await app.aclose()
