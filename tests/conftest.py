@@ -16,7 +16,6 @@ import sys
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +24,10 @@ import redis
 import sqlalchemy as sa
 
 from durable_tasks import App
+from tests.helpers import FAST, delete_namespace_keys, private_schema
 from tests.servers import server_home
 
 TESTS = Path(__file__).resolve().parent
-
-FAST = {
-    "heartbeat_interval": timedelta(milliseconds=300),
-    "lease_timeout": timedelta(seconds=1),
-    "poll_interval": timedelta(milliseconds=100),
-    "read_block": timedelta(milliseconds=100),
-    "backoff_initial": timedelta(milliseconds=50),
-    "backoff_max": timedelta(milliseconds=200),
-    "backoff_jitter": timedelta(0),
-    "retry_backoff_initial": timedelta(0),
-    "retry_backoff_max": timedelta(0),
-    "reconcile_grace": timedelta(0),
-}
 
 
 # -- pytest-xdist (make test: -n 4) --------------------------------------------------------
@@ -112,19 +99,10 @@ def postgres_url(servers_dir: Path) -> Iterator[str]:
         from tests.embedded_postgres import start_embedded_postgres
 
         base, stop = start_embedded_postgres(servers_dir / "postgres")
-    url = sa.engine.make_url(base)
-    if url.drivername == "postgresql":
-        url = url.set(drivername="postgresql+psycopg")
-    schema = f"dt_test_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(url)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     try:
-        yield url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+        with private_schema(base) as url:  # each run (each xdist worker) a schema of its own
+            yield url
     finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
         if stop is not None:
             stop()
 
@@ -192,10 +170,14 @@ def make_app(database_url: str, redis_url: str, namespace: str, tmp_path: Path) 
             cluster.delete(key)
         cluster.close()
         return
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
-        client.delete(key)
-    client.close()
+    delete_namespace_keys(redis_url, namespace)
+
+
+@pytest.fixture
+def clean_redis(redis_url: str, namespace: str) -> Iterator[None]:
+    """For a test that builds its own Apps: delete its namespace's Redis keys afterwards."""
+    yield
+    delete_namespace_keys(redis_url, namespace)
 
 
 @pytest.fixture

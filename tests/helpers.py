@@ -12,12 +12,16 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import anyio
+import redis
+import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, FrozenClock, Task, TaskHandle
@@ -26,6 +30,19 @@ from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
 
+#: Settings of a test App: leases, polls and backoffs in fractions of a second.
+FAST: dict[str, Any] = {
+    "heartbeat_interval": timedelta(milliseconds=300),
+    "lease_timeout": timedelta(seconds=1),
+    "poll_interval": timedelta(milliseconds=100),
+    "read_block": timedelta(milliseconds=100),
+    "backoff_initial": timedelta(milliseconds=50),
+    "backoff_max": timedelta(milliseconds=200),
+    "backoff_jitter": timedelta(0),
+    "retry_backoff_initial": timedelta(0),
+    "retry_backoff_max": timedelta(0),
+    "reconcile_grace": timedelta(0),
+}
 #: How often a wait checks its condition again.
 POLL_S = 0.02
 #: ``make test-full`` (DT_TEST_FULL=1): the full matrices, where ``make test`` runs a slice.
@@ -118,6 +135,37 @@ async def outlive_lease(app: App) -> int:
     # From the wall clock if it is ahead: a worker in another process took its lease on it.
     clock.now = max(clock.now, system_clock()) + gone
     return await make_idle(app, gone)
+
+
+@contextmanager
+def private_schema(postgres_url: str, prefix: str = "dt_test") -> Iterator[str]:
+    """A new, empty schema on the PostgreSQL server of ``postgres_url``: yields the URL whose
+    connections use it (``search_path``), and drops it with everything in it afterwards."""
+    base = sa.make_url(postgres_url).difference_update_query(["options"])
+    if base.drivername == "postgresql":
+        base = base.set(drivername="postgresql+psycopg")
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(base)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        try:
+            yield base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+        finally:
+            with admin.begin() as conn:
+                conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    finally:
+        admin.dispose()
+
+
+def delete_namespace_keys(redis_url: str, namespace: str) -> None:
+    """Delete the Redis keys of ``namespace`` (and nothing else: the server is shared)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
 
 
 def submit(app: App, task: Task[Any, Any] | str, payload: Any, **options: Any) -> str:

@@ -114,7 +114,7 @@ async def test_one_running_attempt_per_key_and_other_keys_go_on(make_app: Callab
     @app.task(name="judge", queue="jobs", concurrency_limit=1)
     async def judge(ctx: TaskContext[str], key: str) -> None:
         start = time.monotonic()
-        await anyio.sleep(0.02)
+        await anyio.sleep(0.02)  # a body that takes time, so two attempts of one key would overlap
         intervals[key].append((start, time.monotonic()))
 
     for n in range(24):

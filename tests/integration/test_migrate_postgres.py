@@ -8,7 +8,6 @@ import select
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ import sqlalchemy as sa
 from durable_tasks.migrations import migrate, read_status, runner
 from durable_tasks.migrations.backends import LOCK_CLASS
 from durable_tasks.migrations.steps import _parse, load_steps
+from tests.helpers import private_schema
 
 pytestmark = pytest.mark.postgres_only
 SHIPPED = load_steps("postgresql")
@@ -26,15 +26,8 @@ LATEST = SHIPPED[-1].version
 @pytest.fixture
 def schema_url(postgres_url: str) -> Iterator[str]:
     """An empty schema of its own."""
-    base = sa.make_url(postgres_url).difference_update_query(["options"])
-    schema = f"dt_mig_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    yield base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+    with private_schema(postgres_url, "dt_mig") as url:
+        yield url
 
 
 def read_line(proc: subprocess.Popen[str], deadline: float) -> str:

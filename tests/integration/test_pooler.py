@@ -25,8 +25,7 @@ from durable_tasks.doctor import Facts, Level, check_listen, check_pooler, gathe
 from durable_tasks.errors import ConfigurationError
 from durable_tasks.store.pooler import Pooling, conninfo
 from durable_tasks.store.postgres.notify import PostgresNotifyWaiter
-from tests.conftest import FAST
-from tests.helpers import turns_true, wait_until
+from tests.helpers import FAST, turns_true, wait_until
 from tests.pgbouncer import MISSING, PgBouncer, pgbouncer, pgbouncer_binary, scratch_database
 from tests.servers import server_home
 

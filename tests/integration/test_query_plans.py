@@ -10,7 +10,6 @@ ANALYZE: nothing is executed).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -26,6 +25,7 @@ from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
 from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.store.postgres.connections import AsyncConnections
 from durable_tasks.store.postgres.statements import OneStatement
+from tests.helpers import private_schema
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -199,25 +199,13 @@ def test_delayed_rows_cost_the_claim_and_the_wake_up_nothing_until_due(make_app:
 def empty_tables(database_url: str, tmp_path: Path) -> Iterator[App]:
     """An App on a schema of its own whose tables were just created (nothing in them, never
     analyzed): what a new deployment's processes plan their statements against."""
-    url = sa.engine.make_url(database_url)
-    schema = f"dt_empty_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(url)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    app = App(
-        url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False),
-        "redis://127.0.0.1:1/0",  # never used: nothing here talks to Redis
-        "plans",
-        data_dir=tmp_path,
-    )
-    try:
-        app.create_all()
-        yield app
-    finally:
-        app.engine.dispose()
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
+    with private_schema(database_url, "dt_empty") as url:
+        app = App(url, "redis://127.0.0.1:1/0", "plans", data_dir=tmp_path)  # Redis: never used here
+        try:
+            app.create_all()
+            yield app
+        finally:
+            app.engine.dispose()
 
 
 class ProbeSaying(PathProbe):

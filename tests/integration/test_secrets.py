@@ -32,8 +32,7 @@ from typer.testing import CliRunner
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.cli import cli
-from tests.conftest import FAST
-from tests.helpers import wait_until
+from tests.helpers import FAST, wait_until
 from tests.servers import free_port, private_redis
 
 CANARY = "Canary-pw-7f3a9c"

@@ -10,19 +10,16 @@ import shutil
 import sqlite3
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import sqlalchemy as sa
 from pydantic import BaseModel
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.migrations.steps import split_statements
-from tests.conftest import FAST
-from tests.helpers import run_until
+from tests.helpers import FAST, private_schema, run_until
 
 pytestmark = pytest.mark.anyio
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "sql-submit.md"
@@ -34,15 +31,6 @@ def sql_blocks() -> list[str]:
 
 class Judge(BaseModel):
     submission_id: int
-
-
-@pytest.fixture
-def clean_redis(redis_url: str, namespace: str) -> Iterator[None]:
-    yield
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
-        client.delete(key)
-    client.close()
 
 
 def judge_app(url: str, redis_url: str, namespace: str, tmp_path: Path) -> App:
@@ -83,13 +71,7 @@ async def test_dt_submit_from_psql_writes_the_rows_of_submit_and_the_task_runs(
 ) -> None:
     if shutil.which("psql") is None:
         pytest.skip("psql (the PostgreSQL client) is not installed")
-    base = sa.make_url(postgres_url).difference_update_query(["options"])
-    schema = f"dt_sql_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    url = base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
-    try:
+    with private_schema(postgres_url, "dt_sql") as url:
         app = judge_app(url, redis_url, namespace, tmp_path)
         with app.engine.begin() as conn:
             conn.execute(sa.text("CREATE TABLE submissions (id integer PRIMARY KEY, verdict text)"))
@@ -118,10 +100,6 @@ async def test_dt_submit_from_psql_writes_the_rows_of_submit_and_the_task_runs(
         info = app.get_task(task_id)
         assert (info.state, info.result, info.generation) == (TaskState.SUCCEEDED, "judged 42", 0)
         await app.aclose()
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.mark.usefixtures("clean_redis")

@@ -15,7 +15,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.errors import BrokerUnavailableError
-from tests.conftest import FAST
+from tests.helpers import FAST
 from tests.servers import server_home
 from tests.tls_redis import MISSING, TlsFiles, tls_cluster, tls_files, tls_redis, tls_redis_binary
 

@@ -12,13 +12,12 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import sqlalchemy as sa
 from pydantic import BaseModel
 
@@ -26,8 +25,7 @@ from durable_tasks import App, SchemaOutdatedError, TaskContext, TaskState
 from durable_tasks.doctor import diagnose, gather_facts
 from durable_tasks.migrations import schema_report, steps_for
 from durable_tasks.store.schema import missing_indexes
-from tests.conftest import FAST
-from tests.helpers import run_until
+from tests.helpers import FAST, run_until
 
 #: The last commit whose create_all() made the schema without versions.
 LEGACY_COMMIT = "2966201"
@@ -64,15 +62,6 @@ def legacy_sources(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
         return dest
 
     return source
-
-
-@pytest.fixture
-def clean_redis(redis_url: str, namespace: str) -> Iterator[None]:
-    yield
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
-        client.delete(key)
-    client.close()
 
 
 class Add(BaseModel):
