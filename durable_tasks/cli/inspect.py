@@ -163,8 +163,10 @@ def dlq_show(
         d = found[0]
         info = the_app.get_task(d.task_id) if d.task_id else None
         if as_json:
-            task = None if info is None else {"state": str(info.state), "attempts": len(info.attempts)}
-            print_json(asdict(d) | {"task": task and task | {"error": info and info.error_message}})
+            task = None
+            if info is not None:
+                task = {"state": str(info.state), "attempts": len(info.attempts), "error": info.error_message}
+            print_json(asdict(d) | {"task": task})
             return
         out = console()
         out.print(

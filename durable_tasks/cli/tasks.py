@@ -7,6 +7,7 @@ that stops half-way has done whole tasks and says which.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from datetime import UTC, datetime, timedelta
@@ -57,7 +58,9 @@ def since_moment(text: str, now: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _filter(app: App, state: str | None, name: str | None, queue: str | None, since: str | None) -> Any:
+def _filter(
+    app: App, state: str | None, name: str | None, queue: str | None, since: str | None
+) -> readmodel.TaskFilter:
     moment = since_moment(since, app.clock()) if since else None
     return readmodel.TaskFilter(name=name, state=state.upper() if state else None, queue=queue, since=moment)
 
@@ -175,12 +178,10 @@ def tasks_show(
 
 
 def _json_text(value: Any) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def _targets(the_app: App, ids: list[str], flt: Any, *, limit: int) -> list[str]:
+def _targets(the_app: App, ids: list[str], flt: readmodel.TaskFilter, *, limit: int) -> list[str]:
     if ids:
         return ids
     engine = the_app.runtime.store.read_engine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator
 
@@ -46,6 +47,10 @@ def test_limits_are_listed_changed_and_cleared_without_a_deploy(env: dict[str, s
     assert code == 0, out
     code, out = invoke("limits", "list", "--app", APP)
     assert limit_rows(out)["openai"] == ["3000/m", "10", "-", "no"]
+    code, out = invoke("limits", "list", APP, "--json")
+    assert {"name": "openai", "rate": "3000/m", "burst": 10, "concurrency": None, "changed": False} in [
+        json.loads(line) for line in out.splitlines()
+    ]
     code, out = invoke("limits", "set", "nope", "--rate", "1/s", "--app", APP)
     assert code != 0
     assert "no limit named 'nope'" in out

@@ -194,6 +194,11 @@ def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
     code, out = invoke("status", APP, "--json")
     assert code == 0, out
     assert json.loads(out)["queues"]["cli"]["dead"] == 1  # a task the reaper dead-lettered
+    code, out = invoke("dlq", "list", APP, "cli", "--json")
+    assert [json.loads(line)["task_id"] for line in out.splitlines()] == [task_id]
+    code, out = invoke("dlq", "show", APP, "cli", entry, "--json")
+    assert code == 0, out
+    assert json.loads(out)["task"]["state"] == "DEAD"
 
     code, out = invoke("dlq", "replay", "cli", "--app", APP)
     assert code == 0, out
@@ -233,8 +238,13 @@ def test_doctor_passes_on_a_well_configured_server(env: dict[str, str], tmp_path
         sys.modules.pop("tests.apps.cli_app", None)
         assert invoke("init-db", APP)[0] == 0
         code, out = invoke("doctor", APP)
+        code_json, out_json = invoke("doctor", APP, "--json")
     assert code == 0, out
     assert "no drift" in out
+    assert code_json == 0, out_json
+    findings = {f["check"]: f for f in map(json.loads, out_json.splitlines())}
+    assert findings["schema"]["level"] == "ok"
+    assert "no drift" in findings["schema"]["message"]
 
 
 async def test_doctor_checks_clock_skew_groups_trimming_and_timeouts(

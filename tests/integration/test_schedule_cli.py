@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -56,6 +57,9 @@ def test_schedules_are_listed_paused_and_resumed_without_a_deploy(env: dict[str,
     assert {"every-second", "nightly"} <= set(rows)
     assert "cron 30 2 * * * (Europe/Paris)" in rows["nightly"]
     assert "active" in rows["every-second"]
+    code, out = invoke("schedules", "list", APP, "--json")
+    assert code == 0, out
+    assert {json.loads(line)["name"]: json.loads(line)["state"] for line in out.splitlines()}["nightly"] == "active"
     code, out = invoke("schedules", "pause", "every-second", "--app", APP)
     assert code == 0, out
     assert "paused" in next(line for line in out.splitlines() if "every-second" in line)
