@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -202,8 +203,19 @@ def inflight(scale: float) -> None:
             submit(app, n)
             anyio.run(dispatch_all, app)
             before, _ = rss_mb()
+            samples = [before]
+            stop = threading.Event()
+
+            def sample() -> None:  # VmHWM would carry an earlier case's peak
+                while not stop.wait(0.1):
+                    samples.append(rss_mb()[0])
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             rate = anyio.run(drain, app, n, n)
-            _, peak = rss_mb()
+            stop.set()
+            sampler.join(5)
+            peak = max(samples)
         finally:
             store.renew_leases = renew  # type: ignore[method-assign]
         beat = app.settings.heartbeat_interval.total_seconds()
@@ -288,19 +300,20 @@ def recovery(scale: float) -> None:
                 while count_state(app, ns, "SUCCEEDED") < n and time.monotonic() < give_up:  # noqa: ASYNC110
                     await anyio.sleep(0.2)  # the database says when: nothing to wait on
                 stop.set()
-            return time.time() - killed if count_state(app, ns, "SUCCEEDED") >= n else None
+            return time.time() - killed
 
         done_after = anyio.run(recover)
         t = tasks_table.c
         with app.runtime.store.read_engine.connect() as conn:
             first, last = conn.execute(
-                sa.select(sa.func.min(t.started_at), sa.func.max(t.started_at)).where(t.namespace == ns)
+                sa.select(sa.func.min(t.started_at), sa.func.max(t.started_at)).where(t.namespace == ns, t.attempt > 1)
             ).one()
         first_s, last_s = (seconds(first) - killed, seconds(last) - killed) if first and last else (None, None)
+        finished = count_state(app, ns, "SUCCEEDED")
         emit(case="recovery", n=n, running_at_kill=running, first_restart_s=first_s, last_restart_s=last_s,
-             all_done_s=done_after, lease_s=lease)  # fmt: skip
-        met = done_after is not None and done_after <= bound
-        target(f"recovery of {running:,} running: all finished", f"<= {bound:g} s", done_after, "s", met)
+             finished=finished, seconds=done_after, lease_s=lease)  # fmt: skip
+        what = f"recovery of {running:,} running: {finished:,} finished after"
+        target(what, f"<= {bound:g} s", done_after, "s", finished >= n and done_after <= bound)
 
 
 def worker_child() -> None:
