@@ -31,7 +31,7 @@ from durable_tasks import App, Task, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.transport.messages import parse_delivery
 from tests.apps.agent_frameworks import ANSWER, QUESTION, build, effects_table
-from tests.helpers import FULL, aturns_true, die_running_alone, run_until_quiet, wait_until
+from tests.helpers import FULL, aturns_true, die_running_alone, run_until_quiet, submit, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -59,13 +59,6 @@ def framework_app(make_app: Callable[..., App]) -> Iterator[tuple[App, dict[str,
     yield app, tasks
     if app.runtime.store_opened:
         app.runtime.store.close()
-
-
-def submit(app: App, task: Task[str, str], question: str = QUESTION) -> str:
-    with Session(app.engine) as session:
-        handle = task.submit(session, question)
-        session.commit()
-    return handle.id
 
 
 def turns(call_log: Path, framework: str) -> list[int]:
@@ -108,7 +101,7 @@ async def test_a_run_answers_with_parallel_tools_a_flaky_retry_and_an_invalid_ar
     framework: str, framework_app: tuple[App, dict[str, Task[str, str]]], call_log: Path
 ) -> None:
     app, tasks = framework_app
-    run_id = submit(app, tasks[framework])
+    run_id = submit(app, tasks[framework], QUESTION)
     await run_until_quiet(app)
 
     run = app.get_task(run_id)
@@ -205,7 +198,7 @@ async def test_a_run_killed_at_every_point_resumes_with_each_turn_and_effect_onc
     framework: str, framework_app: tuple[App, dict[str, Task[str, str]]], call_log: Path, tmp_path: Path
 ) -> None:
     app, tasks = framework_app
-    run_id = submit(app, tasks[framework])
+    run_id = submit(app, tasks[framework], QUESTION)
     log = tmp_path / "workers.log"
 
     def finished() -> bool:
@@ -240,7 +233,7 @@ async def test_a_rerun_fences_the_superseded_branchs_late_tool_results_out(
     framework: str, framework_app: tuple[App, dict[str, Task[str, str]]], call_log: Path
 ) -> None:
     app, tasks = framework_app
-    run_id = submit(app, tasks[framework])
+    run_id = submit(app, tasks[framework], QUESTION)
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=timedelta(seconds=30))  # turn 0 recorded; the run suspends on its tools
     assert app.get_task(run_id).state == TaskState.WAITING
@@ -267,7 +260,7 @@ async def test_a_dead_lettered_tool_call_fails_the_run_with_the_reason(
     probe = make_app(max_deliveries=1)
     app, tasks = build(settings=probe.settings)
     app.create_all()
-    run_id = submit(app, tasks[framework])
+    run_id = submit(app, tasks[framework], QUESTION)
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=timedelta(seconds=30))  # suspended on its four tools
     await app.dispatch_once()

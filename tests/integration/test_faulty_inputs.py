@@ -7,22 +7,14 @@ from datetime import timedelta
 
 import anyio
 import pytest
-from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.clock import system_clock
 from durable_tasks.records import OutboxState, outbox_table
 from durable_tasks.worker import Worker
-from tests.helpers import keys
+from tests.helpers import keys, submit
 
 pytestmark = pytest.mark.anyio
-
-
-def submit(app: App, name: str, payload: object = 1) -> str:
-    with Session(app.engine) as s:
-        task_id = app.submit(s, name, payload).id
-        s.commit()
-    return task_id
 
 
 async def test_a_dedup_key_holding_the_wrong_type_backs_off_and_recovers(app: App) -> None:
@@ -30,7 +22,7 @@ async def test_a_dedup_key_holding_the_wrong_type_backs_off_and_recovers(app: Ap
     def plain(ctx: TaskContext[int], n: int) -> int:
         return n
 
-    task_id = submit(app, "plain")
+    task_id = submit(app, "plain", 1)
     dedup = keys(app).dedup(task_id, 0, 0)
     await app.runtime.transport().client.lpush(dedup, "not a string")  # GET on a list: WRONGTYPE
     assert await app.dispatch_once() == 1
@@ -64,7 +56,7 @@ async def test_huge_and_unpicklable_exceptions_are_recorded_as_text(app: App) ->
     def odd(ctx: TaskContext[int], n: int) -> int:
         raise Unpicklable()
 
-    big, strange = submit(app, "huge"), submit(app, "odd")
+    big, strange = submit(app, "huge", 1), submit(app, "odd", 1)
     await app.dispatch_once()
     assert await app.work(max_tasks=2, timeout=timedelta(seconds=10)) == 2
     big_info, odd_info = app.get_task(big), app.get_task(strange)
@@ -88,7 +80,7 @@ async def test_a_worker_whose_clock_is_behind_cannot_overwrite_a_newer_attempt(m
                 return "late"
             return "current"
 
-    task_id = submit(honest, "slow")
+    task_id = submit(honest, "slow", 1)
     await honest.dispatch_once()
     # A duplicate of the delivery (what a replay would leave) reaches the honest worker.
     entry = (await honest.runtime.transport().client.xrange(keys(honest).stream))[0][1]
