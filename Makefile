@@ -21,8 +21,8 @@ PYTEST_PARALLEL ?= -n 4
 test: lint typecheck docs
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
-# The same with the full matrices (DT_TEST_FULL=1): the agent kill-and-resume runs on every
-# database, not on PostgreSQL alone.
+# The same with the full matrices (DT_TEST_FULL=1): the agent kill-and-resume and the
+# cross-process trace run on every database, not on PostgreSQL alone.
 test-full: lint typecheck docs
 	DT_TEST_FULL=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 

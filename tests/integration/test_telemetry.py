@@ -22,7 +22,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from tests.apps.traced_app import register, span_record
-from tests.helpers import wait_until
+from tests.helpers import FULL, wait_until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,6 +156,9 @@ async def test_metrics_count_outcomes_and_observe_queues(make_app: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # three processes start, each importing the SDK: minutes on a busy 2-core machine
+# The trace context travels in the task row and the stream entry, the same on every database:
+# PostgreSQL in make test, every database in make test-full.
+@pytest.mark.parametrize("database_url", ["sqlite", "postgres", "mysql"] if FULL else ["postgres"], indirect=True)
 async def test_one_trace_across_submitter_dispatcher_and_worker_processes(
     make_app: Any, spans: InMemorySpanExporter, database_url: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
