@@ -41,7 +41,7 @@ from durable_tasks.web import create_app
 
 DB = os.environ.get("DT_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("DT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-#: The execution option of the runtime's plans (durable_tasks.store.engine.runtime_plans).
+#: The execution option of the runtime's plans (durable_tasks.store.postgres.planner.runtime_plans).
 KEYED = "dt_runtime_plans"
 QUEUES = ("judge", "mail", "agent")
 
