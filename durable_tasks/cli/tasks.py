@@ -169,10 +169,9 @@ def tasks_show(
             )
         grid.print(out)
         for a in info.attempts:
-            traceback = getattr(a, "traceback", None)  # stored since schema 0010
-            if traceback:
+            if a.traceback:
                 out.print(f"\ntraceback of generation {a.generation}, attempt {a.attempt}:", markup=False)
-                out.print(traceback.rstrip(), markup=False, highlight=False, soft_wrap=True)
+                out.print(a.traceback.rstrip(), markup=False, highlight=False, soft_wrap=True)
 
     call(spec, show)
 
