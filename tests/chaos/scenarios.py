@@ -213,9 +213,28 @@ def _wait(predicate: Callable[[], bool], timeout: float, poll: float = 0.1) -> b
     return True
 
 
+def _submit_killing_workers(run: _Run, c: Cluster, jobs: list[tuple[str, Job]], k: int, rng: random.Random) -> None:
+    """Submit ``jobs`` while SIGKILLing a ready worker ``k`` times at random moments (the
+    supervisor restarts each), paced so that the kills come about a second apart: a killed
+    worker takes ~2 s to come back."""
+    n = len(jobs)
+    rate = min(150.0, max(20.0, n / (k * 1.0)))
+    submitter = RateSubmitter(c, jobs, rate=rate).start()
+    interval = (n / rate) / (k + 1)
+    kills = 0
+    while kills < k:
+        time.sleep(rng.uniform(0.5, 1.5) * interval)
+        victims = [p for p in c.procs("worker") if c.is_ready(p)]
+        if victims:
+            c.kill(rng.choice(victims))
+            kills += 1
+    submitter.join()
+    run.expect(f"at least {k} workers SIGKILLed (got {kills})", len(c.kills()) >= k)
+
+
 #: Scenarios that reproduce a known library bug every time: expected to fail until it is
-#: fixed (empty: the collateral dead-lettering the first chaos run found is fixed by the
-#: worker's isolation of suspect attempts; see docs/reliability.md).
+#: fixed (empty: a poison task takes no healthy one to the DLQ, since the worker runs a
+#: suspect attempt alone; see docs/reliability.md).
 KNOWN_BUGS: dict[str, str] = {}
 
 
@@ -228,20 +247,7 @@ def worker_kills(ctx: ScenarioContext) -> Outcome:
     n, k, rng = ctx.size.share("worker_kills"), ctx.size.kills, ctx.rng
     with cluster_on(ctx.postgres, ctx.workdir / run.name) as c:
         c.start(workers=3)
-        # Long enough for k kills about a second apart: a killed worker takes ~2 s to come back.
-        rate = min(150.0, max(20.0, n / (k * 1.0)))
-        jobs = _jobs("kill", n, hold=lambda: rng.randint(0, 200))
-        submitter = RateSubmitter(c, jobs, rate=rate).start()
-        interval = (n / rate) / (k + 1)
-        kills = 0
-        while kills < k:
-            time.sleep(rng.uniform(0.5, 1.5) * interval)
-            victims = [p for p in c.procs("worker") if c.is_ready(p)]
-            if victims:
-                c.kill(rng.choice(victims))
-                kills += 1
-        submitter.join()
-        run.expect(f"at least {k} workers SIGKILLed (got {kills})", len(c.kills()) >= k)
+        _submit_killing_workers(run, c, _jobs("kill", n, hold=lambda: rng.randint(0, 200)), k, rng)
         outcome = run.finish(c)
         run.expect("a kill landed on a task in flight (reclaims > 0)", outcome.result.stats["reclaims"] > 0)
         return outcome
@@ -738,18 +744,7 @@ def key_limit(ctx: ScenarioContext) -> Outcome:
     with cluster_on(ctx.postgres, ctx.workdir / run.name, settings={"DT_CHAOS_KEY_LIMIT": "1"}) as c:
         c.start(workers=3)
         jobs = [(f"keyed-{i}", Job(sub=i, key=f"user:{i % 10}", hold_ms=rng.randint(0, 40))) for i in range(n)]
-        rate = min(150.0, max(20.0, n / (k * 1.0)))
-        submitter = RateSubmitter(c, jobs, rate=rate).start()
-        interval = (n / rate) / (k + 1)
-        kills = 0
-        while kills < k:
-            time.sleep(rng.uniform(0.5, 1.5) * interval)
-            victims = [p for p in c.procs("worker") if c.is_ready(p)]
-            if victims:
-                c.kill(rng.choice(victims))
-                kills += 1
-        submitter.join()
-        run.expect(f"at least {k} workers SIGKILLed (got {kills})", len(c.kills()) >= k)
+        _submit_killing_workers(run, c, jobs, k, rng)
         outcome = run.finish(c, settle_timeout=max(ctx.size.settle_timeout, n / 2))
         keyed = [e for e in read_history(c.history_dir) if e.get("op") == "exec" and e.get("ckey")]
         run.expect("every execution carried its key (the invariant had data)", len(keyed) >= 2 * n)

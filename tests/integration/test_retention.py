@@ -8,11 +8,10 @@ from datetime import timedelta
 import anyio
 import pytest
 import sqlalchemy as sa
-from sqlmodel import Session
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks.records import attempts_table, outbox_table, tasks_table
-from tests.helpers import wait_until
+from tests.helpers import submit, submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -32,16 +31,11 @@ async def test_prune_removes_old_finished_work_only(make_app: Callable[..., App]
     def job(ctx: TaskContext[int], n: int) -> int:
         return n
 
-    with Session(app.engine) as s:
-        for i in range(5):
-            app.submit(s, "job", i)
-        s.commit()
+    submit_all(app, "job", range(5))
     await app.dispatch_once()
     await app.work(max_tasks=5, timeout=timedelta(seconds=10))
     clock.advance(timedelta(days=8))
-    with Session(app.engine) as s:
-        pending = app.submit(s, "job", 99).id  # new and not yet dispatched: must survive
-        s.commit()
+    pending = submit(app, "job", 99)  # new and not yet dispatched: must survive
     report = app.prune(timedelta(days=7), batch=2)
     assert (report.tasks, report.attempts, report.outbox_rows) == (5, 5, 5)
     assert report.batches >= 3  # bounded: 2 rows per transaction
@@ -61,22 +55,15 @@ async def test_with_retention_set_the_reaper_prunes_by_itself(make_app: Callable
     def job(ctx: TaskContext[int], n: int) -> int:
         return n
 
-    with Session(app.engine) as s:
-        for i in range(3):
-            app.submit(s, "job", i)
-        s.commit()
+    submit_all(app, "job", range(3))
     await app.dispatch_once()
     await app.work(max_tasks=3, timeout=timedelta(seconds=10))
     clock.advance(timedelta(days=6))
-    with Session(app.engine) as s:
-        recent = app.submit(s, "job", 98).id  # finished one day before the cutoff: kept
-        s.commit()
+    recent = submit(app, "job", 98)  # finished one day before the cutoff: kept
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=timedelta(seconds=10))
     clock.advance(timedelta(days=2))
-    with Session(app.engine) as s:
-        pending = app.submit(s, "job", 99).id  # not yet dispatched: never pruned
-        s.commit()
+    pending = submit(app, "job", 99)  # not yet dispatched: never pruned
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: app.run(dispatcher=False, worker=False, reaper=True, scheduler=False, stop=stop))

@@ -37,6 +37,20 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> App:
     return App(namespace="inline", data_dir=tmp_path / "dt", tables=[InlineVerdict], max_deliveries=5)
 
 
+class Overlap:
+    """How many handlers hold their slot at once, at the most."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+
+    async def hold(self) -> None:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await anyio.sleep(0.05)  # the work: holds its slot meanwhile
+        self.running -= 1
+
+
 def shout_task(app: App, *, max_attempts: int = 3) -> Task[Job, str]:
     @app.task(name="shout", max_attempts=max_attempts)
     def shout(ctx: TaskContext[Job], job: Job) -> str:
@@ -216,16 +230,11 @@ def test_rate_limits_hold_on_the_apps_clock_and_the_drain_skips_their_waits(app:
 
 
 def test_a_concurrency_limit_runs_one_at_a_time(app: App) -> None:
-    running: list[int] = []
-    most = 0
+    overlap = Overlap()
 
     @app.task(name="single", concurrency_limit=1)
     async def single(ctx: TaskContext[int], n: int) -> int:
-        nonlocal most
-        running.append(n)
-        most = max(most, len(running))
-        await anyio.sleep(0.05)  # the work: holds its slot meanwhile
-        running.remove(n)
+        await overlap.hold()
         return n
 
     with testing.run_inline(app) as runner:
@@ -234,21 +243,16 @@ def test_a_concurrency_limit_runs_one_at_a_time(app: App) -> None:
             session.commit()
         runner.drain()
         assert [app.get_task(i).state for i in ids] == [TaskState.SUCCEEDED] * 3
-    assert most == 1
+    assert overlap.most == 1
 
 
 @pytest.mark.anyio
 async def test_run_time_limit_settings_apply_inline(app: App) -> None:
-    running: list[int] = []
-    most = 0
+    overlap = Overlap()
 
     @app.task(name="pair", concurrency_limit=1)
     async def pair(ctx: TaskContext[int], n: int) -> int:
-        nonlocal most
-        running.append(n)
-        most = max(most, len(running))
-        await anyio.sleep(0.05)  # the work: holds its slot meanwhile
-        running.remove(n)
+        await overlap.hold()
         return n
 
     with testing.run_inline(app) as runner:
@@ -261,4 +265,4 @@ async def test_run_time_limit_settings_apply_inline(app: App) -> None:
             session.commit()
         await runner.adrain()
         assert await app.clear_limit("task:pair") is True
-    assert most == 2
+    assert overlap.most == 2
