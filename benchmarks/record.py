@@ -88,6 +88,7 @@ def compact(result: dict[str, Any]) -> dict[str, Any]:
         "peers_status": result["peers_status"],
         "summary": summary,
         "ratios": result["ratios"],
+        "targets": result.get("targets", []),
         "latency_ms": {
             system: {kind: _percentiles(samples) for kind, samples in kinds.items()}
             for system, kinds in latency.items()
