@@ -48,7 +48,11 @@ def xdist_unit(nodeid: str) -> str:
     its own processes and waits for them to settle: two at a time at most); any other test alone."""
     path = nodeid.split("::")[0]
     if path == "tests/chaos/test_chaos.py":
-        return f"{path}#{zlib.crc32(nodeid.encode()) % 2}"
+        from tests.chaos.scenarios import SCENARIOS
+
+        name = nodeid.partition("[")[2].removesuffix("]")
+        position = list(SCENARIOS).index(name) if name in SCENARIOS else zlib.crc32(name.encode())
+        return f"{path}#{position % 2}"  # every other scenario: the two chains take turns
     return path if shares_a_module_fixture(path) else nodeid
 
 
