@@ -8,10 +8,8 @@ Skipped, with the reason, where Chromium or Playwright is missing (``.ci/run`` i
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -22,6 +20,8 @@ import pytest
 import redis
 
 from durable_tasks import App
+from tests.helpers import turns_true
+from tests.servers import free_port
 
 CHROMIUM = os.environ.get("DT_TEST_CHROMIUM", "/usr/bin/chromium")
 APP = "tests.apps.web_app:app"
@@ -39,20 +39,10 @@ def _playwright() -> Any:
     return sync_playwright
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds (no
+    event loop of our own: Playwright's sync API keeps one in this thread)."""
+    assert turns_true(condition, timeout=timeout), f"timed out after {timeout:.0f} s waiting for {what}"
 
 
 def _answers(url: str) -> bool:
