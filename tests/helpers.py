@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import inspect
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,6 +32,9 @@ from durable_tasks.clock import system_clock
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
+
+#: The repository's root: the working directory of the CLI processes the tests start.
+ROOT = Path(__file__).resolve().parents[1]
 
 #: Settings of a test App: leases, polls and backoffs in fractions of a second.
 FAST: dict[str, Any] = {
@@ -246,3 +252,29 @@ async def run_until_quiet(app: App, timeout: float = 60) -> None:
                 busy = any(s.outbox_backlog or s.pel_size or s.stream_lag or s.queue_delay_s for s in stats)
                 quiet = 0 if busy else quiet + 1
             stop.set()
+
+
+@contextmanager
+def cli_process(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    """``python -m durable_tasks ARGS`` as a child process from the repository's root (output
+    piped as text, stderr into stdout; ``env`` default: this process's); killed when the block
+    leaves it still running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durable_tasks", *args],
+        cwd=ROOT,
+        env=dict(os.environ) if env is None else env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def assert_running(proc: subprocess.Popen[str]) -> None:
+    """Fail with the process's output if it has exited."""
+    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""

@@ -21,7 +21,7 @@ from sqlmodel import Session
 from examples.judge.app import build_app, submit_solution
 from examples.judge.models import Submission, SubmissionStatus, Verdict
 from examples.judge.problems import SOLUTIONS
-from tests.helpers import block_until
+from tests.helpers import assert_running, block_until, cli_process
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -65,31 +65,21 @@ def test_the_judge_example_runs_on_mariadb_from_dt_database_url(judge_env: dict[
         accepted = submit_solution(
             app, session, "a-plus-b", "alice", "python", SOLUTIONS["a-plus-b"][Verdict.ACCEPTED], f"r-{uuid.uuid4()}"
         )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "durable_tasks", "run", "examples.judge.main:app"],
-        cwd=ROOT,
-        env=judge_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
     try:
+        with cli_process("run", "examples.judge.main:app", env=judge_env) as proc:
 
-        def judged() -> bool:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            def judged() -> bool:
+                assert_running(proc)
+                with Session(app.engine) as session:
+                    row = session.get(Submission, accepted.id)
+                return row is not None and row.status == SubmissionStatus.DONE
+
+            block_until(judged, timeout=90, what="the verdict on MariaDB")
             with Session(app.engine) as session:
                 row = session.get(Submission, accepted.id)
-            return row is not None and row.status == SubmissionStatus.DONE
-
-        block_until(judged, timeout=90, what="the verdict on MariaDB")
-        with Session(app.engine) as session:
-            row = session.get(Submission, accepted.id)
-        assert row is not None
-        assert (row.verdict, row.score) == (Verdict.ACCEPTED, 100)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+            assert row is not None
+            assert (row.verdict, row.score) == (Verdict.ACCEPTED, 100)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         app.engine.dispose()

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from durable_tasks import App, TaskState
 from durable_tasks.cli import cli
-from tests.helpers import block_until
+from tests.helpers import assert_running, block_until, cli_process
 from tests.servers import private_redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,15 +200,7 @@ def test_worker_prints_a_banner_with_masked_urls_and_takes_queues_and_concurrenc
         env = {**os.environ, "DT_DATABASE_URL": database, "DT_NAMESPACE": namespace, "DT_DATA_DIR": str(tmp_path)}
         env["DT_REDIS_URL"] = f"redis://:{secret}@127.0.0.1:{server.port}/0"
         App(database, env["DT_REDIS_URL"], namespace).create_all()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "durable_tasks", "worker", "tests.apps.cli_app:app", "-Q", "cli", "-c", "3"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
+        with cli_process("worker", "tests.apps.cli_app:app", "-Q", "cli", "-c", "3", env=env) as proc:
             assert proc.stdout is not None
             banner: list[str] = []
             while not any("concurrency" in line for line in banner):
@@ -217,10 +209,6 @@ def test_worker_prints_a_banner_with_masked_urls_and_takes_queues_and_concurrenc
                 banner.append(line)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=60) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     text = "".join(banner)
     assert secret not in text
     assert "postgres:***@" in text
@@ -251,19 +239,11 @@ def test_run_processes_tasks_and_stops_gracefully_on_sigint(cli_env: dict[str, s
     with Session(app.engine) as s:
         quick = app.submit(s, "cli.nap", {"seconds": 0}).id
         s.commit()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "durable_tasks", "run", "tests.apps.cli_app:app"],
-        cwd=ROOT,
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    with cli_process("run", "tests.apps.cli_app:app") as proc:
 
         def reached(task_id: str, state: TaskState) -> Callable[[], bool]:
             def check() -> bool:
-                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert_running(proc)
                 return app.get_task(task_id).state == state
 
             return check
@@ -277,7 +257,3 @@ def test_run_processes_tasks_and_stops_gracefully_on_sigint(cli_env: dict[str, s
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         assert app.get_task(slow).state == TaskState.SUCCEEDED
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

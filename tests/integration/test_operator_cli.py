@@ -8,11 +8,11 @@ import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 import sqlalchemy as sa
-from sqlmodel import Session
 from typer.testing import CliRunner
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
@@ -20,7 +20,7 @@ from durable_tasks.cli import cli
 from durable_tasks.clock import system_clock
 from durable_tasks.doctor import Facts, Level, check_version, diagnose, gather_facts
 from durable_tasks.records import outbox_table
-from tests.helpers import die_running_alone, entries, outlive_lease
+from tests.helpers import die_running_alone, entries, outlive_lease, submit
 from tests.servers import private_redis
 
 APP = "tests.apps.cli_app:app"
@@ -48,9 +48,7 @@ def invoke(*args: str) -> tuple[int, str]:
 async def dead_letter_one(app: App) -> str:
     """Submit, deliver to a worker that dies running it alone, reap with max_deliveries=1."""
     app.clock = FrozenClock()  # the lease runs out when the test moves the clock, not by waiting
-    with Session(app.engine) as s:
-        task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
-        s.commit()
+    task_id = submit(app, "cli.nap", {"seconds": 0})
     await app.dispatch_once()
     [entry] = await app.runtime.transport().read(["cli"], "doomed-consumer", count=1, block=timedelta(milliseconds=100))
     await die_running_alone(app, entry, "doomed-consumer")
@@ -72,16 +70,7 @@ def test_status_watch_refreshes(env: dict[str, str]) -> None:
 
 def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> None:
     app = the_app()
-    with Session(app.engine) as s:
-        task_id = app.submit(s, "cli.nap", {"seconds": 0}).id
-        s.commit()
-
-    async def run() -> None:
-        await app.dispatch_once()
-        await app.work(max_tasks=1, timeout=timedelta(seconds=10))
-        await app.aclose()
-
-    anyio.run(run)
+    task_id = run_one(app, "cli.nap", {"seconds": 0})
     code, out = invoke("tasks", "show", APP, task_id)
     assert code == 0, out
     assert "SUCCEEDED" in out
@@ -97,11 +86,10 @@ def test_tasks_show_lists_every_attempt_with_its_reason(env: dict[str, str]) -> 
     assert "no task" in out
 
 
-def run_until_failed(app: App) -> str:
-    """Submit ``cli.fail`` (one attempt) and run it until it is FAILED."""
-    with Session(app.engine) as s:
-        task_id = app.submit(s, "cli.fail", {"seconds": 7}).id
-        s.commit()
+def run_one(app: App, task: str, payload: dict[str, Any]) -> str:
+    """Submit ``task`` and run its one delivery to its end (one dispatch pass, one worker
+    settling one task); its id."""
+    task_id = submit(app, task, payload)
 
     async def run() -> None:
         await app.dispatch_once()
@@ -109,6 +97,12 @@ def run_until_failed(app: App) -> str:
         await app.aclose()
 
     anyio.run(run)
+    return task_id
+
+
+def run_until_failed(app: App) -> str:
+    """Submit ``cli.fail`` (one attempt) and run it until it is FAILED."""
+    task_id = run_one(app, "cli.fail", {"seconds": 7})
     assert app.get_task(task_id).state == TaskState.FAILED
     return task_id
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -17,9 +14,8 @@ from typer.testing import CliRunner
 from durable_tasks import App
 from durable_tasks.cli import cli
 from durable_tasks.records import tasks_table
-from tests.helpers import block_until
+from tests.helpers import assert_running, block_until, cli_process
 
-ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.periodic_app:app"
 
 
@@ -78,25 +74,13 @@ def test_schedules_are_listed_paused_and_resumed_without_a_deploy(env: dict[str,
 @pytest.mark.slow
 def test_the_scheduler_role_submits_ticks_until_sigint(env: dict[str, str]) -> None:
     app = periodic_app()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "durable_tasks", "scheduler", APP],
-        cwd=ROOT,
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    with cli_process("scheduler", APP) as proc:
 
         def ticked_twice() -> bool:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert_running(proc)
             return ticks(app) >= 2
 
         block_until(ticked_twice, timeout=60, what="the scheduler to submit two ticks")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     app.engine.dispose()
