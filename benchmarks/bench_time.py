@@ -156,7 +156,7 @@ def lateness(n: int, delay_s: float, rate: float) -> None:
                 handles.append(app.submit(s, "bench.stamp", 0.0, delay=delay))
                 s.commit()
         done = wait_count(app, ns, n + 1, delay_s + n / rate + 120)
-        with app.read_engine.connect() as conn:
+        with app.runtime.store.read_engine.connect() as conn:
             rows = conn.execute(
                 sa.select(t.created_at, t.result).where(t.id.in_([h.id for h in handles]), t.result.is_not(None))
             ).all()
@@ -269,7 +269,7 @@ def delayed_index(rows: int, due: int) -> None:
                 for _ in range(200):
                     started = time.perf_counter()
                     assert await app.dispatch_once() == 0
-                    await app.store().next_due(ns, now=app.clock())
+                    await app.runtime.store.next_due(ns, now=app.clock())
                     took.append((time.perf_counter() - started) * 1000)
                 await app.aclose()
                 return took

@@ -145,8 +145,9 @@ class Telemetry:
         self.meter = meter
 
     def observe_queues(self, owner: Any) -> None:
-        """Report ``owner.latest_stats`` (per-queue stats from the last ``App.stats()``, which
-        the reaper refreshes) as gauges; registered once per process, reading every live App."""
+        """Report ``owner.latest_stats`` (the runtime's per-queue stats from the last
+        :func:`~.stats.queue_stats`, which every reaper pass and ``App.stats()`` refresh) as
+        gauges; registered once per process, reading every live runtime."""
         _QueueGauges.register(owner, self.namespace)
 
     @property
