@@ -278,3 +278,27 @@ def cli_process(*args: str, env: dict[str, str] | None = None) -> Iterator[subpr
 def assert_running(proc: subprocess.Popen[str]) -> None:
     """Fail with the process's output if it has exited."""
     assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+
+
+def child_env_of(app: App, data_dir: Path) -> dict[str, str]:
+    """The environment of a child process that runs ``app``'s runtime: this process's without
+    its ``DT_*`` and ``AGENT_*`` variables, plus the App's database, Redis and namespace, the
+    repository on ``PYTHONPATH``, and leases, polls and backoffs in fractions of a second."""
+    s = app.settings
+    assert s.database_url is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DT_", "AGENT_"))}
+    return env | {
+        "PYTHONPATH": str(ROOT),
+        "DT_DATABASE_URL": s.database_url,
+        "DT_REDIS_URL": app.redis_url,
+        "DT_NAMESPACE": s.namespace,
+        "DT_DATA_DIR": str(data_dir),
+        "DT_LEASE_TIMEOUT": "1",
+        "DT_HEARTBEAT_INTERVAL": "0.3",
+        "DT_REAPER_INTERVAL": "0.5",
+        "DT_POLL_INTERVAL": "0.1",
+        "DT_READ_BLOCK": "0.1",
+        "DT_RETRY_BACKOFF_INITIAL": "0",
+        "DT_RETRY_BACKOFF_MAX": "0",
+        "DT_BACKOFF_JITTER": "0",
+    }

@@ -24,7 +24,7 @@ pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installe
 from durable_tasks import App, TaskInfo, TaskState
 from examples.agent.app import AGENT_NAME, CALL_LOG_ENV, EXPECTED_ANSWER, QUESTION, SLOW_SECONDS_ENV, Assistant, build
 from examples.agent.run import main as run_main
-from tests.helpers import run_until_quiet
+from tests.helpers import child_env_of, run_until_quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -123,23 +123,7 @@ async def test_the_scripted_run_answers_from_every_tool_result(
 
 
 def child_env(app: App, tmp_path: Path, call_log: Path, *, slow_seconds: float) -> dict[str, str]:
-    s = app.settings
-    assert s.database_url is not None
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DT_", "AGENT_"))}
-    return env | {
-        "PYTHONPATH": str(REPO_ROOT),
-        "DT_DATABASE_URL": s.database_url,
-        "DT_REDIS_URL": app.redis_url,
-        "DT_NAMESPACE": s.namespace,
-        "DT_DATA_DIR": str(tmp_path / "child-data"),
-        "DT_LEASE_TIMEOUT": "1",
-        "DT_HEARTBEAT_INTERVAL": "0.3",
-        "DT_REAPER_INTERVAL": "0.5",
-        "DT_POLL_INTERVAL": "0.1",
-        "DT_READ_BLOCK": "0.1",
-        "DT_RETRY_BACKOFF_INITIAL": "0",
-        "DT_RETRY_BACKOFF_MAX": "0",
-        "DT_BACKOFF_JITTER": "0",
+    return child_env_of(app, tmp_path / "child-data") | {
         SLOW_SECONDS_ENV: str(slow_seconds),
         CALL_LOG_ENV: str(call_log),
     }

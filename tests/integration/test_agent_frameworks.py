@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from durable_tasks import App, Task, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.transport.messages import parse_delivery
 from tests.apps.agent_frameworks import ANSWER, QUESTION, build, effects_table
-from tests.helpers import FULL, aturns_true, die_running_alone, run_until_quiet, submit, wait_until
+from tests.helpers import FULL, aturns_true, child_env_of, die_running_alone, run_until_quiet, submit, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -130,26 +129,7 @@ KILLS: list[tuple[str, dict[str, str]]] = [
 
 
 def worker_env(app: App, tmp_path: Path, call_log: Path, extra: dict[str, str]) -> dict[str, str]:
-    s = app.settings
-    assert s.database_url is not None
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DT_", "AGENT_"))}
-    return env | {
-        "PYTHONPATH": str(REPO_ROOT),
-        "DT_DATABASE_URL": s.database_url,
-        "DT_REDIS_URL": app.redis_url,
-        "DT_NAMESPACE": s.namespace,
-        "DT_DATA_DIR": str(tmp_path / "child-data"),
-        "DT_LEASE_TIMEOUT": "1",
-        "DT_HEARTBEAT_INTERVAL": "0.3",
-        "DT_REAPER_INTERVAL": "0.5",
-        "DT_POLL_INTERVAL": "0.1",
-        "DT_READ_BLOCK": "0.1",
-        "DT_RETRY_BACKOFF_INITIAL": "0",
-        "DT_RETRY_BACKOFF_MAX": "0",
-        "DT_BACKOFF_JITTER": "0",
-        "AGENT_CALL_LOG": str(call_log),
-        **extra,
-    }
+    return child_env_of(app, tmp_path / "child-data") | {"AGENT_CALL_LOG": str(call_log), **extra}
 
 
 async def run_worker_until(
