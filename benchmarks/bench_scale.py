@@ -18,6 +18,8 @@ schema and namespace (bench_dt.bench_app), dropped at the end.
               heartbeat interval (its statement timed)
     recovery  SIGKILL of a worker holding 5,000 running tasks: all redelivered and finished within
               2 x the lease timeout + 5 s (kill to first and last restart reported)
+    retention prune of 10 M old finished tasks while a worker drains at full speed: the drain
+              drops <= 20 %, the prune deletes >= 2,000 tasks/s (ahead of that intake)
     backlog   1,000,000 tasks pending in the outbox, then a dispatcher and a worker start: the
               rate over the backlog within 10 % of a 10,000-task backlog's
 """
@@ -181,6 +183,43 @@ def history(n: int, scale: float, rounds: int) -> None:
         target(f"history {rows:,} rows: drain / empty", ">= 0.9", ratio, "x", ratio >= 0.9)
 
 
+def retention(n: int, scale: float) -> None:
+    """Prune H old finished tasks (10 M at scale 1) while a worker drains n tasks at full speed:
+    the drain against the same drain before the prune, and the prune's rows/s to the end."""
+    rows = int(10_000_000 * scale)
+    with bench_app() as (app, _db, ns):
+        register(app)
+        fill(app, ns, [HISTORY_SQL, HISTORY_ATTEMPTS_SQL, HISTORY_OUTBOX_SQL], rows)  # 10 to 40 days old
+        submit(app, n)
+        anyio.run(dispatch_all, app)
+        alone = anyio.run(drain, app, n)
+        submit(app, n)
+        anyio.run(dispatch_all, app)
+        pruned, done, ended = [0], threading.Event(), [0.0]
+
+        def prune_all() -> None:
+            while True:
+                report = app.prune(timedelta(days=7), batch=1000, max_batches=10)
+                pruned[0] += report.tasks
+                if report.tasks == 0:
+                    ended[0] = time.perf_counter()
+                    done.set()
+                    return
+
+        began = time.perf_counter()
+        pruner = threading.Thread(target=prune_all, daemon=True)
+        pruner.start()
+        during = anyio.run(drain, app, n)
+        pruner.join(3600)
+        prune_rate = pruned[0] / ((ended[0] or time.perf_counter()) - began)
+        emit(case="retention", history_rows=rows, n=n, drain_alone=round(alone, 1),
+             drain_while_pruning=round(during, 1), pruned=pruned[0], prune_rows_per_s=round(prune_rate, 1),
+             finished=done.is_set())  # fmt: skip
+        ratio = during / alone
+        target("drain while pruning / drain alone", ">= 0.8", ratio, "x", ratio >= 0.8)
+        target(f"prune of {rows:,} finished tasks", ">= 2,000", prune_rate, "tasks/s", prune_rate >= 2000)
+
+
 def payload(n: int) -> None:
     for size, count in ((100, n), (10_000, n), (1_000_000, max(20, n // 50))):
         with bench_app() as (app, _db, _ns):
@@ -337,7 +376,7 @@ def worker_child() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="history,payload,inflight,backlog,recovery")
+    ap.add_argument("--cases", default="history,payload,inflight,backlog,recovery,retention")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies history, in-flight and backlog sizes")
     ap.add_argument("--n", type=int, default=5000, help="tasks per drain (history, payload)")
     ap.add_argument("--rounds", type=int, default=3, help="history: drains per size, alternating sizes")
@@ -355,6 +394,8 @@ def main(argv: list[str] | None = None) -> None:
             payload(a.n)
         elif case == "inflight":
             inflight(a.scale)
+        elif case == "retention":
+            retention(a.n, a.scale)
         elif case == "recovery":
             recovery(a.scale)
         elif case == "backlog":
