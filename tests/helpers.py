@@ -27,7 +27,7 @@ import redis
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, FrozenClock, Task, TaskHandle
+from durable_tasks import App, FrozenClock, Task, TaskContext, TaskHandle
 from durable_tasks.clock import system_clock
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
@@ -302,3 +302,36 @@ def child_env_of(app: App, data_dir: Path) -> dict[str, str]:
         "DT_RETRY_BACKOFF_MAX": "0",
         "DT_BACKOFF_JITTER": "0",
     }
+
+
+def doubling_app(make_app: Callable[..., App], **overrides: Any) -> App:
+    """A test App (``make_app(**overrides)``) with one task, ``double`` on queue ``jobs``:
+    ``n -> 2 * n``."""
+    app = make_app(**overrides)
+
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    return app
+
+
+@contextmanager
+def statements_on(engine: sa.Engine, keep: Callable[[str], bool] = lambda _statement: True) -> Iterator[list[str]]:
+    """The SQL statements ``engine`` sends while the block runs (those ``keep`` accepts)."""
+    seen: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if keep(statement):
+            seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+
+def reads_tasks(statement: str) -> bool:
+    """Whether ``statement`` reads dt_tasks (a BEGIN, as SQLite's driver sends, is not a read)."""
+    return statement.lstrip().upper().startswith("SELECT") and "dt_tasks" in statement

@@ -3,8 +3,7 @@ one round trip per batch on PostgreSQL; SQLAlchemy's and SQLModel's AsyncSession
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 import anyio
@@ -14,42 +13,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlmodel import Session
 from sqlmodel.ext.asyncio.session import AsyncSession as SQLModelAsyncSession
 
-from durable_tasks import App, TaskContext
+from durable_tasks import App
 from durable_tasks.errors import PayloadError, PayloadValidationError
 from durable_tasks.records import tasks_table
-from tests.helpers import run_until_quiet
+from tests.helpers import doubling_app, run_until_quiet, statements_on
 
 pytestmark = pytest.mark.anyio
-
-
-def doubling_app(make_app: Callable[..., App]) -> App:
-    app = make_app()
-
-    @app.task(name="double", queue="jobs")
-    def double(ctx: TaskContext[int], n: int) -> int:
-        return 2 * n
-
-    return app
 
 
 def task_count(app: App) -> int:
     t = tasks_table.c
     with app.engine.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).where(t.namespace == app.settings.namespace)).scalar_one())
-
-
-@contextmanager
-def statements(app: App) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        seen.append(statement)
-
-    sa.event.listen(app.engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(app.engine, "before_cursor_execute", count)
 
 
 async def test_submit_many_writes_every_task_in_order_and_they_run(make_app: Callable[..., App]) -> None:
@@ -110,7 +85,7 @@ async def test_submit_many_is_one_statement_on_postgres(make_app: Callable[..., 
     double = app.registry["double"]
     with Session(app.engine) as session:
         session.connection()  # the transaction is open: what follows is the batch alone
-        with statements(app) as seen:
+        with statements_on(app.engine) as seen:
             double.submit_many(session, [(i, f"k{i}") for i in range(500)])
         session.commit()
     assert len(seen) == 1, seen

@@ -4,36 +4,24 @@ announcement (lost, or Redis away) the waits fall back to batched reads."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 
 import anyio
 import pytest
 import redis
-import sqlalchemy as sa
 
-from durable_tasks import App, TaskContext
+from durable_tasks import App
 from durable_tasks.errors import ResultTimeoutError, TaskNotFoundError
 from durable_tasks.records import TaskState
 from durable_tasks.store.outcomes import read_outcomes
 from durable_tasks.transport.announce import announce_outcomes
 from durable_tasks.transport.keys import outcome_channel
 from durable_tasks.waiting import ResultHub, Subscription, await_outcome, wait_outcome
-from tests.helpers import submit, submit_all, wait_until
+from tests.helpers import doubling_app, reads_tasks, statements_on, submit, submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
-
-
-def doubling_app(make_app: Callable[..., App]) -> App:
-    app = make_app()
-
-    @app.task(name="double", queue="jobs")
-    def double(ctx: TaskContext[int], n: int) -> int:
-        return 2 * n
-
-    return app
 
 
 def hub_for(app: App, connect: Callable[[], Subscription] | None, *, poll: float = 60.0) -> ResultHub:
@@ -52,21 +40,6 @@ def subscriber(redis_url: str) -> Callable[[], Subscription]:
         return pubsub
 
     return connect
-
-
-@contextmanager
-def counting_statements(app: App) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "dt_tasks" in statement:
-            seen.append(statement)  # a read of tasks (not a BEGIN of SQLite's, say)
-
-    sa.event.listen(app.engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(app.engine, "before_cursor_execute", count)
 
 
 async def run_all(app: App, n: int) -> None:
@@ -90,7 +63,7 @@ async def test_one_subscription_wakes_every_wait_without_a_second_query(
 
     read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
 
-    with counting_statements(app) as statements:
+    with statements_on(app.engine, reads_tasks) as statements:
         async with anyio.create_task_group() as tg:
             for task_id in ids:
                 tg.start_soon(wait, task_id)

@@ -3,20 +3,20 @@ second query; failures, cancels, reruns and a crashed worker as the waiter sees 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from functools import partial
 
 import anyio
 import pytest
-import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskHandle
 from durable_tasks.errors import TaskCancelledError, TaskFailedError, TaskNotFoundError
-from tests.helpers import claim_entry, submit_all, wait_until
+from tests import helpers
+from tests.helpers import claim_entry, reads_tasks, statements_on, submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -24,33 +24,14 @@ QUIET = {"result_poll_initial": timedelta(minutes=5), "result_poll_max": timedel
 
 
 def doubling_app(make_app: Callable[..., App], **overrides: object) -> App:
-    app = make_app(**overrides)
-
-    @app.task(name="double", queue="jobs")
-    def double(ctx: TaskContext[int], n: int) -> int:
-        return 2 * n
+    """``tests.helpers.doubling_app`` and a task ``fail`` (one attempt) that raises."""
+    app = helpers.doubling_app(make_app, **overrides)
 
     @app.task(name="fail", queue="jobs", max_attempts=1)
     def fail(ctx: TaskContext[int], n: int) -> int:
         raise ValueError(f"no {n}")
 
     return app
-
-
-@contextmanager
-def task_reads(app: App) -> Iterator[list[str]]:
-    """The statements that read dt_tasks on ``app``'s engine (a BEGIN is not a read)."""
-    seen: list[str] = []
-
-    def count(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "dt_tasks" in statement:
-            seen.append(statement)
-
-    sa.event.listen(app.engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(app.engine, "before_cursor_execute", count)
 
 
 @asynccontextmanager
@@ -72,7 +53,7 @@ async def test_a_thousand_async_waits_cost_one_query_each(make_app: Callable[...
     async def wait(handle: TaskHandle) -> None:
         results[handle.id] = await handle.wait(timeout=120)
 
-    with task_reads(client) as reads:
+    with statements_on(client.engine, reads_tasks) as reads:
         async with anyio.create_task_group() as tg:
             for handle in handles:
                 tg.start_soon(wait, handle)
@@ -90,7 +71,7 @@ async def test_a_thousand_sync_results_cost_one_query_each(make_app: Callable[..
     client, runtime = doubling_app(make_app, **QUIET), doubling_app(make_app)
     n = 1000
     handles = submit_all(client, "double", range(n))
-    with task_reads(client) as reads, ThreadPoolExecutor(max_workers=100) as pool:
+    with statements_on(client.engine, reads_tasks) as reads, ThreadPoolExecutor(max_workers=100) as pool:
         futures = [pool.submit(h.result, 120) for h in handles]
         await wait_until(lambda: client.results.hub().waiting >= 100, timeout=60)
         async with running(runtime):

@@ -14,21 +14,17 @@ import pytest
 import redis
 from sqlmodel import Session
 
-from durable_tasks import App, TaskContext, TaskState
+from durable_tasks import App, TaskState
 from durable_tasks.transport.keys import wake_channel
+from tests import helpers
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlite", "mysql"], indirect=True)]
 
 
 def doubling_app(make_app: Callable[..., App]) -> App:
-    app = make_app(poll_interval=timedelta(hours=1))  # only a wake-up can end a dispatcher's wait
-
-    @app.task(name="double", queue="jobs")
-    def double(ctx: TaskContext[int], n: int) -> int:
-        return 2 * n
-
-    return app
+    # Polling once an hour: only a wake-up can end a dispatcher's wait.
+    return helpers.doubling_app(make_app, poll_interval=timedelta(hours=1))
 
 
 async def test_a_committed_submit_wakes_a_dispatcher_that_polls_once_an_hour(
