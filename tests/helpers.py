@@ -29,6 +29,8 @@ from sqlmodel import Session
 
 from durable_tasks import App, FrozenClock, Task, TaskContext, TaskHandle
 from durable_tasks.clock import system_clock
+from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks.store.engine import read_only
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
@@ -335,3 +337,15 @@ def statements_on(engine: sa.Engine, keep: Callable[[str], bool] = lambda _state
 def reads_tasks(statement: str) -> bool:
     """Whether ``statement`` reads dt_tasks (a BEGIN, as SQLite's driver sends, is not a read)."""
     return statement.lstrip().upper().startswith("SELECT") and "dt_tasks" in statement
+
+
+def outbox_row(app: App, task_id: str) -> sa.Row[Any]:
+    """The task's one outbox row, as the database has it now."""
+    with read_only(app.engine).connect() as conn:
+        return conn.execute(sa.select(outbox_table).where(outbox_table.c.task_id == task_id)).one()
+
+
+def task_row(app: App, task_id: str) -> sa.Row[Any]:
+    """The task's row, as the database has it now."""
+    with read_only(app.engine).connect() as conn:
+        return conn.execute(sa.select(tasks_table).where(tasks_table.c.id == task_id)).one()

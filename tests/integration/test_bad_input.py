@@ -33,6 +33,7 @@ from durable_tasks import (
 )
 from durable_tasks.records import OutboxState, outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
+from tests.helpers import outbox_row, task_row
 from tests.servers import PrivateRedis, free_port
 
 pytestmark = pytest.mark.anyio
@@ -431,16 +432,6 @@ async def test_non_serializable_result_fails_the_task_without_retry(app: App, ca
         states = conn.execute(sa.select(outbox_table.c.state).where(outbox_table.c.task_id == handle.id)).all()
     assert [s.state for s in states] == [OutboxState.SENT]
     assert await app.dispatch_once() == 0
-
-
-def outbox_row(app: App, task_id: str) -> sa.Row[Any]:
-    with read_only(app.engine).connect() as conn:
-        return conn.execute(sa.select(outbox_table).where(outbox_table.c.task_id == task_id)).one()
-
-
-def task_row(app: App, task_id: str) -> sa.Row[Any]:
-    with read_only(app.engine).connect() as conn:
-        return conn.execute(sa.select(tasks_table).where(tasks_table.c.id == task_id)).one()
 
 
 async def stream_length(redis_url: str, key: str) -> int:

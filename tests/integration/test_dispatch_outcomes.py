@@ -15,8 +15,8 @@ from pydantic import BaseModel
 from sqlmodel import Session
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
-from durable_tasks.records import OutboxState, outbox_table, tasks_table
-from durable_tasks.store.engine import read_only
+from durable_tasks.records import OutboxState
+from tests.helpers import outbox_row, task_row
 
 pytestmark = pytest.mark.anyio
 
@@ -76,16 +76,6 @@ def submit(app: App, to: str = "ada@example.com") -> str:
 async def stream_entries(client: aioredis.Redis, key: str) -> list[tuple[str, dict[str, str]]]:
     reply = await client.xrange(key) or []
     return [(str(entry_id), {str(k): str(v) for k, v in (fields or {}).items()}) for entry_id, fields in reply]
-
-
-def outbox_row(app: App, task_id: str) -> sa.Row[Any]:
-    with read_only(app.engine).connect() as conn:
-        return conn.execute(sa.select(outbox_table).where(outbox_table.c.task_id == task_id)).one()
-
-
-def task_row(app: App, task_id: str) -> sa.Row[Any]:
-    with read_only(app.engine).connect() as conn:
-        return conn.execute(sa.select(tasks_table).where(tasks_table.c.id == task_id)).one()
 
 
 def advance_past(clock: FrozenClock, row: sa.Row[Any]) -> None:
