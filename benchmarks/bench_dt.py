@@ -203,6 +203,9 @@ async def dispatch_all(app: App) -> float:
 class Children:
     """Worker/dispatcher processes of one measurement, released together through a barrier."""
 
+    #: The module whose ``_<role>`` commands the children run.
+    module = "benchmarks.bench_dt"
+
     def __init__(self, db: str | None, ns: str, **env: str) -> None:
         self.barrier = Path(tempfile.mkdtemp(prefix="dtbench-barrier-"))
         self.env = {**os.environ, "DT_BENCH_DB": db or "", "DT_BENCH_NS": ns, "DT_BENCH_BARRIER": str(self.barrier)}
@@ -211,7 +214,7 @@ class Children:
 
     def spawn(self, role: str, count: int = 1, **env: str) -> list[subprocess.Popen[bytes]]:
         started = [
-            subprocess.Popen([sys.executable, "-m", "benchmarks.bench_dt", f"_{role}"], env={**self.env, **env})
+            subprocess.Popen([sys.executable, "-m", self.module, f"_{role}"], env={**self.env, **env})
             for _ in range(count)
         ]
         self.procs += started

@@ -109,13 +109,7 @@ def most_in_window(times: list[float], window: float) -> int:
 class FlowChildren(Children):
     """bench_dt's barrier-released children, running this module's worker."""
 
-    def spawn(self, role: str, count: int = 1, **env: str) -> list[subprocess.Popen[bytes]]:
-        started = [
-            subprocess.Popen([sys.executable, "-m", "benchmarks.bench_flow", f"_{role}"], env={**self.env, **env})
-            for _ in range(count)
-        ]
-        self.procs += started
-        return started
+    module = "benchmarks.bench_flow"
 
 
 def rate_run(n: int, rate: str, burst: int, timeout: float) -> None:
