@@ -17,16 +17,9 @@ from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.records import outbox_table
 from durable_tasks.transport.keys import QueueKeys
 from tests.cluster.harness import Cluster, start_cluster
+from tests.helpers import FAST
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-FAST: dict[str, Any] = {
-    "heartbeat_interval": timedelta(milliseconds=300),
-    "lease_timeout": timedelta(seconds=1),
-    "read_block": timedelta(milliseconds=100),
-    "reconcile_grace": timedelta(0),
-    "retry_backoff_initial": timedelta(0),
-    "retry_backoff_max": timedelta(0),
-}
 
 
 @pytest.fixture(scope="module")
