@@ -13,8 +13,8 @@ in-process drain, 7 full collections per 20,000 tasks of 41-57 ms each, 15 % of 
 time and each a stall for every task in flight. Freezing those startup objects (``gc.freeze``:
 no collection walks them again) made a full collection take ~3 ms; a young threshold of 5,000
 let most in-flight objects die before a collection (collections 0.5-0.7 ms each, ~60 ms of
-collector time per 20,000 tasks against ~170 ms at 700). docs/performance.md, "Why it is built
-this way", has the effect on the drain.
+collector time per 20,000 tasks against ~170 ms at 700). docs/performance-design.md has the
+effect on the drain.
 """
 
 from __future__ import annotations
