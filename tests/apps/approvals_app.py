@@ -1,5 +1,5 @@
 """An App from ``DT_*`` variables with one agent per framework whose ``refund`` tool needs
-approval, for the approvals round trip (``durable-tasks approvals --app tests.apps.approvals_app:app``).
+approval, for the approvals round trip (``durable-tasks approvals list tests.apps.approvals_app:app``).
 
 Each agent's scripted model asks for ``refund(amount=30)`` (call id ``r1``) and then answers
 with what the tool returned; ``REFUNDS`` counts the refunds made in this process.
