@@ -45,6 +45,16 @@ def committer_for(app: App, *, max_batch: int, window: timedelta) -> Coalescer[F
     return Coalescer(flush, max_batch=max_batch, window=window)
 
 
+async def commit_concurrently(committer: Coalescer[FinalWrite], writes: Sequence[FinalWrite]) -> None:
+    """Run ``committer`` while every write is submitted to it at once; return when all settled."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(committer.run)
+        async with anyio.create_task_group() as inner:
+            for w in writes:
+                inner.start_soon(committer.submit, w)
+        tg.cancel_scope.cancel()
+
+
 def failing_hook(conn: sa.Connection) -> None:
     raise RuntimeError("hook broke")
 
@@ -62,13 +72,7 @@ async def test_a_stale_row_and_a_failing_hook_affect_only_their_own_task(app: Ap
         FinalWrite(stale_plain, "4"),
         FinalWrite(ok_hooked, "5", hook=lambda conn: None),
     ]
-    committer = committer_for(app, max_batch=10, window=timedelta(0))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(committer.run)
-        async with anyio.create_task_group() as inner:
-            for w in writes:
-                inner.start_soon(committer.submit, w)
-        tg.cancel_scope.cancel()
+    await commit_concurrently(committer_for(app, max_batch=10, window=timedelta(0)), writes)
     assert [w.outcome for w in writes] == [
         CommitOutcome.COMMITTED,
         CommitOutcome.FENCED_OUT,
@@ -88,14 +92,8 @@ async def test_concurrent_results_share_transactions(app: App) -> None:
     claims = await claimed(app, 40)
     commits: list[int] = []
     sa.event.listen(app.engine, "commit", lambda conn: commits.append(1))
-    committer = committer_for(app, max_batch=64, window=timedelta(milliseconds=20))
     writes = [FinalWrite(c, "0") for c in claims]
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(committer.run)
-        async with anyio.create_task_group() as inner:
-            for w in writes:
-                inner.start_soon(committer.submit, w)
-        tg.cancel_scope.cancel()
+    await commit_concurrently(committer_for(app, max_batch=64, window=timedelta(milliseconds=20)), writes)
     assert all(w.outcome is CommitOutcome.COMMITTED for w in writes)
     assert len(commits) < len(writes) / 4  # 40 results, a handful of transactions
 
