@@ -30,6 +30,7 @@ from .flow.gate import FlowGate
 from .loopbound import LoopBound
 from .settings import Settings
 from .store import Store
+from .store.base import SqlStore
 from .store.notify import OutboxWaiter
 from .tasks import Task
 from .telemetry import Telemetry
@@ -105,7 +106,12 @@ class Runtime:
     def store(self) -> Store:
         """The database's store (its engine is created on first use)."""
         if self._store is None:
-            self._store = self._open_store()
+            store = self._open_store()
+            if isinstance(store, SqlStore) and not store.notifies_dispatchers:
+                # The runtime's own outbox writes (a resume, a suspension's children) wake the
+                # dispatchers as a submit does.
+                store.wake_on_commit(lambda _namespace: self.wakeups.publish())
+            self._store = store
         return self._store
 
     @property

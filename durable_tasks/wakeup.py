@@ -72,6 +72,8 @@ class CommitWakeups:
 
     def publish(self) -> None:
         """One PUBLISH on the wake channel; a failure is logged and left to the poll."""
+        if self._redis_url is None:  # disabled, or the embedded default: the dispatchers poll
+            return
         try:
             self._redis().publish(self._channel, "1")
         except (redis.RedisError, OSError) as exc:

@@ -39,6 +39,7 @@ from . import (
     schema,
     submit,
 )
+from .commit_wakes import CommitWakes
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .journaling import JournalStore
@@ -55,7 +56,7 @@ __all__ = ["SqlStore"]
 R = TypeVar("R")
 
 
-class SqlStore(RecoveryStore, JournalStore):
+class SqlStore(CommitWakes, RecoveryStore, JournalStore):
     """The operations of :class:`~.protocol.Store` in SQLAlchemy Core, each in a worker thread."""
 
     #: Dispatchers poll (the runtime adds a wake-up on Redis); PostgreSQL's store NOTIFYs.
@@ -88,10 +89,6 @@ class SqlStore(RecoveryStore, JournalStore):
         """Insert the task row and its first outbox row, waking dispatchers; False (nothing
         written) when the idempotency key is taken."""
         raise NotImplementedError
-
-    def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:
-        """Called after an outbox row was written in ``conn``'s transaction (default: nothing;
-        dispatchers poll)."""
 
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
         """Lock these task rows in id order before a transaction updates them in several

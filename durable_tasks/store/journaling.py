@@ -36,6 +36,9 @@ class JournalStore:
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:  # pragma: no cover - dialects
         raise NotImplementedError
 
+    #: Whether the database wakes dispatchers itself when an outbox row commits (PostgreSQL).
+    notifies_dispatchers: bool
+
     def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:  # pragma: no cover - dialects
         raise NotImplementedError
 
@@ -77,7 +80,7 @@ class JournalStore:
 
         def write() -> Suspended | None:
             with self._engine.begin() as conn:
-                return journal.suspend(
+                suspended = journal.suspend(
                     conn,
                     claim,
                     children,
@@ -86,6 +89,9 @@ class JournalStore:
                     submit_child=lambda c, task, at: str(self._submit_conn(c, task, at).task_id),
                     wake=self._wake_dispatchers,
                 )
+                if suspended is not None and children and not self.notifies_dispatchers:
+                    self._wake_dispatchers(conn, claim.namespace)  # the children's outbox rows
+                return suspended
 
         return await anyio.to_thread.run_sync(write)
 
