@@ -40,6 +40,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,6 +48,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from benchmarks.bench_dt import REDIS, analyze, bench_app, dispatch_all, seconds
+from benchmarks.record import RAW
 from durable_tasks import App, TaskContext
 from durable_tasks.dispatcher import Dispatcher
 from durable_tasks.process import tune_gc
@@ -56,6 +58,8 @@ from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.worker import Worker
 
 TARGETS: list[tuple[str, str, float | None, str, bool | None]] = []
+#: case -> [(size, tasks/s)] for the plots of cost against size
+SERIES: dict[str, list[tuple[float, float]]] = {}
 
 HISTORY_SQL = """
 INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
@@ -180,6 +184,7 @@ def history(n: int, scale: float, rounds: int) -> None:
                 rates[rows].append(anyio.run(drain, app, n))
                 emit(case="history", round=rnd + 1, history_rows=rows, n=n, rate=round(rates[rows][-1], 1))
     base = statistics.median(rates[0])
+    SERIES["history"] = [(rows, statistics.median(r)) for rows, r in rates.items()]
     for rows in sizes[1:]:
         ratio = statistics.median(rates[rows]) / base
         target(f"history {rows:,} rows: drain / empty", ">= 0.9", ratio, "x", ratio >= 0.9)
@@ -231,6 +236,7 @@ def payload(n: int) -> None:
             anyio.run(dispatch_all, app)
             rate = anyio.run(drain, app, count)
             emit(case="payload", bytes=size, n=count, rate=round(rate, 1), mb_per_s=round(rate * size / 1e6, 1))
+            SERIES.setdefault("payload", []).append((size, rate))
             target(f"payload {size:,} B: drain", "reported", rate, "tasks/s", True)
 
 
@@ -309,6 +315,7 @@ def backlog(n_small: int, scale: float) -> None:
             emit(case="backlog", rows=rows, rate=round(rates[rows], 1), rss_first_mb=round(rss[0], 1),
                  rss_max_mb=round(max(rss), 1), rss_last_mb=round(rss[-1], 1))  # fmt: skip
     big = max(rates)
+    SERIES["backlog"] = sorted(rates.items())
     ratio = rates[big] / rates[n_small]
     target(f"backlog {big:,}: drain / {n_small:,}-task backlog", ">= 0.9", ratio, "x", ratio >= 0.9)
 
@@ -376,12 +383,44 @@ def worker_child() -> None:
     anyio.run(lambda: app.run(dispatcher=False, reaper=False, scheduler=False))
 
 
+def plot(where: Path) -> list[Path]:
+    """One PNG per measured case: drain rate against size, log-scaled sizes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = {
+        "history": "finished tasks already in the tables",
+        "payload": "payload bytes",
+        "backlog": "tasks pending when the worker starts",
+    }
+    written = []
+    where.mkdir(parents=True, exist_ok=True)
+    for case, points in SERIES.items():
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        xs = [max(x, 1) for x, _ in points]  # 0 rows of history drawn at 1 on the log axis
+        ax.plot(xs, [y for _, y in points], marker="o", color="tab:blue")
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(labels.get(case, case))
+        ax.set_ylabel("drain, tasks/s")
+        ax.set_title(f"durable_tasks: {case}")
+        fig.tight_layout()
+        path = where / f"scale-{case}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="history,payload,inflight,backlog,recovery,retention")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies history, in-flight and backlog sizes")
     ap.add_argument("--n", type=int, default=5000, help="tasks per drain (history, payload)")
     ap.add_argument("--rounds", type=int, default=3, help="history: drains per size, alternating sizes")
+    ap.add_argument("--plots", type=Path, default=RAW, help="where the scale-<case>.png plots go")
     a = ap.parse_args(argv)
     if a.cases == "_worker":
         worker_child()
@@ -412,6 +451,11 @@ def main(argv: list[str] | None = None) -> None:
         shown = "-" if value is None else f"{value:,.2f}"
         print(f"   {what:<50}{aim:>10}{shown:>12} {unit:<8}{verdict}")
     print("   (the values above at --scale below 1 are for a quick check; the targets hold at --scale 1)")
+    try:
+        for path in plot(a.plots):
+            print(f"plot: {path}")
+    except ImportError as exc:
+        print(f"no plots ({exc}): pip install matplotlib")
 
 
 if __name__ == "__main__":
