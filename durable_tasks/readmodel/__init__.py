@@ -7,6 +7,7 @@ Redis knows (consumers) is read through the transport. Nothing here writes.
 """
 
 from .agent_runs import AgentRunDetail, agent_run, agent_runs
+from .approvals import JournalRun, journal_run, open_approvals
 from .audit import audit_entries
 from .paging import COUNT_CAP, PAGE_SIZE, Page, decode_cursor, encode_cursor
 from .tasks import (
@@ -29,6 +30,7 @@ __all__ = [
     "AgentRunDetail",
     "ConsumerInfo",
     "FinishedRow",
+    "JournalRun",
     "Page",
     "TaskDetail",
     "TaskFilter",
@@ -40,8 +42,10 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "finished_after",
+    "journal_run",
     "list_finished",
     "list_tasks",
+    "open_approvals",
     "running_by_worker",
     "state_counts",
     "stream_consumers",

@@ -1,5 +1,6 @@
 """The dashboard's actions (POST): rerun and cancel tasks, one or in bulk by filter; replay and
-purge dead letters; pause and resume schedules; retry an agent run from a turn.
+purge dead letters; pause and resume schedules; retry an agent run from a turn; answer an
+approval (:mod:`.approvals`).
 
 Each action checks the CSRF token, is refused in read-only mode, goes through the App's own
 operations (a rerun is a new generation through the outbox, never a hand-made stream entry),
@@ -22,6 +23,7 @@ from starlette.datastructures import URL
 from .. import dlq, readmodel
 from ..errors import DurableTasksError
 from ..records import audit_table
+from .approvals import add_approval_actions
 from .context import Dashboard
 from .pages import FAILED_STATES
 
@@ -68,6 +70,7 @@ def add_actions(router: APIRouter, d: Dashboard) -> None:
     _add_dead_letter_actions(router, d, act, guarded)
     _add_schedule_actions(router, d, act, guarded)
     _add_agent_actions(router, d, act, guarded)
+    add_approval_actions(router, d, act, guarded, _back)
 
 
 def _write_audit(d: Dashboard, row: dict[str, object]) -> None:

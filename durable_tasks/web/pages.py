@@ -15,6 +15,7 @@ from .. import dlq, readmodel
 from ..doctor import diagnose, gather_facts
 from ..errors import InvalidQueryError
 from ..records import TaskState
+from .approvals import add_approval_pages, journal_run_page
 from .context import Dashboard, bad_query, parse_time
 from .render import STATIC_DIR, STATIC_FILES
 
@@ -32,6 +33,7 @@ def add_pages(router: APIRouter, d: Dashboard) -> None:
     _add_failures(router, d)
     _add_operations(router, d)
     _add_agents(router, d)
+    add_approval_pages(router, d)
 
 
 def _add_overview(router: APIRouter, d: Dashboard) -> None:
@@ -184,17 +186,15 @@ def _add_agents(router: APIRouter, d: Dashboard) -> None:
     @router.get("/agents/{run_id}", name="dt_agent_run", response_class=HTMLResponse)
     async def agent_run(request: Request, run_id: str) -> HTMLResponse:
         detail = await to_thread.run_sync(lambda: readmodel.agent_run(d.engine, d.namespace, run_id))
-        if detail is None:
-            return d.render(request, "missing.html", {"what": f"agent run {run_id}"}, status=404)
+        if detail is None:  # a run of the pydantic-ai or Agents SDK integration: a task's journal
+            found = await journal_run_page(request, d, run_id)
+            return found or d.render(request, "missing.html", {"what": f"agent run {run_id}"}, status=404)
         turns = [_turn_view(t) for t in detail.turns]
         values = {
             "run": detail.run,
             "turns": turns,
             "tasks": detail.task_states,
             "can_retry": detail.run.get("agent") in d.agents,
-            # Pending approvals arrive with signals (a run waiting on an operator): the
-            # template shows them from ``approvals`` when the agents module records them.
-            "approvals": [],
         }
         return d.render(request, "agent_run.html", values)
 
