@@ -9,8 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from durable_tasks import App, TaskContext
+from durable_tasks import App, TaskContext, current_journal
 from durable_tasks.agents import Agent, ModelTurn, ScriptedModel, ToolCall
+from durable_tasks.journal import StepKind
 
 app = App()
 
@@ -31,6 +32,15 @@ def echo(ctx: TaskContext[Echo], p: Echo) -> dict[str, Any]:
 @app.task(name="web.explode", queue="web", max_attempts=2)
 def explode(ctx: TaskContext[Echo], p: Echo) -> None:
     raise ValueError(f"cannot digest {p.text}")
+
+
+@app.task(name="web.refund", queue="web")
+async def refund(ctx: TaskContext[Echo], p: Echo) -> dict[str, Any]:
+    """A run that waits for a person's approval (a suspended task: no worker slot)."""
+    journal = current_journal()
+    assert journal is not None
+    answer = await journal.wait_signal("approval:refund", kind=StepKind.APPROVAL, request={"refund": p.text})
+    return {"refund": p.text, "answer": answer}
 
 
 @app.task(name="web.nap", queue="web")

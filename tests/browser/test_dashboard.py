@@ -204,3 +204,21 @@ def test_an_agent_runs_timeline_and_retry_from_a_turn(stack: Stack, page: Any, r
     shot(page, "agent-run")
     page.goto(stack.url + "/")  # every earlier test's tasks have finished: the charts have points
     shot(page, "overview")
+
+
+def test_an_approval_is_answered_from_the_page_and_the_run_resumes(stack: Stack, page: Any, runtime: None) -> None:
+    app = stack.app()
+    task_id = submit(app, "web.refund", {"text": "order 7"})
+    wait_until(lambda: state_of(app, task_id) == TaskState.WAITING, timeout=60, what="the run to wait")
+    page.goto(f"{stack.url}/approvals")
+    row = page.locator("#approvals tr", has_text=task_id[:8])
+    assert "approval:refund" in row.inner_text()
+    shot(page, "approvals")
+    row.locator('input[name="reason"]').fill("within policy")
+    row.locator("button.approve").click()
+    page.wait_for_selector("#notice")
+    assert "approved" in page.inner_text("#notice")
+    wait_until(lambda: state_of(app, task_id) == TaskState.SUCCEEDED, timeout=60, what="the resumed run")
+    assert app.get_task(task_id).result["answer"]["reason"] == "within policy"
+    page.goto(f"{stack.url}/runs/{task_id}")
+    assert "within policy" in page.inner_text("#steps")
