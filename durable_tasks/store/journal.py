@@ -49,9 +49,9 @@ Lock = Callable[[sa.Connection, Sequence[str]], None]
 Wake = Callable[[sa.Connection, str], None]
 
 
-#: ``submit(conn, task, now) -> child task id``: the store's submit (idempotent by key, waking
-#: dispatchers).
-SubmitChild = Callable[[sa.Connection, NewTask, datetime], str]
+#: ``submit(conn, task, now) -> (child task id, created now)``: the store's submit (idempotent by
+#: key, waking dispatchers).
+SubmitChild = Callable[[sa.Connection, NewTask, datetime], tuple[str, bool]]
 
 
 def child_task(claim: ExecutionClaim, child: PendingChild, *, queue: str, max_attempts: int) -> NewTask:
@@ -163,9 +163,10 @@ def suspend(
     if not waiting:
         return None
     for child, task in children:
-        child_id = submit_child(conn, task, now)
-        _open(conn, claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=child_id)
-        outcome = _final_outcome(conn, child_id)
+        child_id, created = submit_child(conn, task, now)
+        # A child created now has no row for its slot yet (both are written together) and has not ended.
+        _open(conn, claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=child_id, new=created)
+        outcome = None if created else _final_outcome(conn, child_id)
         if outcome is not None:  # a child of an earlier suspension that had ended meanwhile
             _settle_row(conn, claim.task_id, claim.generation, child.slot, outcome, now)
     for signal in signals:
@@ -186,12 +187,17 @@ def _open(
     *,
     child_task_id: str | None = None,
     request: str | None = None,
+    new: bool = False,
 ) -> None:
     """An open wait row, unless the slot has a row already (a delivered signal, a wait
-    opened by an earlier suspension)."""
-    found = conn.execute(
-        sa.select(s.id).where(s.task_id == claim.task_id, s.generation == claim.generation, s.slot == slot)
-    ).first()
+    opened by an earlier suspension); ``new``: it cannot have one (a child created just now)."""
+    found = (
+        None
+        if new
+        else conn.execute(
+            sa.select(s.id).where(s.task_id == claim.task_id, s.generation == claim.generation, s.slot == slot)
+        ).first()
+    )
     if found is not None:
         return
     conn.execute(

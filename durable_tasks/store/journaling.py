@@ -86,7 +86,7 @@ class JournalStore:
                     children,
                     signals,
                     now=now,
-                    submit_child=lambda c, task, at: str(self._submit_conn(c, task, at).task_id),
+                    submit_child=self._submit_child,
                     wake=self._wake_dispatchers,
                 )
                 if suspended is not None and children and not self.notifies_dispatchers:
@@ -94,6 +94,11 @@ class JournalStore:
                 return suspended
 
         return await anyio.to_thread.run_sync(write)
+
+    def _submit_child(self, conn: sa.Connection, task: NewTask, now: datetime) -> tuple[str, bool]:
+        """A suspension's child: its id, and whether this call created it."""
+        outcome = self._submit_conn(conn, task, now)
+        return str(outcome.task_id), bool(outcome.created)
 
     # -- a task's end, as its parent sees it ----------------------------------------------------
 
