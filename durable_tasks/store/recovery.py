@@ -98,12 +98,14 @@ def redeliver(
     updated = conn.execute(
         sa.update(tasks_table)
         .where(_unowned(task_id, namespace, generation, delivery, now))
-        .values(
-            state=TaskState.PENDING,
-            delivery=t.delivery + 1,
-            reclaims=t.reclaims + (1 if count_reclaim else 0),
-            counted_losses=t.counted_losses + (_LOSS_COUNTS if count_reclaim else sa.literal(0)),
-            lease_expires_at=None,
+        # counted_losses first: MySQL evaluates SET left to right, each on the values already
+        # set (its CASE must read the state before it becomes PENDING); the others read the old row.
+        .ordered_values(
+            (t.counted_losses, t.counted_losses + (_LOSS_COUNTS if count_reclaim else sa.literal(0))),
+            (t.state, TaskState.PENDING),
+            (t.delivery, t.delivery + 1),
+            (t.reclaims, t.reclaims + (1 if count_reclaim else 0)),
+            (t.lease_expires_at, None),
         )
     ).rowcount
     if not updated:

@@ -49,11 +49,7 @@ MYSQL_REDUCED = (
     "poison_collateral",
 )
 #: Failures the MySQL runs reproduce, not fixed yet.
-MYSQL_KNOWN_BUGS = {
-    name: "on MySQL/MariaDB a poison task is redelivered past DT_MAX_DELIVERIES and never dead-lettered "
-    "(18 deliveries in the reduced run): the reaper's delivery count does not reach its limit there"
-    for name in ("poison", "poison_collateral")
-}
+MYSQL_KNOWN_BUGS: dict[str, str] = {}
 
 
 def _params() -> list[object]:
