@@ -98,10 +98,17 @@ class Reaper:
             task_ids = [d.task_id for _, d in parsed]
             views = await runtime.store.lease_views(s.namespace, task_ids)
             settling = anyio.CapacityLimiter(_SETTLING)  # each entry is its own transaction: overlap some
+            errors: list[Exception] = []
             async with anyio.create_task_group() as tg:
                 for entry_id, d in parsed:
                     settle = partial(self._settle_entry, queue, stream, entry_id, d, views.get(d.task_id), min_idle)
-                    tg.start_soon(_limited, settling, settle, report)
+                    tg.start_soon(_limited, settling, settle, report, errors)
+            if errors:
+                # The pass stops as it would settling one entry after another, with the error
+                # itself (not a group of one): callers of reap_once catch what the store raises.
+                for later in errors[1:]:
+                    logger.error("settling another entry of %s failed too", stream, exc_info=later)
+                raise errors[0]
             cursor = page.cursor
             if cursor == "0-0" or not page.entries:
                 break
@@ -294,7 +301,15 @@ class Reaper:
 
 
 async def _limited(
-    limiter: anyio.CapacityLimiter, settle: Callable[[ReapReport], Awaitable[None]], report: ReapReport
+    limiter: anyio.CapacityLimiter,
+    settle: Callable[[ReapReport], Awaitable[None]],
+    report: ReapReport,
+    errors: list[Exception],
 ) -> None:
+    """Settle one entry; an error is kept for the pass to raise, so that it neither cancels
+    the entries settling beside it (each its own transaction) nor reaches the caller wrapped."""
     async with limiter:
-        await settle(report)
+        try:
+            await settle(report)
+        except Exception as exc:
+            errors.append(exc)
