@@ -522,13 +522,17 @@ def poison_collateral(ctx: ScenarioContext) -> Outcome:
 
         run.expect("the healthy tasks were running when the poison task arrived", _wait(running, timeout=30))
         poison_id = c.submit("poison-0", Job(sub=99, poison=True))
-        outcome = run.finish(c)
+        limit = c.app.settings.max_deliveries
+        # The poison task's 1 + max_deliveries runs are one chain of worker lives (each run
+        # kills the only worker, the next run needs the next process to start), after the
+        # four healthy tasks' 3 s each, run one at a time as suspects. A worker's start took
+        # 14 to 25 s in make test's four loaded processes: allow 20 s per life beyond the rest.
+        outcome = run.finish(c, settle_timeout=ctx.size.settle_timeout + 20 * (1 + limit))
         runs = sum(
             1
             for e in read_history(c.history_dir)
             if e.get("op") == "exec" and e.get("type") == "invoke" and e.get("task_id") == poison_id
         )
-        limit = c.app.settings.max_deliveries
         # Its first death, beside the healthy tasks, does not count (it might have been a
         # bystander's); then it runs alone and dies max_deliveries more times before the DLQ.
         run.expect(
