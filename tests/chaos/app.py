@@ -59,7 +59,9 @@ class ChaosFinalWrite(SQLModel, table=True):
     generation: int
     attempt: int
     pid: int
-    written_at: float  # wall clock (epoch seconds) when the hook ran, before the commit
+    # wall clock (epoch seconds) when the hook ran, before the commit; DOUBLE, since MySQL's FLOAT
+    # (what a Python float maps to there) is single precision: epoch seconds lose minutes
+    written_at: float = Field(sa_type=sa.Double)
 
 
 final_writes_table: sa.Table = ChaosFinalWrite.__table__  # type: ignore[attr-defined]
