@@ -223,6 +223,7 @@ class Dispatcher:
         waiter = self.runtime.outbox_waiter()
         lanes = anyio.Semaphore(_PASSES_IN_FLIGHT)
         try:
+            await waiter.listen()  # before the first claim: a row committed after it wakes the wait
             async with anyio.create_task_group() as passes:
                 while True:
                     await lanes.acquire()

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: A publish that takes longer is given up (the dispatchers' poll covers it).
 _PUBLISH_TIMEOUT = 0.25
+#: How long a new subscription waits for Redis to confirm it.
+_SUBSCRIBE_CHECK = 2.0
 
 
 class CommitWakeups:
@@ -102,14 +104,30 @@ class RedisWakeWaiter:
         self._pubsub: Any = None
         self._warned = False
 
+    async def _subscribe(self) -> Any:
+        if self._pubsub is None:
+            pubsub = self._client.pubsub()
+            await pubsub.subscribe(self._channel)
+            self._pubsub = pubsub
+            # Subscribed once Redis confirms (the first message on this connection): a
+            # publish from then on is delivered to it.
+            await pubsub.get_message(timeout=_SUBSCRIBE_CHECK)
+        return self._pubsub
+
+    async def listen(self) -> None:
+        """Subscribe now, so a wake-up published from here on ends the next wait; a failure
+        is left to :meth:`wait`, which reports it and polls."""
+        try:
+            await self._subscribe()
+        except (redis.RedisError, OSError) as exc:
+            logger.debug("subscribing to the wake-ups failed (%s); the wait retries it", exc)
+            await self._drop()
+
     async def wait(self, timeout: timedelta) -> None:
         """Return on a wake-up, or after ``timeout`` (the poll)."""
         deadline = anyio.current_time() + timeout.total_seconds()
         try:
-            if self._pubsub is None:
-                pubsub = self._client.pubsub()
-                await pubsub.subscribe(self._channel)
-                self._pubsub = pubsub
+            await self._subscribe()
             while (left := deadline - anyio.current_time()) > 0:
                 if await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left) is not None:
                     return

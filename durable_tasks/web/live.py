@@ -38,6 +38,7 @@ class Live:
     async def _run(self) -> None:
         waiter = self.app.runtime.outbox_waiter()
         try:
+            await waiter.listen()  # before the first snapshot: a change committed after it wakes the wait
             while self._subscribers:
                 try:
                     snapshot = await self.overview.snapshot()

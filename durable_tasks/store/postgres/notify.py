@@ -44,6 +44,7 @@ class PostgresNotifyWaiter:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._polling = False  # NOTIFY does not reach the listener: poll from now on
         self._woken = False  # our namespace was notified during the check
+        self._warned = False  # the fall back to polling was reported
 
     async def _connection(self) -> psycopg.AsyncConnection[Any] | None:
         if self._conn is None:
@@ -64,20 +65,29 @@ class PostgresNotifyWaiter:
             self._conn = conn
         return self._conn
 
-    async def wait(self, timeout: timedelta) -> None:
-        """Return on a NOTIFY for this namespace, or after ``timeout``."""
+    async def listen(self) -> None:
+        """LISTEN now (and check that a NOTIFY arrives), so a submit committed from here on
+        ends the next wait; a failure is left to :meth:`wait`, which reports it and polls."""
         if self._polling:
-            await anyio.sleep(timeout.total_seconds())
             return
         try:
-            conn = await self._connection()
+            await self._connection()
+        except psycopg.Error as exc:
+            logger.debug("LISTEN failed (%s); the wait retries it", exc)
+
+    async def wait(self, timeout: timedelta) -> None:
+        """Return on a NOTIFY for this namespace, or after ``timeout``."""
+        try:
+            conn = None if self._polling else await self._connection()
             if conn is None:
-                logger.warning(
-                    "NOTIFY does not reach a LISTEN on %s (a pooler in transaction mode?): polling the outbox "
-                    "every %.1f s instead; set DT_LISTEN_DATABASE_URL to a direct connection to PostgreSQL",
-                    self._shown_url,
-                    timeout.total_seconds(),
-                )
+                if not self._warned:
+                    self._warned = True
+                    logger.warning(
+                        "NOTIFY does not reach a LISTEN on %s (a pooler in transaction mode?): polling the outbox "
+                        "every %.1f s instead; set DT_LISTEN_DATABASE_URL to a direct connection to PostgreSQL",
+                        self._shown_url,
+                        timeout.total_seconds(),
+                    )
                 await anyio.sleep(timeout.total_seconds())
                 return
             if self._woken:
