@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .errors import DatabaseUnavailableError, TaskCancelledError, TaskFailedError, TaskNotFoundError
 from .outcome import TaskOutcome
 from .records import TaskState
+from .transport.cluster_url import is_cluster_url, sync_cluster_client
 from .transport.keys import outcome_channel
 from .waiting import ResultHub, Subscription, await_outcome, wait_outcome
 
@@ -56,13 +57,8 @@ class ResultWaits:
 
     def _subscribe(self) -> Subscription:
         url = self._redis_url()
-        cluster = self._settings.redis_cluster or "+cluster://" in url
-        if cluster:
-            seed = url.replace("+cluster", "", 1)
-            host_part = seed.split("://", 1)[1].split("@")[-1].split("/")[0]
-            if "," in host_part:  # several seeds: the first is enough to find the cluster
-                seed = seed.replace(host_part, host_part.split(",")[0], 1)
-            client: Any = redis.RedisCluster.from_url(seed, decode_responses=True, socket_connect_timeout=2)
+        if self._settings.redis_cluster or is_cluster_url(url):
+            client: Any = sync_cluster_client(url, decode_responses=True, socket_connect_timeout=2)
         else:
             client = redis.Redis.from_url(
                 url, decode_responses=True, socket_connect_timeout=2, health_check_interval=30

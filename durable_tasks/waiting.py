@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from .errors import ResultTimeoutError, TaskNotFoundError
 from .outcome import TaskOutcome, decode_outcomes
@@ -221,7 +221,7 @@ class ResultHub:
                     self._subscribed, self._recheck, self._gap = True, self._gap, False
                     return subscription
             raise TimeoutError("no subscription confirmation")
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:  # a cluster that finds no node
             logger.warning("cannot subscribe to result announcements (%s); result waits poll", type(exc).__name__)
             self._gap = True
             if subscription is not None:

@@ -22,10 +22,12 @@ from typing import Any
 import anyio
 import redis
 import redis.asyncio
+from redis.exceptions import RedisClusterException
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from .settings import Settings
+from .transport.cluster_url import is_cluster_url, sync_cluster_client
 from .transport.keys import wake_channel
 
 __all__ = ["CommitWakeups", "RedisWakeWaiter"]
@@ -73,12 +75,16 @@ class CommitWakeups:
             session.info.pop(self._key, None)
 
     def publish(self) -> None:
-        """One PUBLISH on the wake channel; a failure is logged and left to the poll."""
+        """One PUBLISH on the wake channel; a failure is logged and left to the poll.
+
+        A cluster client that finds no node raises RedisClusterException, which is no RedisError:
+        caught too, or it would fail the caller's commit (this runs in its ``after_commit``).
+        """
         if self._redis_url is None:  # disabled, or the embedded default: the dispatchers poll
             return
         try:
             self._redis().publish(self._channel, "1")
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
             logger.debug("waking the dispatchers through Redis failed (they poll): %s", exc)
 
     def _redis(self) -> Any:
@@ -86,9 +92,8 @@ class CommitWakeups:
             if self._client is None or self._client[0] != os.getpid():
                 url = str(self._redis_url)
                 timeouts = {"socket_timeout": _PUBLISH_TIMEOUT, "socket_connect_timeout": _PUBLISH_TIMEOUT}
-                if self._cluster or "+cluster://" in url:
-                    seed = url.replace("+cluster", "", 1)
-                    client: Any = redis.RedisCluster.from_url(seed.split(",")[0], **timeouts)
+                if self._cluster or is_cluster_url(url):
+                    client: Any = sync_cluster_client(url, **timeouts)
                 else:
                     client = redis.Redis.from_url(url, **timeouts)
                 self._client = (os.getpid(), client)
@@ -131,7 +136,7 @@ class RedisWakeWaiter:
             while (left := deadline - anyio.current_time()) > 0:
                 if await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left) is not None:
                     return
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
             if not self._warned:
                 logger.warning("the dispatcher's wake-up subscription failed (%s): polling until it is back", exc)
                 self._warned = True
@@ -142,7 +147,7 @@ class RedisWakeWaiter:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with anyio.CancelScope(shield=True):
-                with contextlib.suppress(redis.RedisError, OSError):
+                with contextlib.suppress(redis.RedisError, RedisClusterException, OSError):
                     await pubsub.aclose()
 
     async def aclose(self) -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import sqlalchemy as sa
 
 from durable_tasks import App
+from durable_tasks.transport.cluster_url import sync_cluster_client
 from tests.helpers import FAST, delete_namespace_keys, private_schema
 from tests.servers import server_home
 
@@ -168,8 +168,7 @@ def make_app(database_url: str, redis_url: str, namespace: str, tmp_path: Path) 
         if app.runtime.store_opened:
             app.runtime.store.close()
     if "+cluster://" in redis_url:  # DT_TEST_REDIS_URL may name a cluster: tests/cluster/run_core.py
-        seed = redis_url.replace("+cluster", "", 1).split(",")[0]
-        cluster = redis.RedisCluster.from_url(seed)
+        cluster = sync_cluster_client(redis_url)  # every seed, and the URL's TLS options
         for key in cluster.scan_iter(match=f"dt:{{{namespace}:*", count=1000, target_nodes=cluster.PRIMARIES):
             cluster.delete(key)
         cluster.close()

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 
 from ..settings import Settings
+from .cluster_url import is_cluster_url, split_seeds
 from .streams import RedisStreamsTransport
 
 __all__ = ["close_stale", "open_transport"]
@@ -21,9 +22,7 @@ def open_transport(url: str, settings: Settings) -> RedisStreamsTransport:
     Undecodable bytes in an entry must not break every read: they become U+FFFD, the entry is
     then malformed, and it goes to the DLQ.
     """
-    cluster = settings.redis_cluster
-    if url.startswith("redis+cluster://") or url.startswith("rediss+cluster://"):
-        url, cluster = url.replace("+cluster", "", 1), True
+    cluster = settings.redis_cluster or is_cluster_url(url)
     client: aioredis.Redis | aioredis.RedisCluster = (
         _cluster_client(url)
         if cluster
@@ -40,21 +39,13 @@ def open_transport(url: str, settings: Settings) -> RedisStreamsTransport:
 
 
 def _cluster_client(url: str) -> aioredis.RedisCluster:
-    """A cluster client; ``redis://h1:p1,h2:p2/0`` names several seed nodes, so the loss of
-    one of them does not stop a (re)connect. Everything else in the URL (credentials,
-    ``rediss`` and its ``ssl_*`` options) applies to every node."""
-    scheme, _, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    userinfo, _, hosts = netloc.rpartition("@")
-    seeds = []
-    for hostport in hosts.split(","):
-        host, _, port = hostport.rpartition(":")
-        seeds.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
-    # The URL with its first seed alone: redis-py parses it as for one node (TLS options
-    # included), and the other seeds join as startup nodes.
-    first = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts.split(',')[0]}{slash}{path}"
+    """A cluster client on every seed of ``url`` (durable_tasks.transport.cluster_url)."""
+    first, others = split_seeds(url)
     return aioredis.RedisCluster.from_url(
-        first, startup_nodes=seeds[1:], decode_responses=True, encoding_errors="replace"
+        first,
+        startup_nodes=[ClusterNode(host, port) for host, port in others],
+        decode_responses=True,
+        encoding_errors="replace",
     )
 
 

@@ -1,12 +1,14 @@
 """Where the database has no notification of its own (MySQL/MariaDB, SQLite), a committed
 submit wakes the dispatchers through Redis: a dispatcher polling once an hour publishes the
-task at once. A rolled-back submit publishes nothing."""
+task at once. A rolled-back submit publishes nothing, and a wake-up that cannot reach Redis
+leaves the commit alone (the dispatchers poll)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +19,7 @@ from sqlmodel import Session
 from durable_tasks import App, TaskState
 from durable_tasks.transport.keys import wake_channel
 from tests import helpers
-from tests.helpers import wait_until
+from tests.helpers import FAST, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlite", "mysql"], indirect=True)]
 
@@ -75,4 +77,19 @@ async def test_only_a_commit_publishes_a_wake_up(make_app: Callable[..., App], r
     assert seen == [b"1", b"end"]
     listener.close()
     client.close()
+    await app.aclose()
+
+
+async def test_a_wake_up_that_cannot_reach_a_cluster_leaves_the_commit_alone(
+    database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # Nothing listens on port 1: redis-py's cluster client fails to start with
+    # RedisClusterException, which is no RedisError.
+    app = App(database_url, "redis+cluster://127.0.0.1:1", namespace, data_dir=tmp_path, **FAST)
+    app.create_all()
+    helpers.doubling_app(lambda: app)
+    with Session(app.engine) as session:
+        handle = app.submit(session, "double", 4)
+        session.commit()
+    assert app.get_task(handle.id).state is TaskState.PENDING
     await app.aclose()
