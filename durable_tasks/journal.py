@@ -201,6 +201,9 @@ class Journal:
     _seq: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _body: asyncio.Future[Any] | None = None  # the handler's task, under run()
+    _watcher: asyncio.Future[None] | None = None  # started by the first wait (see _block)
+    _stuck: bool = False  # the watcher found every branch blocked and cancelled the body
 
     # -- the handler's side --------------------------------------------------------------
 
@@ -274,28 +277,31 @@ class Journal:
     # -- the runtime's side --------------------------------------------------------------
 
     async def run(self, handler: Callable[[], Awaitable[Any]]) -> tuple[Any, Suspended | None]:
-        """Run ``handler`` with this journal current; returns (result, None), or (None, how it
-        suspended) once every branch is blocked on a wait. The handler's exceptions propagate."""
+        """Run ``handler`` with this journal current: (result, None), or (None, how it suspended) once
+        every branch is blocked on a wait (watched from the first wait on); exceptions propagate."""
         token = _current.set(self)
         try:
-            body = asyncio.ensure_future(handler())  # copies the context: the journal is current in it
+            body = self._body = asyncio.ensure_future(handler())  # copies the context: the journal is current in it
         finally:
             _current.reset(token)
-        stuck = asyncio.ensure_future(self._until_stuck())
         try:
-            await asyncio.wait({body, stuck}, return_when=asyncio.FIRST_COMPLETED)
-            if body.done():
-                return body.result(), None
-            body.cancel()
-            await asyncio.gather(body, return_exceptions=True)  # let the branches unwind
+            try:
+                result = await body
+            except asyncio.CancelledError:
+                this = asyncio.current_task()
+                if not self._stuck or (this is not None and this.cancelling()):
+                    raise  # cancelled from outside (a timeout, a stopping worker), not suspended
+            if not self._stuck:
+                return result, None
             ordered_children = sorted(self._children, key=lambda c: c.order)
             ordered_signals = sorted(self._signals, key=lambda s: s.order)
             return None, await self.backend.suspend(ordered_children, ordered_signals)
         finally:
-            for future in (body, stuck):
+            for future in filter(None, (body, self._watcher)):
                 future.cancel()
 
-    async def _until_stuck(self) -> None:
+    async def _watch(self) -> None:
+        """Cancel the body once every branch is blocked (``run`` goes on once its branches unwound)."""
         while True:
             await self._changed.wait()
             self._changed.clear()
@@ -306,7 +312,10 @@ class Journal:
                 await asyncio.sleep(0)
             await asyncio.sleep(SETTLE_S)
             if self._blocked() and self._version == seen:
-                return
+                break
+        self._stuck = True
+        if self._body is not None:
+            self._body.cancel()
 
     # -- internals -----------------------------------------------------------------------
 
@@ -336,6 +345,8 @@ class Journal:
         self._changed.set()
 
     async def _block(self) -> Any:
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
         self._touch()
         await asyncio.Event().wait()  # never set: the suspension cancels this branch
         raise AssertionError("unreachable")  # pragma: no cover
