@@ -53,15 +53,23 @@ FAST: dict[str, Any] = {
 }
 #: How often a wait checks its condition again.
 POLL_S = 0.02
+#: How often a probe of INFORMATION_SCHEMA.INNODB_TRX (or INNODB_LOCK_WAITS) may ask: InnoDB
+#: serves them from one server-wide cache it refreshes only when the last read of it is over
+#: 0.1 s old, so a probe asking more often reads its first snapshot for ever.
+INNODB_TRX_POLL_S = 0.15
 #: ``make test-full`` (DT_TEST_FULL=1): the full matrices, where ``make test`` runs a slice.
 FULL = os.environ.get("DT_TEST_FULL") == "1"
 
 
 async def wait_until(
-    condition: Callable[[], object | Awaitable[object]], *, timeout: float = 30, what: str | None = None
+    condition: Callable[[], object | Awaitable[object]],
+    *,
+    timeout: float = 30,
+    what: str | None = None,
+    poll: float = POLL_S,
 ) -> None:
-    """Return as soon as ``condition()`` (sync or async) is true; fail the test, naming ``what``,
-    if it is still false after ``timeout`` seconds."""
+    """Return as soon as ``condition()`` (sync or async) is true, asking every ``poll`` seconds;
+    fail the test, naming ``what``, if it is still false after ``timeout`` seconds."""
     deadline = anyio.current_time() + timeout
     while True:
         value = condition()
@@ -71,12 +79,14 @@ async def wait_until(
             return
         if anyio.current_time() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        await anyio.sleep(POLL_S)
+        await anyio.sleep(poll)
 
 
-def block_until(condition: Callable[[], object], *, timeout: float = 30, what: str | None = None) -> None:
+def block_until(
+    condition: Callable[[], object], *, timeout: float = 30, what: str | None = None, poll: float = POLL_S
+) -> None:
     """:func:`wait_until` for a sync test (no event loop running)."""
-    anyio.run(partial(wait_until, condition, timeout=timeout, what=what))
+    anyio.run(partial(wait_until, condition, timeout=timeout, what=what, poll=poll))
 
 
 async def run_until(app: App, done: Callable[[], object], *, timeout: float = 60, reaper: bool = True) -> None:

@@ -40,6 +40,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, Task
 from durable_tasks.transport.keys import QueueKeys
+from tests.helpers import INNODB_TRX_POLL_S
 from tests.servers import PrivateRedis, free_port
 
 from . import mysql
@@ -593,7 +594,7 @@ class Cluster:
             self.resume(proc)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{proc.name} never paused outside a transaction")
-            time.sleep(random.uniform(0.005, 0.03))
+            time.sleep(random.uniform(0.005, 0.03) + (INNODB_TRX_POLL_S if self.on_mysql else 0))
 
     # -- Redis ---------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from sqlmodel import Field, Session, SQLModel
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
-from tests.helpers import block_until
+from tests.helpers import INNODB_TRX_POLL_S, block_until
 
 pytestmark = pytest.mark.anyio
 
@@ -139,7 +139,8 @@ def test_different_names_may_share_an_idempotency_key(job_app: App) -> None:
 
 
 def blocked_by(app: App, holder: Session) -> bool:
-    """Whether another transaction waits for a row lock ``holder``'s transaction holds."""
+    """Whether another transaction waits for a row lock ``holder``'s transaction holds (on
+    MySQL, ask no more often than :data:`~tests.helpers.INNODB_TRX_POLL_S`)."""
     conn = holder.connection()
     if app.engine.dialect.name == "postgresql":
         pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
@@ -167,7 +168,9 @@ def test_a_submit_that_waits_for_a_concurrent_duplicate_key_yields_to_it(job_app
 
     thread = threading.Thread(target=second)
     thread.start()
-    block_until(lambda: blocked_by(job_app, first), what="the second submit waiting on the first's key")
+    block_until(
+        lambda: blocked_by(job_app, first), what="the second submit waiting on the first's key", poll=INNODB_TRX_POLL_S
+    )
     first.commit()
     first.close()
     thread.join(timeout=30)
