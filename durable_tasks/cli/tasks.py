@@ -256,35 +256,28 @@ def _apply(app: App, verb: str, targets: list[str]) -> None:
         raise fail(InvalidQueryError("; ".join(problems)))
 
 
-@tasks_cli.command("rerun")
-def tasks_rerun(
-    app: AppArg = None,
-    task_ids: TaskIdsArg = None,
-    app_option: AppOpt = None,
-    state: StateOpt = None,
-    name: NameOpt = None,
-    queue: QueueOpt = None,
-    since: SinceOpt = None,
-    limit: Annotated[int, typer.Option(min=1, help="With a filter: at most this many, newest first")] = 1000,
-    yes: YesOpt = False,
-) -> None:
-    """Run tasks again as a new generation (older ones are fenced out): by id, or every task a
-    filter matches (asks first, unless --yes)."""
-    _act("rerun", (app, app_option, task_ids), (state, name, queue, since), yes=yes, limit=limit)
+LimitOpt = Annotated[int, typer.Option(min=1, help="With a filter: at most this many, newest first")]
 
 
-@tasks_cli.command("cancel")
-def tasks_cancel(
-    app: AppArg = None,
-    task_ids: TaskIdsArg = None,
-    app_option: AppOpt = None,
-    state: StateOpt = None,
-    name: NameOpt = None,
-    queue: QueueOpt = None,
-    since: SinceOpt = None,
-    limit: Annotated[int, typer.Option(min=1, help="With a filter: at most this many, newest first")] = 1000,
-    yes: YesOpt = False,
-) -> None:
-    """Cancel tasks not yet final (a running attempt's result is fenced out): by id, or every
-    task a filter matches (asks first, unless --yes)."""
-    _act("cancel", (app, app_option, task_ids), (state, name, queue, since), yes=yes, limit=limit)
+def _bulk_command(verb: str, summary: str) -> None:
+    """Register ``tasks <verb>``, which acts on tasks by id or by filter through :func:`_act`."""
+
+    def command(
+        app: AppArg = None,
+        task_ids: TaskIdsArg = None,
+        app_option: AppOpt = None,
+        state: StateOpt = None,
+        name: NameOpt = None,
+        queue: QueueOpt = None,
+        since: SinceOpt = None,
+        limit: LimitOpt = 1000,
+        yes: YesOpt = False,
+    ) -> None:
+        _act(verb, (app, app_option, task_ids), (state, name, queue, since), yes=yes, limit=limit)
+
+    command.__doc__ = f"{summary}: by id, or every task a filter matches (asks first, unless --yes)."
+    tasks_cli.command(verb)(command)
+
+
+_bulk_command("rerun", "Run tasks again as a new generation (older ones are fenced out)")
+_bulk_command("cancel", "Cancel tasks not yet final (a running attempt's result is fenced out)")
