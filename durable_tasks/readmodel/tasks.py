@@ -11,7 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..errors import InvalidQueryError
-from ..records import TaskState, attempts_table, tasks_table
+from ..records import TaskState, tasks_table
+from ..store.queries import task_rows
 from .paging import COUNT_CAP, MAX_NAMES, PAGE_SIZE, Page, decode_cursor, encode_cursor, utc
 
 __all__ = [
@@ -28,7 +29,6 @@ __all__ = [
 ]
 
 t = tasks_table.c
-a = attempts_table.c
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +201,10 @@ class TaskDetail:
 def task_detail(engine: sa.Engine, namespace: str, task_id: str) -> TaskDetail | None:
     """The task and its attempts, or None if there is no such task."""
     with engine.connect() as conn:
-        row = conn.execute(sa.select(tasks_table).where(t.namespace == namespace, t.id == task_id)).one_or_none()
-        if row is None:
-            return None
-        attempts = conn.execute(
-            sa.select(attempts_table)
-            .where(a.namespace == namespace, a.task_id == task_id)
-            .order_by(a.generation, a.attempt, a.id)
-        ).all()
+        rows = task_rows(conn, namespace, task_id)
+    if rows is None:
+        return None
+    row, attempts = rows
     return TaskDetail(dict(row._mapping), [dict(r._mapping) for r in attempts])
 
 

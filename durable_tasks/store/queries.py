@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
 from ..records import AttemptRecord, OutboxState, TaskRecord, TaskState, attempts_table, outbox_table, tasks_table
 
-__all__ = ["UNKNOWN_TASK_ERROR", "QueueBacklog", "load_task", "queue_backlogs"]
+__all__ = ["UNKNOWN_TASK_ERROR", "QueueBacklog", "load_task", "queue_backlogs", "task_rows"]
 
 #: How the dispatcher's ``last_error`` of a row held for an unknown task name begins.
 UNKNOWN_TASK_ERROR = "unknown task name"
@@ -19,8 +20,9 @@ o = outbox_table.c
 a = attempts_table.c
 
 
-def load_task(conn: sa.Connection, namespace: str, task_id: str) -> tuple[TaskRecord, list[AttemptRecord]] | None:
-    """The task row and its attempts (all generations, oldest first)."""
+def task_rows(conn: sa.Connection, namespace: str, task_id: str) -> tuple[sa.Row[Any], list[sa.Row[Any]]] | None:
+    """The task row and its attempt rows (all generations, oldest first), as stored: the App's
+    :func:`load_task` and the operator's :func:`~durable_tasks.readmodel.task_detail` read both."""
     row = conn.execute(sa.select(tasks_table).where(t.namespace == namespace, t.id == task_id)).one_or_none()
     if row is None:
         return None
@@ -29,6 +31,15 @@ def load_task(conn: sa.Connection, namespace: str, task_id: str) -> tuple[TaskRe
         .where(a.namespace == namespace, a.task_id == task_id)
         .order_by(a.generation, a.attempt, a.id)
     ).all()
+    return row, list(attempts)
+
+
+def load_task(conn: sa.Connection, namespace: str, task_id: str) -> tuple[TaskRecord, list[AttemptRecord]] | None:
+    """The task record and its attempt records (all generations, oldest first)."""
+    rows = task_rows(conn, namespace, task_id)
+    if rows is None:
+        return None
+    row, attempts = rows
     return TaskRecord.model_validate(row._mapping), [AttemptRecord.model_validate(r._mapping) for r in attempts]
 
 
