@@ -11,7 +11,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -32,7 +32,7 @@ from .tasks import TaskContext, session_hooks
 from .transport.announce import announce_outcomes
 from .transport.messages import Delivery, MalformedEntryError
 
-__all__ = ["ReapReport", "Reaper"]
+__all__ = ["ReapReport", "Reaper", "redeliver"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,30 @@ class ReapReport:
     reconciled: int = 0
     trimmed: int = 0
     deleted_entries: list[str] = field(default_factory=list)
+
+
+async def redeliver(
+    runtime: Runtime,
+    d: Delivery | UnconfirmedDelivery,
+    reason: str,
+    *,
+    now: datetime,
+    lost: bool,
+    due: datetime | None = None,
+) -> bool:
+    """Supersede delivery ``d`` of a task with a new one through the outbox (due at ``due``,
+    default now); False if ``d`` is stale. ``lost`` counts it against ``max_deliveries`` (a
+    worker died holding it), as a handed-back or vanished entry is not."""
+    return await runtime.store.redeliver(
+        runtime.settings.namespace,
+        task_id=d.task_id,
+        generation=d.generation,
+        delivery=d.delivery,
+        now=now,
+        reason=reason,
+        count_reclaim=lost,
+        due=due,
+    )
 
 
 class Reaper:
@@ -141,15 +165,7 @@ class Reaper:
             report.kept += 1
             return
         if action is ReapAction.REDELIVER:
-            done = await runtime.store.redeliver(
-                s.namespace,
-                task_id=d.task_id,
-                generation=d.generation,
-                delivery=d.delivery,
-                now=now,
-                reason="worker lost: lease expired, entry reclaimed",
-                count_reclaim=True,
-            )
+            done = await redeliver(runtime, d, "worker lost: lease expired, entry reclaimed", now=now, lost=True)
             report.redelivered += int(done)
             if failpoints.ENABLED:
                 failpoints.hit("reaper.after_reclaim")
@@ -251,15 +267,7 @@ class Reaper:
             for u, present in zip(items, exists, strict=True):
                 if present:
                     continue
-                done = await runtime.store.redeliver(
-                    s.namespace,
-                    task_id=u.task_id,
-                    generation=u.generation,
-                    delivery=u.delivery,
-                    now=now,
-                    reason=f"stream entry {u.stream_id} lost by Redis",
-                    count_reclaim=False,
-                )
+                done = await redeliver(runtime, u, f"stream entry {u.stream_id} lost by Redis", now=now, lost=False)
                 report.reconciled += int(done)
                 if done:
                     runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from .policy import backoff_delay
+from .reaper import redeliver
 from .runtime import Runtime
 from .transport.messages import Delivery, StreamEntry
 
@@ -44,15 +45,8 @@ async def hand_back(
     for entry, d in unknown:
         due = now + backoff_delay(d.delivery + 1, initial=s.backoff_initial, cap=s.backoff_max, jitter=s.backoff_jitter)
         try:
-            await runtime.store.redeliver(
-                s.namespace,
-                task_id=d.task_id,
-                generation=d.generation,
-                delivery=d.delivery,
-                now=now,
-                reason=f"worker {worker_id} does not register task {d.name!r}",
-                count_reclaim=False,
-                due=due,
+            await redeliver(
+                runtime, d, f"worker {worker_id} does not register task {d.name!r}", now=now, lost=False, due=due
             )
         except SQLAlchemyError as exc:
             logger.warning("cannot hand task %s back (%s); its entry stays pending", d.task_id, exc)
