@@ -24,7 +24,7 @@ from pathlib import Path
 from . import valkey_keeper as keeper
 from .errors import EmbeddedServerError
 
-__all__ = ["EmbeddedServerError", "default_data_dir", "ensure_valkey", "stop_valkey"]
+__all__ = ["EmbeddedServerError", "default_data_dir", "ensure_valkey", "stop_valkey", "valkey_socket"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,11 @@ def _socket_path(data_dir: Path) -> Path:
         return preferred
     digest = hashlib.sha1(str(data_dir).encode(), usedforsecurity=False).hexdigest()[:12]
     return Path(f"/tmp/dt-valkey-{digest}.sock")
+
+
+def valkey_socket(data_dir: Path) -> Path:
+    """The unix socket the Valkey server for ``data_dir`` listens on (whether it runs or not)."""
+    return _socket_path(Path(data_dir).resolve())
 
 
 def _log_tail(log_path: Path, lines: int = 20) -> str:

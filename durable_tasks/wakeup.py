@@ -5,9 +5,12 @@ channel, so their dispatchers poll the outbox every ``poll_interval``, and a tas
 into an idle system waits up to that long. Here a submit in the caller's session asks for a
 wake-up, and once that session's transaction commits (never before: a dispatcher woken early
 would find nothing), one ``PUBLISH`` on the namespace's wake channel ends the dispatchers' wait
-(:class:`RedisWakeWaiter`, subscribed there). The wake-up is an optimization only: a publish
-that fails or a subscription that drops leaves the poll as it was, so correctness never
-depends on Redis delivering it.
+(:class:`RedisWakeWaiter`, subscribed there). On the embedded default (no Redis URL) the
+channel is on the data directory's Valkey, which the dispatchers and workers run on: a
+process publishes there once that server's socket exists, and never starts the server for a
+wake-up (where it does not run, no dispatcher does either). The wake-up is an optimization
+only: a publish that fails or a subscription that drops leaves the poll as it was, so
+correctness never depends on Redis delivering it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import os
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +30,7 @@ from redis.exceptions import RedisClusterException
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from .embedded import valkey_socket
 from .settings import Settings
 from .transport.cluster_url import is_cluster_url, sync_cluster_client
 from .transport.keys import wake_channel
@@ -46,20 +51,22 @@ class CommitWakeups:
     def __init__(self, settings: Settings) -> None:
         self._channel = wake_channel(settings.namespace)
         self._cluster = settings.redis_cluster
-        #: Only a configured server: publishing must not start an embedded Valkey in a process
-        #: that only submits (dispatchers on the embedded default poll).
         self._redis_url = settings.redis_url
+        #: The embedded default's server, used only while its socket exists: a process that
+        #: only submits must not start a Valkey for its wake-ups.
+        self._embedded: Path | None = None if settings.redis_url else valkey_socket(settings.data_dir)
+        self._enabled = True
         self._key = f"durable_tasks.wake:{self._channel}"  # session.info: a wake-up is owed at commit
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None  # (pid, client): a forked child makes its own
 
     def disable(self) -> None:
         """Publish nothing from now on (the dispatchers poll): for measuring what it saves."""
-        self._redis_url = None
+        self._enabled = False
 
     def after_commit(self, session: Session) -> None:
         """Publish a wake-up when ``session``'s transaction commits (nothing if it rolls back)."""
-        if self._redis_url is None:
+        if not self._enabled:
             return
         session.info[self._key] = True
         if not event.contains(session, "after_commit", self._committed):
@@ -80,17 +87,22 @@ class CommitWakeups:
         A cluster client that finds no node raises RedisClusterException, which is no RedisError:
         caught too, or it would fail the caller's commit (this runs in its ``after_commit``).
         """
-        if self._redis_url is None:  # disabled, or the embedded default: the dispatchers poll
+        if not self._enabled:
             return
+        url = self._redis_url
+        if url is None:  # the embedded default: its server, if it runs
+            assert self._embedded is not None
+            if not self._embedded.exists():
+                return
+            url = f"unix://{self._embedded}"
         try:
-            self._redis().publish(self._channel, "1")
+            self._redis(url).publish(self._channel, "1")
         except (redis.RedisError, RedisClusterException, OSError) as exc:
             logger.debug("waking the dispatchers through Redis failed (they poll): %s", exc)
 
-    def _redis(self) -> Any:
+    def _redis(self, url: str) -> Any:
         with self._lock:
             if self._client is None or self._client[0] != os.getpid():
-                url = str(self._redis_url)
                 timeouts = {"socket_timeout": _PUBLISH_TIMEOUT, "socket_connect_timeout": _PUBLISH_TIMEOUT}
                 if self._cluster or is_cluster_url(url):
                     client: Any = sync_cluster_client(url, **timeouts)

@@ -1,17 +1,24 @@
-"""App() with no URLs: a SQLite file (WAL, synchronous=FULL) and an embedded Valkey."""
+"""App() with no URLs: a SQLite file (WAL, synchronous=FULL) and an embedded Valkey, whose
+wake channel ends the dispatchers' poll at each committed outbox write."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
+import redis
 import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Session
 
-from durable_tasks import App, TaskContext, TaskState
-from durable_tasks.embedded import stop_valkey
+from durable_tasks import App, Task, TaskContext, TaskState, current_journal
+from durable_tasks.embedded import stop_valkey, valkey_socket
+from durable_tasks.transport.keys import wake_channel
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -56,3 +63,73 @@ def test_sqlite_writers_take_the_lock_up_front(tmp_path: Path) -> None:
     with app.engine.begin() as conn:
         conn.execute(sa.text("SELECT 1"))
     assert statements[0] == "BEGIN IMMEDIATE"
+
+
+#: Far longer than any deadline below: only a wake-up can explain a run finished sooner.
+POLL = timedelta(hours=1)
+
+
+def chained_tasks(app: App) -> Task[int, int]:
+    """``parent(n)``: two children in turn, ``double(n)`` then ``double`` of that, plus one."""
+
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    @app.task(name="parent", queue="jobs")
+    async def parent(ctx: TaskContext[int], n: int) -> int:
+        journal = current_journal()
+        assert journal is not None
+        first = await journal.child(double, n)  # suspends; resumed when the child commits
+        return int(await journal.child(double, first)) + 1
+
+    return parent
+
+
+async def test_the_embedded_default_wakes_its_dispatcher_at_a_submit_and_at_each_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DT_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DT_REDIS_URL", raising=False)
+    data_dir = tmp_path / "dt"
+    app = App(namespace="embedded-wake", data_dir=data_dir, poll_interval=POLL)
+    chained_tasks(app)
+    app.create_all()
+    # Another App on the same directory that only submits (it never asks for the server).
+    producer = App(namespace="embedded-wake", data_dir=data_dir, poll_interval=POLL)
+    parent = chained_tasks(producer)
+    client: Any = redis.Redis.from_url(app.redis_url)
+    channel = wake_channel(app.settings.namespace)
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(app.run, reaper=False, stop=stop))
+            await wait_until(lambda: client.pubsub_numsub(channel)[0][1], what="the dispatcher's subscription")
+            with Session(producer.engine) as session:
+                handle = parent.submit(session, 5)
+                session.commit()
+            # The submit, two suspensions' children and two resumes: five hops, each an hour's poll.
+            await wait_until(lambda: app.get_task(handle.id).state is TaskState.SUCCEEDED, what="the run", timeout=60)
+            stop.set()
+        assert app.get_task(handle.id).result == 21
+    finally:
+        client.close()
+        await app.aclose()
+        await producer.aclose()
+        stop_valkey(data_dir)
+
+
+def test_a_commit_on_the_embedded_default_starts_no_server_for_its_wake_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DT_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DT_REDIS_URL", raising=False)
+    app = App(namespace="embedded-idle", data_dir=tmp_path / "dt")
+    parent = chained_tasks(app)
+    app.create_all()
+    with Session(app.engine) as session:
+        handle = parent.submit(session, 1)
+        session.commit()
+    assert app.get_task(handle.id).state is TaskState.PENDING
+    assert not valkey_socket(tmp_path / "dt").exists()
+    app.engine.dispose()
