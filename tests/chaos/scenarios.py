@@ -304,7 +304,10 @@ def dispatcher_xadd_crashes(ctx: ScenarioContext) -> Outcome:
         c.start(dispatchers=0, workers=2, reapers=0)
         c.spawn("dispatcher", failpoints="dispatch.after_xadd=crash", failpoint_lives=lives)
         submitter = RateSubmitter(c, _jobs("xadd", n), rate=150).start()
-        _wait(lambda: len(c.crashes("dispatcher")) >= lives, timeout=30 + 3 * lives)
+        # The lives are a chain: each starts after the last crash and crashes once it has
+        # re-claimed rows whose lease the last one left (no restart delay). A process's start
+        # took up to 25 s in make test's four loaded pytest processes: 20 s per life.
+        _wait(lambda: len(c.crashes("dispatcher")) >= lives, timeout=30 + 20 * lives)
         submitter.join()
         crashes = len(c.crashes("dispatcher"))
         run.evidence["dispatcher_crashes"] = crashes
