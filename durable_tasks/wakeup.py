@@ -28,7 +28,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import RedisClusterException
 from sqlalchemy import event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
 from .embedded import valkey_socket
 from .settings import Settings
@@ -65,20 +65,29 @@ class CommitWakeups:
         self._enabled = False
 
     def after_commit(self, session: Session) -> None:
-        """Publish a wake-up when ``session``'s transaction commits (nothing if it rolls back)."""
+        """Publish a wake-up once ``session``'s transaction commits: not when it rolls back or
+        closes uncommitted, nor for rows written in a savepoint that rolled back."""
         if not self._enabled:
             return
-        session.info[self._key] = True
+        # Marked on the innermost transaction, the one whose rollback takes the rows away.
+        marked = session.get_nested_transaction() or session.get_transaction()
+        session.info.setdefault(self._key, set()).add(marked)
         if not event.contains(session, "after_commit", self._committed):
             event.listen(session, "after_commit", self._committed)
             event.listen(session, "after_soft_rollback", self._rolled_back)
+            event.listen(session, "after_transaction_end", self._ended)
 
     def _committed(self, session: Session) -> None:
-        if session.info.pop(self._key, False):
+        if session.info.pop(self._key, None):
             self.publish()
 
-    def _rolled_back(self, session: Session, previous_transaction: Any) -> None:
-        if previous_transaction.parent is None:  # the outermost transaction: its rows are gone
+    def _rolled_back(self, session: Session, previous_transaction: SessionTransaction) -> None:
+        marked: set[SessionTransaction] | None = session.info.get(self._key)
+        if marked:
+            marked.difference_update([t for t in marked if _within(t, previous_transaction)])
+
+    def _ended(self, session: Session, transaction: SessionTransaction) -> None:
+        if transaction.parent is None:  # the outermost, committed (published) or not
             session.info.pop(self._key, None)
 
     def publish(self) -> None:
@@ -110,6 +119,15 @@ class CommitWakeups:
                     client = redis.Redis.from_url(url, **timeouts)
                 self._client = (os.getpid(), client)
             return self._client[1]
+
+
+def _within(transaction: SessionTransaction | None, outer: SessionTransaction) -> bool:
+    """Whether ``transaction`` is ``outer`` or nested inside it."""
+    while transaction is not None:
+        if transaction is outer:
+            return True
+        transaction = transaction.parent
+    return False
 
 
 class RedisWakeWaiter:

@@ -1,7 +1,8 @@
 """Where the database has no notification of its own (MySQL/MariaDB, SQLite), a committed
 submit wakes the dispatchers through Redis: a dispatcher polling once an hour publishes the
-task at once. A rolled-back submit publishes nothing, and a wake-up that cannot reach Redis
-leaves the commit alone (the dispatchers poll)."""
+task at once. Rows rolled back (a transaction, a savepoint, a session closed uncommitted)
+publish nothing, and a wake-up that cannot reach Redis leaves the commit alone (the
+dispatchers poll)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
+import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskState
@@ -75,6 +77,74 @@ async def test_only_a_commit_publishes_a_wake_up(make_app: Callable[..., App], r
 
     await wait_until(read_to_the_end, what="the wake-ups, then our end marker")
     assert seen == [b"1", b"end"]
+    listener.close()
+    client.close()
+    await app.aclose()
+
+
+def refusing_commits(engine: sa.Engine) -> Callable[[Any], None]:
+    """A commit the database could not make: the transaction is rolled back, the driver raises."""
+    error = engine.dialect.loaded_dbapi.OperationalError
+
+    def refuse(dbapi_connection: Any) -> None:
+        dbapi_connection.rollback()
+        raise error("the commit failed")
+
+    return refuse
+
+
+async def test_rows_rolled_back_publish_no_wake_up_and_a_commit_does(
+    make_app: Callable[..., App], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = doubling_app(make_app)
+    with Session(app.engine) as session:
+        task_id = app.submit(session, "double", 1).id
+        session.commit()
+    channel = wake_channel(app.settings.namespace)
+    client: Any = redis.Redis.from_url(redis_url)  # redis-py's pubsub() is untyped
+    listener = client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(channel)
+
+    async def wake_ups_before_the_marker() -> list[bytes]:
+        client.publish(channel, "end")
+        seen: list[bytes] = []
+
+        def read_to_the_end() -> bool:
+            message = listener.get_message(timeout=0.1)
+            if message is not None:
+                seen.append(message["data"])
+            return bool(seen) and seen[-1] == b"end"
+
+        await wait_until(read_to_the_end, what="the wake-ups, then our end marker")
+        return seen[:-1]
+
+    with Session(app.engine) as session:
+        app.submit(session, "double", 2)
+        app.rerun(session, task_id)  # the store's own outbox write, on the session's connection
+        session.rollback()
+        savepoint = session.begin_nested()
+        app.submit(session, "double", 3)
+        app.rerun(session, task_id)
+        savepoint.rollback()
+        session.commit()  # commits none of the rows above
+    session = Session(app.engine)
+    app.submit(session, "double", 4)
+    app.rerun(session, task_id)
+    session.close()  # uncommitted: rolled back
+    session.commit()  # a new, empty transaction of the same session
+    with Session(app.engine) as session, monkeypatch.context() as patched:
+        app.rerun(session, task_id)
+        patched.setattr(app.engine.dialect, "do_commit", refusing_commits(app.engine))
+        with pytest.raises(sa.exc.DBAPIError):
+            session.commit()
+    assert await wake_ups_before_the_marker() == []
+
+    with Session(app.engine) as session:
+        savepoint = session.begin_nested()
+        app.rerun(session, task_id)
+        savepoint.commit()  # released: its rows are the transaction's
+        session.commit()
+    assert await wake_ups_before_the_marker()
     listener.close()
     client.close()
     await app.aclose()
