@@ -142,9 +142,24 @@ def migrate(
         try:
             report = _migrate_locked(conn, backend, to=to, pre_deploy=pre_deploy)
         finally:
-            backend.unlock(conn)
+            _release(conn, backend)
     report.waited = waited
     return report
+
+
+def _release(conn: sa.Connection, backend: Backend) -> None:
+    """Release the migrators' lock whatever state an error left the session in: a transaction
+    still open (aborted, on PostgreSQL, after a failed statement) is rolled back first; a
+    session that still cannot release it is closed, which releases it too. Either way the
+    connection goes back to the pool without the lock, and the error that ended the run is the
+    one raised."""
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        backend.unlock(conn)
+    except sa.exc.DBAPIError as exc:
+        logger.warning("releasing the migrators' lock failed (%s): closing the connection instead", exc.orig)
+        conn.invalidate()
 
 
 def _migrate_locked(conn: sa.Connection, backend: Backend, *, to: int | None, pre_deploy: bool) -> MigrationReport:
@@ -173,14 +188,13 @@ def _migrate_locked(conn: sa.Connection, backend: Backend, *, to: int | None, pr
             conn.execution_options(isolation_level=level)
 
     applied = apply_steps(conn, backend, status, target, transaction=transaction, outside=autocommit)
-    if conn.in_transaction():
-        conn.commit()
-    after = applied[-1].version if applied else status.version or 0
+    v = versions.c
+    # Read back, not taken from ``applied``: on SQLite another migrator may have applied the steps.
+    after = conn.execute(sa.select(sa.func.max(v.version))).scalar() or 0
     adopted = 0
     if status.has_tables and not status.version and applied:
-        v = versions.c
         adopted = conn.execute(sa.select(sa.func.max(v.version)).where(v.name == ADOPTED)).scalar() or 0
-        conn.commit()
+    conn.commit()
     return MigrationReport(status.version or None, after, applied, adopted)
 
 
