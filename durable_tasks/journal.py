@@ -183,7 +183,7 @@ def current_journal() -> Journal | None:
     return _current.get()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Journal:
     """One attempt's view of the journal: replays recorded rows, records new ones, collects waits."""
 
@@ -199,11 +199,13 @@ class Journal:
     _in_flight: int = 0
     _version: int = 0
     _seq: int = 0
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    _load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _body: asyncio.Future[Any] | None = None  # the handler's task, under run()
+    # Made when first needed: most attempts never wait nor replay, and every object an
+    # attempt holds while it runs is one more for the garbage collector to walk.
+    _changed: asyncio.Event | None = None  # set on every change once the watcher runs
+    _load_lock: asyncio.Lock | None = None  # one load of the recorded rows per replaying attempt
+    _host: asyncio.Task[Any] | None = None  # the task running the handler, under run()
     _watcher: asyncio.Future[None] | None = None  # started by the first wait (see _block)
-    _stuck: bool = False  # the watcher found every branch blocked and cancelled the body
+    _stuck: bool = False  # the watcher found every branch blocked and cancelled the handler
 
     # -- the handler's side --------------------------------------------------------------
 
@@ -278,33 +280,41 @@ class Journal:
 
     async def run(self, handler: Callable[[], Awaitable[Any]]) -> tuple[Any, Suspended | None]:
         """Run ``handler`` with this journal current: (result, None), or (None, how it suspended) once
-        every branch is blocked on a wait (watched from the first wait on); exceptions propagate."""
+        every branch is blocked on a wait (watched from the first wait on); exceptions propagate.
+
+        The handler runs in the calling task (a task of its own would cost every attempt more
+        than a no-op handler does). The watcher cancels this task when it finds every branch
+        blocked, and ``run`` takes that one cancellation back (``uncancel``): a cancellation
+        from outside (a timeout, a stopping worker) still propagates."""
+        host = self._host = asyncio.current_task()
+        assert host is not None, "Journal.run runs in an asyncio task"
         token = _current.set(self)
         try:
-            body = self._body = asyncio.ensure_future(handler())  # copies the context: the journal is current in it
+            result = await handler()
+        except asyncio.CancelledError:
+            if not self._stuck or host.uncancel() > 0:
+                raise  # cancelled from outside (a timeout, a stopping worker), not suspended
+            result = None
+        else:
+            if self._stuck:
+                host.uncancel()  # the handler swallowed the watcher's cancellation
         finally:
             _current.reset(token)
-        try:
-            try:
-                result = await body
-            except asyncio.CancelledError:
-                this = asyncio.current_task()
-                if not self._stuck or (this is not None and this.cancelling()):
-                    raise  # cancelled from outside (a timeout, a stopping worker), not suspended
-            if not self._stuck:
-                return result, None
-            ordered_children = sorted(self._children, key=lambda c: c.order)
-            ordered_signals = sorted(self._signals, key=lambda s: s.order)
-            return None, await self.backend.suspend(ordered_children, ordered_signals)
-        finally:
-            for future in filter(None, (body, self._watcher)):
-                future.cancel()
+            if self._watcher is not None:
+                self._watcher.cancel()
+        if not self._stuck:
+            return result, None
+        ordered_children = sorted(self._children, key=lambda c: c.order)
+        ordered_signals = sorted(self._signals, key=lambda s: s.order)
+        return None, await self.backend.suspend(ordered_children, ordered_signals)
 
     async def _watch(self) -> None:
-        """Cancel the body once every branch is blocked (``run`` goes on once its branches unwound)."""
+        """Cancel the handler once every branch is blocked (``run`` goes on once its branches unwound)."""
+        changed = self._changed
+        assert changed is not None  # made by _block before it starts the watcher
         while True:
-            await self._changed.wait()
-            self._changed.clear()
+            await changed.wait()
+            changed.clear()
             if not self._blocked():
                 continue
             seen = self._version
@@ -314,8 +324,8 @@ class Journal:
             if self._blocked() and self._version == seen:
                 break
         self._stuck = True
-        if self._body is not None:
-            self._body.cancel()
+        if self._host is not None:
+            self._host.cancel()
 
     # -- internals -----------------------------------------------------------------------
 
@@ -342,10 +352,12 @@ class Journal:
 
     def _touch(self) -> None:
         self._version += 1
-        self._changed.set()
+        if self._changed is not None:
+            self._changed.set()
 
     async def _block(self) -> Any:
         if self._watcher is None:
+            self._changed = asyncio.Event()
             self._watcher = asyncio.ensure_future(self._watch())
         self._touch()
         await asyncio.Event().wait()  # never set: the suspension cancels this branch
@@ -354,6 +366,8 @@ class Journal:
     async def _lookup(self, slot: str) -> RecordedStep | None:
         if self.first_attempt:
             return None  # the first attempt of a generation has nothing to replay
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
         async with self._load_lock:
             if not self._loaded:
                 self._recorded = {row.slot: row for row in await self.backend.load()}

@@ -4,6 +4,7 @@ every async handler (``ctx.journal``), bound to the attempt's fencing token."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -23,6 +24,8 @@ __all__ = ["StoreJournal", "run_handler"]
 
 class StoreJournal:
     """Journal reads and fenced writes of one attempt."""
+
+    __slots__ = ("claim", "runtime")
 
     def __init__(self, runtime: Runtime, claim: ExecutionClaim) -> None:
         self.runtime = runtime
@@ -90,21 +93,24 @@ async def run_handler(
 ) -> tuple[Any, Suspended | None]:
     """Run the handler; an async one with its journal, which may suspend it. ``task.timeout``
     bounds the attempt (a suspension ends it early)."""
-
-    async def call() -> Any:
-        return await task.run(ctx, limiter=limiter)
-
-    async def journaled() -> tuple[Any, Suspended | None]:
-        if not task.is_async:
-            return await call(), None
-        ctx.journal = Journal(StoreJournal(runtime, claim), claim.task_id, claim.generation, claim.attempt == 1)
-        return await ctx.journal.run(call)
-
     if task.timeout is None:
-        return await journaled()
+        return await _journaled(runtime, claim, task, ctx, limiter)
     try:
         with anyio.fail_after(task.timeout.total_seconds()):
-            return await journaled()
+            return await _journaled(runtime, claim, task, ctx, limiter)
     except TimeoutError:
         ctx.cancelled.set()  # an abandoned sync handler learns it should stop
         raise
+
+
+async def _journaled(
+    runtime: Runtime,
+    claim: ExecutionClaim,
+    task: Task[Any, Any],
+    ctx: TaskContext[Any],
+    limiter: anyio.CapacityLimiter | HandlerThreads | None,
+) -> tuple[Any, Suspended | None]:
+    if not task.is_async:
+        return await task.run(ctx, limiter=limiter), None
+    ctx.journal = Journal(StoreJournal(runtime, claim), claim.task_id, claim.generation, claim.attempt == 1)
+    return await ctx.journal.run(partial(task.run, ctx, limiter=limiter))
