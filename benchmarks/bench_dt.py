@@ -270,6 +270,15 @@ class Children:
                 p.wait(timeout=10)
         shutil.rmtree(self.barrier, ignore_errors=True)
 
+    def cpu_seconds(self) -> list[float]:
+        """Each child's CPU time so far (user + system, from /proc/<pid>/stat), in spawn order."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = []
+        for p in self.procs:
+            fields = Path(f"/proc/{p.pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / tick)  # utime, stime (fields 14, 15)
+        return out
+
     def __enter__(self) -> Children:
         return self
 
@@ -502,8 +511,8 @@ def latency(
     commit_log = Path(tempfile.mkdtemp(prefix="dt-bench-latency-")) / "result-commits.log"
     with bench_app() as (app, db, ns):
         with Children(db, ns, DT_BENCH_CONC=str(concurrency), DT_BENCH_COMMIT_LOG=str(commit_log)) as kids:
-            kids.spawn("worker")
-            kids.spawn("dispatcher")
+            kids.spawn("worker")  # kids.procs[0]
+            kids.spawn("dispatcher")  # kids.procs[1]
             kids.wait_ready()
             kids.go()
             with Session(app.engine) as s:  # warm-up: the first task pays for connections and imports
@@ -518,6 +527,7 @@ def latency(
                     error="warm-up task did not finish",
                 )
                 return
+            cpu_before = kids.cpu_seconds()
             t0 = time.perf_counter()
             submitted: dict[str, float] = {}  # task id -> when its submit transaction committed
 
@@ -538,6 +548,9 @@ def latency(
                 th.join()
             achieved = n / (time.perf_counter() - t0)
             done = wait_count(app, ns, n + 1, timeout)
+            # CPU per task of each process over the run (wait_count's polls end within 0.2 s of
+            # the last task; an idle process spends next to nothing meanwhile)
+            cpu_ms = [(b - a) * 1000 / n for a, b in zip(cpu_before, kids.cpu_seconds(), strict=True)]
         if done < n + 1:
             record(
                 f"submit->result p50 @{rate:g}/s",
@@ -610,6 +623,15 @@ def latency(
             "ms",
             metric="commit_latency_p99",
             **both,
+        )
+        record(
+            "CPU per task: worker, dispatcher process",
+            None,
+            "ms",
+            metric="latency_cpu_per_task",
+            worker=round(cpu_ms[0], 3),
+            dispatcher=round(cpu_ms[1], 3),
+            **extra,
         )
         record(
             "latency stages p50/p99 (sent = dispatcher's publish done; claimed = worker's claim sent; "
