@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 import anyio
@@ -28,8 +28,13 @@ from .transport.messages import OutgoingMessage
 
 __all__ = ["Dispatcher"]
 
-#: Dispatch passes in flight at once (claim of the next overlaps publish + settle of the last).
+#: Dispatch passes claiming or publishing at once (the claim of the next overlaps the publish
+#: of the last).
 _PASSES_IN_FLIGHT = 2
+#: Published passes waiting for their mark-SENT at once. A pass leaves its lane once published,
+#: so the head start below and the mark never hold up the next claim; this bounds the marks
+#: (and the claimed rows they keep in memory) when the database is slow.
+_SETTLES_IN_FLIGHT = 4
 
 #: After a pass that was not full (a low submit rate), the mark-SENT waits this long, so that
 #: the worker the entry woke claims the task row first; otherwise its claim queues behind the
@@ -45,6 +50,7 @@ class Dispatcher:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self._settles = anyio.Semaphore(_SETTLES_IN_FLIGHT)
         # Passes publish one at a time, in claim order: a partition key's entries reach its
         # stream in submit order even while two passes overlap.
         self._publishing = anyio.Lock()
@@ -62,13 +68,15 @@ class Dispatcher:
             s.namespace, now=runtime.clock(), lease=s.claim_lease, limit=s.batch_size, watermark=s.cutover_watermark
         )
 
-    async def _dispatch(self, rows: list[ClaimedDelivery]) -> None:
+    async def _dispatch(self, rows: list[ClaimedDelivery], published: Callable[[], None] = lambda: None) -> None:
+        """Publish and settle ``rows``; ``published()`` is called once they are published,
+        before their outcomes are recorded."""
         if failpoints.ENABLED:
             failpoints.hit("dispatch.after_claim")
         with self.runtime.telemetry.dispatch_span([r.traceparent for r in rows]):
-            await self._settle(rows)
+            await self._settle(rows, published)
 
-    async def _settle(self, rows: list[ClaimedDelivery]) -> None:
+    async def _settle(self, rows: list[ClaimedDelivery], published: Callable[[], None]) -> None:
         runtime, s = self.runtime, self.runtime.settings
         dead: list[tuple[ClaimedDelivery, str]] = []
         held: list[ClaimedDelivery] = []
@@ -101,6 +109,7 @@ class Dispatcher:
         if failpoints.ENABLED:
             failpoints.hit("dispatch.after_xadd")
         now = runtime.clock()  # the rows' sent_at: when the publish returned
+        published()
         if sent and len(rows) < s.batch_size:
             await anyio.sleep(_CLAIM_HEAD_START_S)
         retry = [(row, now + self._backoff(row.attempts + 1), err) for row, err in failed]
@@ -222,13 +231,14 @@ class Dispatcher:
         s = self.runtime.settings
         waiter = self.runtime.outbox_waiter()
         lanes = anyio.Semaphore(_PASSES_IN_FLIGHT)
+        full = False  # the last claim took a whole batch (a backlog: the next one will too)
         try:
             await waiter.listen()  # before the first claim: a row committed after it wakes the wait
             async with anyio.create_task_group() as passes:
                 while True:
                     await lanes.acquire()
                     try:
-                        rows = await self._claim()
+                        rows, sleep = await self._claim_and_sleep(s.poll_interval, ask_due=not full)
                     except Exception:
                         lanes.release()
                         logger.exception("claiming outbox rows failed; retrying after the poll interval")
@@ -238,10 +248,26 @@ class Dispatcher:
                         passes.start_soon(self._dispatch_then_release, rows, lanes)
                     else:
                         lanes.release()
-                    if len(rows) < s.batch_size:
-                        await waiter.wait(await self._until_next_due(s.poll_interval))
+                    full = len(rows) >= s.batch_size
+                    if not full:
+                        await waiter.wait(sleep if sleep is not None else await self._until_next_due(s.poll_interval))
         finally:
             await waiter.aclose()
+
+    async def _claim_and_sleep(
+        self, longest: timedelta, *, ask_due: bool
+    ) -> tuple[list[ClaimedDelivery], timedelta | None]:
+        """Claim, and with ``ask_due`` learn how long to sleep after it in the same round trip
+        (at a low rate every pass is followed by a wait, and a submit committed while a second
+        statement ran would wait for it). None: not asked."""
+        if not ask_due:
+            return await self._claim(), None
+        runtime, s = self.runtime, self.runtime.settings
+        now = runtime.clock()
+        rows, due = await runtime.store.lease_outbox_and_next_due(
+            s.namespace, now=now, lease=s.claim_lease, limit=s.batch_size, watermark=s.cutover_watermark
+        )
+        return rows, longest if due is None else max(timedelta(0), min(longest, due - now))
 
     async def _until_next_due(self, longest: timedelta) -> timedelta:
         """How long to sleep: until the earliest row not due yet becomes due (a delayed task, a
@@ -256,13 +282,28 @@ class Dispatcher:
         return longest if due is None else max(timedelta(0), min(longest, due - now))
 
     async def _dispatch_then_release(self, rows: list[ClaimedDelivery], lanes: anyio.Semaphore) -> None:
+        """One pass; its lane goes to the next claim once the rows are published (when a
+        settle slot is free), its settle slot once they are settled."""
+        holding_lane = True
+        settling = False
+
+        def published() -> None:
+            nonlocal holding_lane, settling
+            if self._settles.value > 0:
+                self._settles.acquire_nowait()
+                settling, holding_lane = True, False
+                lanes.release()
+
         try:
-            await self._dispatch(rows)
+            await self._dispatch(rows, published)
         except Exception:  # the rows keep their lease; they are claimed again once it runs out
             logger.exception("dispatch pass failed; retrying after the poll interval")
             await anyio.sleep(self.runtime.settings.poll_interval.total_seconds())
         finally:
-            lanes.release()
+            if settling:
+                self._settles.release()
+            if holding_lane:
+                lanes.release()
 
 
 def _unknown(row: ClaimedDelivery) -> str:

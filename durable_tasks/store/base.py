@@ -14,6 +14,7 @@ operations are :class:`~.recovering.RecoveryStore`'s, the journal's
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -52,6 +53,8 @@ from .retention import PruneReport
 from .submit import NewTask, SubmitOutcome
 
 __all__ = ["SqlStore"]
+
+logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
@@ -198,6 +201,33 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
             return outbox.deliveries(rows, token)
 
         return await self._in_thread(lease_rows)
+
+    async def lease_outbox_and_next_due(
+        self, namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
+    ) -> tuple[list[ClaimedDelivery], datetime | None]:
+        """The lease and the next-due probe at once, each in its own thread and transaction
+        (the probe reads rows due later, which the lease neither takes nor changes). The lease's
+        error is raised as itself; a failed probe answers None (the caller sleeps its longest,
+        and its next claim reports the outage)."""
+        due: datetime | None = None
+
+        async def probe() -> None:
+            nonlocal due
+            try:
+                due = await self.next_due(namespace, now=now)
+            except Exception as exc:
+                logger.debug("reading the next due time failed: %s", exc)
+
+        failed: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(probe)
+            try:
+                rows = await self.lease_outbox(namespace, now=now, lease=lease, limit=limit, watermark=watermark)
+            except Exception as exc:
+                failed = exc
+        if failed is not None:
+            raise failed
+        return rows, due
 
     async def settle_outbox(
         self,

@@ -149,6 +149,13 @@ class Store(Protocol):
         dispatcher holds are skipped), with what publishing needs."""
         ...
 
+    async def lease_outbox_and_next_due(
+        self, namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
+    ) -> tuple[list[ClaimedDelivery], datetime | None]:
+        """:meth:`lease_outbox` and :meth:`next_due` at ``now`` together: what a dispatcher
+        that will wait after this pass needs, in one round trip where the store can."""
+        ...
+
     async def settle_outbox(
         self,
         *,

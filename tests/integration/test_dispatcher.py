@@ -85,6 +85,34 @@ async def test_sent_row_keeps_the_entry_id_and_task_becomes_enqueued(app: App) -
     assert app.get_task(task_id).state == TaskState.ENQUEUED
 
 
+async def test_a_claim_tells_when_the_next_row_not_due_yet_will_be(app: App) -> None:
+    """lease_outbox_and_next_due: the due rows, leased, and the earliest due time of the rows
+    not due yet, which it leaves alone; with nothing due, no rows and still that time."""
+    register(app)
+    [due_now] = submit_many(app, 1)
+    submit_all(app, "job", [{"n": 1}], delay=timedelta(minutes=5))
+    submit_all(app, "job", [{"n": 2}], delay=timedelta(minutes=9))
+    ns, now = app.settings.namespace, app.clock()
+    store = app.runtime.store
+    rows, due = await store.lease_outbox_and_next_due(
+        ns, now=now, lease=timedelta(seconds=30), limit=10, watermark=None
+    )
+    assert [r.task_id for r in rows] == [due_now]
+    assert due is not None
+    assert timedelta(minutes=4) < due - now <= timedelta(minutes=6)
+    again, due_again = await store.lease_outbox_and_next_due(
+        ns, now=now, lease=timedelta(seconds=30), limit=10, watermark=None
+    )
+    assert again == []
+    assert due_again == due
+    later = now + timedelta(minutes=10)  # both delayed rows are due (and the first's lease is
+    rows, due = await store.lease_outbox_and_next_due(  # over): none waits after them
+        ns, now=later, lease=timedelta(seconds=30), limit=10, watermark=None
+    )
+    assert len(rows) == 3
+    assert due is None
+
+
 async def test_dispatcher_dying_between_xadd_and_mark_sent_republishes_nothing(app: App) -> None:
     register(app)
     [task_id] = submit_many(app, 1)

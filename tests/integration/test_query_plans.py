@@ -171,7 +171,8 @@ def test_the_outbox_claim_reads_the_pending_index_after_a_backlog_was_analyzed(m
 def test_delayed_rows_cost_the_claim_and_the_wake_up_nothing_until_due(make_app: Callable[..., App]) -> None:
     """20,000 rows due in three days and 50 due now, statistics taken: the claim's selection
     reads the 50 due entries of ix_dt_outbox_pending_due and stops (in id order it walked past
-    every delayed row on each pass), and the next-due probe reads one entry. Run for real
+    every delayed row on each pass), and the next-due probe (alone, or the one the claim
+    carries) reads one entry. Run for real
     (EXPLAIN ANALYZE), as the runtime plans it, in a transaction that is rolled back."""
     app = make_app()
     ns, now = app.settings.namespace, app.clock()
@@ -185,13 +186,14 @@ def test_delayed_rows_cost_the_claim_and_the_wake_up_nothing_until_due(make_app:
             {"ns": ns, "now": now, "later": now + timedelta(days=3)},
         )
         conn.exec_driver_sql("ANALYZE dt_outbox")
-        for name, read in (("claim_outbox", 50), ("next_due", 1)):
+        # the claim's selection (d) and the next-due probe it carries (w); the probe alone (d)
+        for name, alias, read in (("claim_outbox", "d", 50), ("claim_outbox", "w", 1), ("next_due", "d", 1)):
             params = statement_params("claim_outbox", ns, now, []) | {"namespaces": [ns], "now": now}
             (doc,) = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.postgres()[name], params).scalar_one()
-            scans = [n for n in nodes(doc["Plan"]) if n.get("Alias") == "d" and n["Node Type"].endswith("Scan")]
-            assert [n.get("Index Name") for n in scans] == ["ix_dt_outbox_pending_due"], (name, scans)
-            assert scans[0]["Actual Rows"] == read, (name, scans[0])
-            assert scans[0].get("Rows Removed by Filter", 0) == 0, (name, scans[0])
+            scans = [n for n in nodes(doc["Plan"]) if n.get("Alias") == alias and n["Node Type"].endswith("Scan")]
+            assert [n.get("Index Name") for n in scans] == ["ix_dt_outbox_pending_due"], (name, alias, scans)
+            assert scans[0]["Actual Rows"] == read, (name, alias, scans[0])
+            assert scans[0].get("Rows Removed by Filter", 0) == 0, (name, alias, scans[0])
         conn.rollback()
 
 

@@ -185,6 +185,15 @@ class PostgresStore(SqlStore):
         self, namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
     ) -> list[ClaimedDelivery]:
         """One statement: lease the rows and read their tasks."""
+        rows, _ = await self.lease_outbox_and_next_due(
+            namespace, now=now, lease=lease, limit=limit, watermark=watermark
+        )
+        return rows
+
+    async def lease_outbox_and_next_due(
+        self, namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
+    ) -> tuple[list[ClaimedDelivery], datetime | None]:
+        """The same statement: it reads the next due time too."""
         return await self.connections.run(
             statements.claim_outbox(namespace, now=now, lease=lease, limit=limit, watermark=watermark)
         )

@@ -65,9 +65,10 @@ class OneStatement(Generic[R]):
 
 def claim_outbox(
     namespace: str, *, now: datetime, lease: timedelta, limit: int, watermark: int | None
-) -> OneStatement[list[ClaimedDelivery]]:
-    """Lease due outbox rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING); the
-    statement turns off the wait for the WAL flush itself (see the SQL)."""
+) -> OneStatement[tuple[list[ClaimedDelivery], datetime | None]]:
+    """Lease due outbox rows and read their tasks (UPDATE … FROM dt_tasks … RETURNING), and
+    when the earliest row not due yet will be; the statement turns off the wait for the WAL
+    flush itself (see the SQL)."""
     token = str(uuid.uuid4())
     params = {
         "namespaces": [namespace],  # one element: see the SQL
@@ -77,7 +78,14 @@ def claim_outbox(
         "limit": limit,
         "watermark": watermark or 0,
     }
-    return OneStatement(sql.postgres()["claim_outbox"], params, partial(deliveries, token=token))
+    return OneStatement(sql.postgres()["claim_outbox"], params, partial(_leased_and_due, token=token))
+
+
+def _leased_and_due(rows: Rows, token: str) -> tuple[list[ClaimedDelivery], datetime | None]:
+    """The claim's rows without their last column (the next due time, the same in each); a
+    claim of nothing is one row of NULLs."""
+    due: datetime | None = rows[0][-1]
+    return deliveries([row[:-1] for row in rows if row[0] is not None], token), due
 
 
 def mark_sent(sent: Sequence[Sent], now: datetime) -> OneStatement[int]:

@@ -178,6 +178,12 @@ SELECT count(*) FROM sent;
 -- * The leased ids go to the UPDATE as an array (= ANY(ARRAY(...))), which the primary key
 --   looks up; an IN (subquery) was planned as a hash semi-join over a sequential scan of the
 --   whole outbox.
+-- Every row also carries when the earliest row not due yet will be (next_due's probe, alias
+-- n), and a claim of no row returns one row of NULLs with it: a dispatcher that is about to
+-- wait learns how long in the same round trip. The probe reads the snapshot the UPDATE
+-- started from; the UPDATE leases rows due now and changes no next_attempt_at, so neither
+-- sees the other's rows.
+WITH leased AS (
 UPDATE dt_outbox AS o
 SET lease_expires_at = %(lease_until)s,
     claim_token = %(token)s
@@ -197,7 +203,21 @@ WHERE o.id = ANY(ARRAY(
   AND t.id = o.task_id
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
-          t.name, t.payload, t.traceparent, t.partition_key, t.priority, t.concurrency_key;
+          t.name, t.payload, t.traceparent, t.partition_key, t.priority, t.concurrency_key
+)
+SELECT l.*, n.due
+FROM (
+    SELECT (
+        SELECT w.next_attempt_at
+        FROM dt_outbox AS w
+        WHERE w.namespace = ANY(%(namespaces)s)
+          AND w.state = 'PENDING'
+          AND w.next_attempt_at > %(now)s
+        ORDER BY w.namespace, w.next_attempt_at
+        LIMIT 1
+    ) AS due
+) AS n
+LEFT JOIN leased AS l ON true;
 
 -- name: next_due
 -- When the earliest PENDING outbox row that is not due yet will be (no row: none is waiting):
