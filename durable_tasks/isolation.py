@@ -33,11 +33,16 @@ class IsolationGate:
         """A suspect attempt is waiting or running."""
         return self._suspects > 0
 
-    async def join(self) -> None:
-        """Start a shared attempt (most attempts): wait while a suspect waits or runs.
-        Pair with :meth:`leave`; no context manager, because every attempt passes here."""
-        while self._suspects:
-            await self._clear.wait()
+    async def join(self, *, hold: Callable[[], None]) -> None:
+        """Start a shared attempt (most attempts): wait while a suspect waits or runs, ``hold``
+        keeping the attempt's lease alive meanwhile (the suspects ahead of it may take longer
+        than a lease, and an attempt whose lease ran out there would be reclaimed as lost, and
+        become a suspect itself). Pair with :meth:`leave`; no context manager, because every
+        attempt passes here."""
+        if self._suspects:
+            hold()
+            while self._suspects:
+                await self._clear.wait()
         self._running += 1
 
     def leave(self) -> None:

@@ -348,17 +348,25 @@ class Worker:
     async def _run_attempt(
         self, claim: ExecutionClaim, span: Span, commit: Callable[[FinalWrite], Awaitable[None]]
     ) -> ExecutionOutcome:
-        """Run the attempt beside others, or alone if it is a suspect (see IsolationGate)."""
+        """Run the attempt beside others, or alone if it is a suspect (see IsolationGate); its
+        lease is renewed from its wait at the gate on, and no longer once it is over."""
         runtime = self.runtime
-        if claim.reclaims > 0:
-            async with self._gate.alone(hold=lambda: self._leases.hold(claim, None)):
-                await runtime.store.mark_solo(claim)
-                return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
-        await self._gate.join()
+
+        def hold() -> None:
+            self._leases.hold(claim, None)
+
         try:
-            return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
+            if claim.reclaims > 0:
+                async with self._gate.alone(hold=hold):
+                    await runtime.store.mark_solo(claim)
+                    return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
+            await self._gate.join(hold=hold)
+            try:
+                return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
+            finally:
+                self._gate.leave()
         finally:
-            self._gate.leave()
+            self._leases.release(claim)  # a no-op once run_attempt has released it
 
     async def _commit(self, items: Sequence[_Commit]) -> None:
         """Commit a group of results, then acknowledge the entries whose outcome is recorded

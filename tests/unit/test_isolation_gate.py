@@ -1,5 +1,5 @@
 """A suspect attempt (its worker was lost before) runs alone: it waits for the running ones,
-and nothing starts beside it."""
+and nothing starts beside it. Whatever waits at the gate keeps its lease."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ async def test_a_suspect_runs_alone() -> None:
     first_started = anyio.Event()
 
     async def normal(name: str, delay: float, started: anyio.Event | None = None) -> None:
-        await gate.join()
+        await gate.join(hold=lambda: held.append(name))
         try:
             timeline.append(f"{name}+")
             if started is not None:
@@ -29,7 +29,7 @@ async def test_a_suspect_runs_alone() -> None:
             gate.leave()
 
     async def suspect() -> None:
-        async with gate.alone(hold=lambda: held.append("lease")):
+        async with gate.alone(hold=lambda: held.append("S")):
             timeline.append("S+")
             await anyio.sleep(0.05)
             timeline.append("S-")
@@ -41,6 +41,7 @@ async def test_a_suspect_runs_alone() -> None:
         await anyio.sleep(0.01)
         assert gate.isolating
         tg.start_soon(normal, "b", 0.01)
-    assert held == ["lease"]  # its lease was kept while it waited
+    # Their leases were kept while they waited: the suspect's, and b's behind it (a never waited).
+    assert held == ["S", "b"]
     assert timeline == ["a+", "a-", "S+", "S-", "b+", "b-"]
     assert not gate.isolating
