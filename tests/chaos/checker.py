@@ -488,13 +488,17 @@ def _judge_task(
 def load_snapshot(
     engine: sa.Engine, namespace: str, task_name: str, dlq_entries: Iterable[tuple[str, Mapping[str, str]]]
 ) -> Snapshot:
-    """Read the rows of ``namespace`` (and the DLQ entries already fetched from Redis)."""
+    """Read the rows of ``namespace`` (and the DLQ entries already fetched from Redis), all
+    from one snapshot: the runtime's READ COMMITTED would give each SELECT its own, and a task
+    committed between them (a run that did not settle is still working) would show its final
+    write beside the RUNNING row read before it, a stale write that never was."""
     from durable_tasks.records import attempts_table, tasks_table
 
     from .app import final_writes_table
 
     t, a, f = tasks_table.c, attempts_table.c, final_writes_table.c
     with engine.connect() as conn:
+        conn.execution_options(isolation_level="REPEATABLE READ")  # one snapshot (MySQL, PostgreSQL)
         tasks = [
             TaskRow(
                 r.id, r.idempotency_key, r.state, r.generation, r.attempt, r.delivery, r.reclaims, r.failures, r.result
