@@ -1,16 +1,18 @@
 """Operator actions on a queue's dead-letter stream.
 
 Replay never XADDs by hand: it starts a new generation of the task through the outbox
-(``App.rerun``), the same path as any delivery, then removes the DLQ entry.
+(``App.rerun``), the same path as any delivery, then removes the DLQ entry. A task rerun any
+other way loses its entry too, the next time the DLQ is read or the reaper passes
+(:mod:`.dead_letters`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlmodel import Session
 
+from .dead_letters import DeadLetter, read_dead_letters
 from .errors import TaskNotFoundError
 
 if TYPE_CHECKING:
@@ -19,36 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["DeadLetter", "list_dead_letters", "purge", "replay"]
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One DLQ entry: which task delivery it was and why it landed here (never the payload)."""
-
-    entry_id: str
-    task_id: str | None
-    name: str | None
-    generation: int | None
-    reason: str
-
-
-def _parse(entry_id: str, fields: dict[str, str]) -> DeadLetter:
-    generation = fields.get("g")
-    return DeadLetter(
-        entry_id=entry_id,
-        task_id=fields.get("t"),
-        name=fields.get("n"),
-        generation=int(generation) if generation and generation.isdigit() else None,
-        reason=fields.get("dt_reason", ""),
-    )
-
-
 async def list_dead_letters(app: App, queue: str, *, count: int = 100, after: str | None = None) -> list[DeadLetter]:
     """The oldest ``count`` entries of the queue's DLQ, or the ``count`` entries after the entry
-    id ``after`` (a page: XRANGE from an exclusive key, however long the DLQ)."""
-    start = f"({after}" if after else "-"
-    raw: Any = await app.runtime.transport().client.xrange(
-        app.runtime.transport().keys(queue).dlq, min=start, count=count
-    )
-    return [_parse(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
+    id ``after`` (a page: XRANGE from an exclusive key, however long the DLQ). Entries of tasks
+    rerun since they were dead-lettered are not listed, and deleted (:mod:`.dead_letters`)."""
+    return await read_dead_letters(app.runtime, queue, count=count, after=after)
 
 
 async def replay(app: App, queue: str, entry_ids: list[str] | None = None) -> list[str]:

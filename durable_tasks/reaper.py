@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from . import failpoints
 from .codec import decode_payload
+from .dead_letters import forget_rerun_oldest
 from .errors import PayloadValidationError, TaskDeadLetteredError
 from .outcome import TaskOutcome
 from .policy import ReapAction, TaskLeaseView, decide_reap
@@ -55,6 +56,8 @@ class ReapReport:
     kept: int = 0
     reconciled: int = 0
     trimmed: int = 0
+    #: DLQ entries deleted because their task was rerun since (:mod:`.dead_letters`).
+    forgotten_dead_letters: int = 0
     deleted_entries: list[str] = field(default_factory=list)
 
 
@@ -96,6 +99,7 @@ class Reaper:
             for stream, _, _ in transport.streams(queue):
                 await self._scan_pending(queue, stream, report)
                 report.trimmed += await transport.trim(stream)
+            report.forgotten_dead_letters += await forget_rerun_oldest(self.runtime, queue)
         await self._reconcile(report)
         await queue_stats(self.runtime)  # refreshes the observable gauges (PEL, delays, DLQ length)
         return report

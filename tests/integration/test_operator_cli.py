@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
+from sqlmodel import Session
 from typer.testing import CliRunner
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
@@ -213,6 +214,41 @@ def test_dlq_list_show_replay_and_purge(env: dict[str, str]) -> None:
     code, out = invoke("dlq", "purge", "cli", "--app", APP)
     assert code == 0, out
     assert "purged 1 entry" in out
+
+
+async def dlq_length(app: App, queue: str) -> int:
+    transport = app.runtime.transport()
+    length = int(await transport.client.xlen(transport.keys(queue).dlq))
+    await app.aclose()
+    return length
+
+
+def test_a_dead_task_rerun_leaves_the_dlq(env: dict[str, str]) -> None:
+    app = the_app()
+    by_cli = anyio.run(dead_letter_one, app)
+    by_app = anyio.run(dead_letter_one, app)
+    kept = anyio.run(dead_letter_one, app)
+    assert anyio.run(dlq_length, app, "cli") == 3
+
+    code, out = invoke("tasks", "rerun", APP, by_cli)
+    assert code == 0, out
+    code, out = invoke("dlq", "list", APP, "cli", "--json")  # read: the rerun task's entry goes
+    assert [json.loads(line)["task_id"] for line in out.splitlines()] == [by_app, kept]
+    assert anyio.run(dlq_length, app, "cli") == 2
+
+    with Session(app.engine) as session:
+        app.rerun(session, by_app)
+        session.commit()
+
+    async def reap() -> int:
+        report = await app.reap_once()  # nobody reads the DLQ: the reaper's pass deletes the entry
+        await app.aclose()
+        return report.forgotten_dead_letters
+
+    assert anyio.run(reap) == 1
+    assert anyio.run(dlq_length, app, "cli") == 1  # the task still DEAD keeps its entry
+    code, out = invoke("dlq", "list", APP, "cli", "--json")
+    assert [json.loads(line)["task_id"] for line in out.splitlines()] == [kept]
 
 
 def test_doctor_fails_on_a_badly_configured_server(env: dict[str, str], tmp_path: Path) -> None:

@@ -1,0 +1,102 @@
+"""A queue's dead-letter stream read against the database.
+
+An entry says that generation ``g`` of a task was dead-lettered. Once the task is rerun (``App.rerun``,
+``durable-tasks tasks rerun``, a replay, the dashboard), that generation is fenced out and the
+task is live again: its entry no longer asks anything of an operator. The database says which
+generation a task is at, so the entries of tasks rerun since are deleted wherever the DLQ is
+read (the operator's lists, a replay) and by every reaper pass (the DLQ-length gauge), whatever
+path reran the task and even if Redis was unreachable when it did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .policy import TaskLeaseView
+from .runtime import Runtime
+
+__all__ = ["DeadLetter", "forget_rerun", "forget_rerun_oldest", "read_dead_letters", "rerun_since"]
+
+#: Entries one reaper pass checks per queue at most (oldest first).
+REAPER_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One DLQ entry: which task delivery it was and why it landed here (never the payload)."""
+
+    entry_id: str
+    task_id: str | None
+    name: str | None
+    generation: int | None
+    reason: str
+
+
+def _parse(entry_id: str, fields: dict[str, str]) -> DeadLetter:
+    generation = fields.get("g")
+    return DeadLetter(
+        entry_id=entry_id,
+        task_id=fields.get("t"),
+        name=fields.get("n"),
+        generation=int(generation) if generation and generation.isdigit() else None,
+        reason=fields.get("dt_reason", ""),
+    )
+
+
+def rerun_since(letters: Sequence[DeadLetter], tasks: Mapping[str, TaskLeaseView]) -> list[DeadLetter]:
+    """The letters whose task is at a later generation now (rerun since); a letter naming no
+    task, or a task no longer in the database, is not."""
+    return [
+        d
+        for d in letters
+        if d.task_id is not None
+        and d.task_id in tasks
+        and d.generation is not None
+        and tasks[d.task_id].generation > d.generation
+    ]
+
+
+async def forget_rerun(runtime: Runtime, queue: str, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+    """Delete the entries of tasks rerun since they were dead-lettered; return the others."""
+    # A malformed entry's fields are whatever was written to Redis: only a possible task id
+    # (36 printable characters at most, as the column) is looked up.
+    ids = {d.task_id for d in letters if d.task_id and len(d.task_id) <= 36 and d.task_id.isprintable()}
+    if not ids:
+        return list(letters)
+    gone = rerun_since(letters, await runtime.store.lease_views(runtime.settings.namespace, ids))
+    if gone:
+        transport = runtime.transport()
+        await transport.client.xdel(transport.keys(queue).dlq, *[d.entry_id for d in gone])
+    return [d for d in letters if d not in gone]
+
+
+async def read_dead_letters(
+    runtime: Runtime, queue: str, *, count: int = 100, after: str | None = None
+) -> list[DeadLetter]:
+    """The oldest ``count`` entries of the queue's DLQ whose task was not rerun since, or the
+    ``count`` after the entry id ``after`` (a page: XRANGE from an exclusive key, however long
+    the DLQ); the entries of tasks rerun are deleted on the way."""
+    found: list[DeadLetter] = []
+    while (wanted := count - len(found)) > 0:
+        page = await _page(runtime, queue, after, wanted)
+        found += await forget_rerun(runtime, queue, page)
+        if len(page) < wanted:  # the end of the stream
+            break
+        after = page[-1].entry_id
+    return found
+
+
+async def forget_rerun_oldest(runtime: Runtime, queue: str) -> int:
+    """The reaper's share: delete the entries of tasks rerun since among the oldest
+    ``REAPER_PAGE`` of the DLQ; returns how many."""
+    page = await _page(runtime, queue, None, REAPER_PAGE)
+    return len(page) - len(await forget_rerun(runtime, queue, page))
+
+
+async def _page(runtime: Runtime, queue: str, after: str | None, count: int) -> list[DeadLetter]:
+    transport = runtime.transport()
+    start = f"({after}" if after else "-"
+    raw: Any = await transport.client.xrange(transport.keys(queue).dlq, min=start, count=count)
+    return [_parse(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
