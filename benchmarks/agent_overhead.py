@@ -271,7 +271,7 @@ async def measure(args: argparse.Namespace, database_url: str | None) -> dict[st
     fast = {"poll_interval": args.poll_interval} if args.poll_interval is not None else {}
     # The benchmark's result wait is woken by the announced outcome; its fallback read (a
     # statement that is not the run's) is kept out of the measured window.
-    quiet = {"result_poll_initial": timedelta(seconds=60), "result_poll_max": timedelta(seconds=60)}
+    quiet: dict[str, Any] = {"result_poll_initial": timedelta(seconds=60), "result_poll_max": timedelta(seconds=60)}
     app = App(database_url, args.redis_url, f"bench{uuid.uuid4().hex[:8]}", **fast, **quiet)
     builders = {"pydantic_ai": pydantic_ai_agent, "openai_agents": openai_agents_agent}
     agents = {name: builders[name](app) for name in args.frameworks.split(",")}

@@ -353,7 +353,7 @@ def recovery(scale: float) -> None:
         lease = app.settings.lease_timeout.total_seconds()
         bound = 2 * lease + 5
 
-        async def recover() -> float | None:
+        async def recover() -> float:
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: app.run(scheduler=False, stop=stop))

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ async def dispatch_timed(app: App) -> float:
 
 async def work_timed(app: App, n: int, timeout: float) -> tuple[int, float]:
     started = time.perf_counter()
-    settled = await app.work(max_tasks=n, timeout=timeout, queues=[QUEUE])
+    settled = await app.work(max_tasks=n, timeout=timedelta(seconds=timeout), queues=[QUEUE])
     elapsed = time.perf_counter() - started
     await app.aclose()
     return settled, elapsed

@@ -238,8 +238,8 @@ def main() -> None:
         )
     if deterministic is not None:
         stats = pstats.Stats(deterministic)
-        calls = sum(entry[1] for entry in stats.stats.values())  # type: ignore[attr-defined]
-        print(f"event loop thread: {calls / done:.0f} Python function calls per task (cProfile)")
+        function_calls = sum(entry[1] for entry in stats.stats.values())  # type: ignore[attr-defined]
+        print(f"event loop thread: {function_calls / done:.0f} Python function calls per task (cProfile)")
         stats.sort_stats("tottime").print_stats(args.cprofile)
 
 
