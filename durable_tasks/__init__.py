@@ -49,7 +49,7 @@ from .records import AttemptOutcome, TaskState
 from .scheduler import ScheduleInfo
 from .settings import Settings, SettingsOverrides
 from .store.retention import PruneReport
-from .tasks import Task, TaskContext, TaskHandle, current_task
+from .tasks import SubmitManyOptions, SubmitOptions, Task, TaskContext, TaskHandle, current_task
 from .views import AttemptInfo, PendingApproval, QueueStats, StepInfo, TaskInfo
 
 __all__ = [
@@ -94,6 +94,8 @@ __all__ = [
     "SettingsOverrides",
     "SignalError",
     "StepInfo",
+    "SubmitManyOptions",
+    "SubmitOptions",
     "Task",
     "TaskCancelledError",
     "TaskContext",

@@ -7,7 +7,7 @@ import unicodedata
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from sqlalchemy.orm import Session
 
@@ -24,7 +24,7 @@ from .flow.policy import dispatch_due, submit_flow
 from .outages import UNREACHABLE, database_error
 from .store.submit import NewTask, SubmitOutcome
 from .submit_checks import check_same_payloads, check_session, undo_submits
-from .tasks import Task, TaskHandle
+from .tasks import SubmitOptions, Task, TaskHandle
 from .telemetry import traceparent_of
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ class IntentsMixin:
         return outcomes
 
     async def asubmit(
-        self, session: AsyncSession, task: Task[Any, Any] | str, payload: Any, **options: Any
+        self, session: AsyncSession, task: Task[Any, Any] | str, payload: Any, **options: Unpack[SubmitOptions]
     ) -> TaskHandle:
         """:meth:`submit` with SQLAlchemy's ``AsyncSession`` (SQLModel's too): the same
         statements on the session's own connection (``AsyncSession.run_sync``), in its

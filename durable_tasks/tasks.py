@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, Unpack, cast, get_type_hints, overload
 
 import anyio
 import sqlalchemy as sa
@@ -27,6 +27,8 @@ __all__ = [
     "ResultWaiter",
     "Submit",
     "SubmitMany",
+    "SubmitManyOptions",
+    "SubmitOptions",
     "Task",
     "TaskContext",
     "TaskDecorator",
@@ -137,6 +139,26 @@ class ResultWaiter(Protocol):
         ...
 
 
+class SubmitManyOptions(TypedDict, total=False):
+    """The keyword arguments of ``submit_many`` (``App.submit`` documents each), all optional:
+    ``shadow``, ``partition_key``, ``delay`` or ``not_before``, ``priority`` and
+    ``concurrency_key``. They apply to every intent of the call."""
+
+    shadow: bool
+    partition_key: str | None
+    delay: timedelta | None
+    not_before: datetime | None
+    priority: int | None
+    concurrency_key: str | None
+
+
+class SubmitOptions(SubmitManyOptions, total=False):
+    """The keyword arguments of ``submit`` and ``asubmit`` (``App.submit`` documents each):
+    :class:`SubmitManyOptions` and the intent's ``idempotency_key``."""
+
+    idempotency_key: str | None
+
+
 class Submit(Protocol):
     """How a task records an intent: the App's ``submit``, handed to each Task it registers."""
 
@@ -145,14 +167,7 @@ class Submit(Protocol):
         session: Session,
         task: Task[Any, Any],
         payload: Any,
-        *,
-        idempotency_key: str | None = None,
-        shadow: bool = False,
-        partition_key: str | None = None,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> TaskHandle: ...
 
 
@@ -164,13 +179,7 @@ class SubmitMany(Protocol):
         session: Session,
         task: Task[Any, Any],
         items: Iterable[tuple[Any, str | None]],
-        *,
-        shadow: bool = False,
-        partition_key: str | None = None,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
+        **options: Unpack[SubmitManyOptions],
     ) -> list[TaskHandle]: ...
 
 
@@ -218,14 +227,7 @@ class Task(Generic[PayloadT, ResultT]):
         self,
         session: Session,
         payload: PayloadT | dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        shadow: bool = False,
-        partition_key: str | None = None,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> TaskHandle:
         """Record the intent in ``session``'s transaction (no commit: the caller commits).
 
@@ -233,73 +235,29 @@ class Task(Generic[PayloadT, ResultT]):
         ``delay`` or ``not_before`` (timezone-aware) make it due later. ``priority`` and
         ``concurrency_key``: see ``App.submit`` (docs/flow-control.md).
         """
-        return self._submit(
-            session,
-            self,
-            payload,
-            idempotency_key=idempotency_key,
-            shadow=shadow,
-            partition_key=partition_key,
-            delay=delay,
-            not_before=not_before,
-            priority=priority,
-            concurrency_key=concurrency_key,
-        )
+        return self._submit(session, self, payload, **options)
 
     def submit_many(
         self,
         session: Session,
         items: Iterable[tuple[PayloadT | dict[str, Any], str | None]],
-        *,
-        shadow: bool = False,
-        partition_key: str | None = None,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
+        **options: Unpack[SubmitManyOptions],
     ) -> list[TaskHandle]:
         """Record several intents, ``(payload, idempotency_key)`` pairs, in ``session``'s
         transaction (one round trip on PostgreSQL); see ``App.submit_many``."""
-        return self._submit_many(
-            session,
-            self,
-            items,
-            shadow=shadow,
-            partition_key=partition_key,
-            delay=delay,
-            not_before=not_before,
-            priority=priority,
-            concurrency_key=concurrency_key,
-        )
+        return self._submit_many(session, self, items, **options)
 
     async def asubmit(
         self,
         session: AsyncSession,
         payload: PayloadT | dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        shadow: bool = False,
-        partition_key: str | None = None,
-        delay: timedelta | None = None,
-        not_before: datetime | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
+        **options: Unpack[SubmitOptions],
     ) -> TaskHandle:
         """:meth:`submit` with SQLAlchemy's ``AsyncSession`` (SQLModel's too): the same
         statements on the session's own connection (``AsyncSession.run_sync``), in its
         transaction; the caller commits."""
         return await session.run_sync(
-            lambda sync_session: self.submit(
-                cast("Session", sync_session),
-                payload,
-                idempotency_key=idempotency_key,
-                shadow=shadow,
-                partition_key=partition_key,
-                delay=delay,
-                not_before=not_before,
-                priority=priority,
-                concurrency_key=concurrency_key,
-            )
+            lambda sync_session: self.submit(cast("Session", sync_session), payload, **options)
         )
 
     def on_commit(self, hook: OnCommitHook[PayloadT, ResultT]) -> OnCommitHook[PayloadT, ResultT]:

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import assert_type
 
 from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import Session
 
 from durable_tasks import (
@@ -61,8 +62,19 @@ def declaring(app: App) -> None:
 def submitting(app: App, session: Session, task: Task[Job, int]) -> None:
     assert_type(task.submit(session, Job(n=1), idempotency_key="k"), TaskHandle)
     assert_type(app.submit(session, "sync", {"n": 1}), TaskHandle)
+    assert_type(task.submit_many(session, [(Job(n=1), "a")], delay=timedelta(seconds=5)), list[TaskHandle])
+    task.submit(session, Job(n=1), delay=5)  # type: ignore[arg-type]
+    task.submit(session, Job(n=1), idempotency="k")  # type: ignore[call-arg]
+    task.submit_many(session, [(Job(n=1), "a")], idempotency_key="k")  # type: ignore[call-arg]
     assert_type(app.rerun(session, "task-id"), int)
     assert_type(app.cancel(session, "task-id"), bool)
+
+
+async def submitting_async(app: App, session: AsyncSession, task: Task[Job, int]) -> None:
+    assert_type(await task.asubmit(session, Job(n=1), priority=1), TaskHandle)
+    assert_type(await app.asubmit(session, task, Job(n=1), concurrency_key="user:42"), TaskHandle)
+    await app.asubmit(session, task, Job(n=1), priority="high")  # type: ignore[arg-type]
+    await task.asubmit(session, Job(n=1), not_before=5)  # type: ignore[arg-type]
 
 
 def reading(app: App) -> None:
