@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .policy import TaskLeaseView
 from .runtime import Runtime
@@ -67,8 +66,7 @@ async def forget_rerun(runtime: Runtime, queue: str, letters: Sequence[DeadLette
         return list(letters)
     gone = rerun_since(letters, await runtime.store.lease_views(runtime.settings.namespace, ids))
     if gone:
-        transport = runtime.transport()
-        await transport.client.xdel(transport.keys(queue).dlq, *[d.entry_id for d in gone])
+        await runtime.transport().forget_dead_letters(queue, [d.entry_id for d in gone])
     return [d for d in letters if d not in gone]
 
 
@@ -96,7 +94,4 @@ async def forget_rerun_oldest(runtime: Runtime, queue: str) -> int:
 
 
 async def _page(runtime: Runtime, queue: str, after: str | None, count: int) -> list[DeadLetter]:
-    transport = runtime.transport()
-    start = f"({after}" if after else "-"
-    raw: Any = await transport.client.xrange(transport.keys(queue).dlq, min=start, count=count)
-    return [_parse(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
+    return [_parse(i, f) for i, f in await runtime.transport().dead_letter_page(queue, after=after, count=count)]

@@ -24,7 +24,7 @@ import anyio
 from ..clock import Clock
 from .memory_flow import MemoryFlow
 from .messages import AutoclaimPage, OutgoingMessage, StreamEntry
-from .streams import QueueSnapshot, RedisStreamsTransport
+from .streams import QueueSnapshot, RedisStreamsTransport, stream_id_order
 
 __all__ = ["MemoryTransport"]
 
@@ -194,6 +194,17 @@ class MemoryTransport(RedisStreamsTransport):
         """The fields of every entry of ``queue``'s dead-letter stream, oldest first."""
         target = self._streams.get(self.keys(queue).dlq)
         return [] if target is None else [dict(f) for f in target.entries.values()]
+
+    async def dead_letter_page(self, queue: str, *, after: str | None, count: int) -> list[tuple[str, dict[str, str]]]:
+        target = self._streams.get(self.keys(queue).dlq)
+        if target is None:
+            return []
+        later = [i for i in target.entries if after is None or stream_id_order(i) > stream_id_order(after)]
+        return [(i, dict(target.entries[i])) for i in later[:count]]
+
+    async def forget_dead_letters(self, queue: str, entry_ids: Sequence[str]) -> int:
+        target = self._streams.get(self.keys(queue).dlq)
+        return sum(target.entries.pop(i, None) is not None for i in entry_ids) if target else 0
 
     async def run_script(self, name: str, keys: list[str], args: list[str | int]) -> Any:
         await anyio.lowlevel.checkpoint()

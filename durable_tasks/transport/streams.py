@@ -26,7 +26,7 @@ from .levels import never, read_by_level
 from .messages import AutoclaimPage, Delivery, OutgoingMessage, StreamEntry, parse_autoclaim_reply, parse_delivery
 from .scripts import lua_source
 
-__all__ = ["QueueSnapshot", "RedisStreamsTransport"]
+__all__ = ["QueueSnapshot", "RedisStreamsTransport", "stream_id_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -309,6 +309,16 @@ class RedisStreamsTransport:
         [entry_id] = reply
         return str(entry_id)
 
+    async def dead_letter_page(self, queue: str, *, after: str | None, count: int) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``count`` entries (id, fields) of the queue's dead-letter stream, oldest first,
+        from its start or after the entry id ``after`` (exclusive)."""
+        raw: Any = await self.client.xrange(self.keys(queue).dlq, min=f"({after}" if after else "-", count=count)
+        return [(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for i, f in raw or []]
+
+    async def forget_dead_letters(self, queue: str, entry_ids: Sequence[str]) -> int:
+        """Delete entries of the queue's dead-letter stream; returns how many there were."""
+        return int(await self.client.xdel(self.keys(queue).dlq, *entry_ids)) if entry_ids else 0
+
     async def dead_letter_malformed(
         self, queue: str, stream: str, entry_id: str, fields: Mapping[str, str], reason: str
     ) -> None:
@@ -337,7 +347,7 @@ class RedisStreamsTransport:
             return 0
         floor = str(group["last-delivered-id"])
         if summary["pending"]:
-            floor = min(floor, str(summary["min"]), key=_stream_id_key)
+            floor = min(floor, str(summary["min"]), key=stream_id_order)
         return int(await self.client.xtrim(stream, minid=floor, approximate=False))
 
     async def snapshot(self, queue: str, *, now_ms: int | None = None) -> QueueSnapshot:
@@ -361,6 +371,7 @@ class RedisStreamsTransport:
         return QueueSnapshot(pel_size, oldest_age, dlq_length, stream_length, lag)
 
 
-def _stream_id_key(entry_id: str) -> tuple[int, int]:
+def stream_id_order(entry_id: str) -> tuple[int, int]:
+    """An entry id (``<ms>-<seq>``) as the order Redis gives entries."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
