@@ -70,10 +70,16 @@ async def test_a_handler_that_swallows_the_suspension_still_suspends_and_leaves_
     assert this_task().cancelling() == 0
 
 
-async def test_a_handler_returning_before_any_wait_returns_its_result(store: FakeStore) -> None:
+async def test_a_handler_returning_before_any_wait_runs_in_the_calling_task_and_returns_its_result(
+    store: FakeStore,
+) -> None:
     journal = new_journal(store)
+    caller = this_task()
+    tasks_before = len(asyncio.all_tasks())
 
     async def handler() -> int:
+        assert this_task() is caller  # no task per attempt (it costs more than a no-op handler)
+        assert len(asyncio.all_tasks()) == tasks_before  # nor a watcher before the first wait
         return 42
 
     assert await journal.run(handler) == (42, None)
