@@ -21,6 +21,7 @@ __all__ = [
     "decide_after_failure",
     "decide_reap",
     "loss_counts",
+    "suspect_group_limit",
 ]
 
 
@@ -74,12 +75,27 @@ def loss_counts(state: TaskState, attempt: int, solo_attempt: int | None) -> boo
 
     Only when its attempt ran alone (a worker marked it solo, and it is still RUNNING): then
     nothing else can have killed the worker. An attempt lost beside others may be a bystander
-    of the one that did; it only becomes a suspect, and the worker runs it alone next time
-    (tasks with ``reclaims > 0``). A delivery lost before any worker claimed it ran no code
+    of the one that did; it only becomes a suspect, which the worker runs with other suspects
+    only, in groups that shrink with each loss until it runs alone
+    (:func:`suspect_group_limit`). A delivery lost before any worker claimed it ran no code
     of the task at all (an entry carries ids, not the payload; a malformed one goes to the DLQ
     without a crash), so its loss is the infrastructure's, like a broker's data loss.
     """
     return state == TaskState.RUNNING and solo_attempt == attempt
+
+
+def suspect_group_limit(reclaims: int, concurrency: int) -> int:
+    """How many suspects (tasks with ``reclaims > 0``) may run together, this one included.
+
+    Group testing: the tasks lost with one worker run together again, with other suspects only,
+    in groups that shrink by 16x with each further loss (``concurrency`` 256: 256, 16, then 1).
+    The bystanders of one crash finish in one worker life instead of one after another, while a
+    task that kills every worker it runs on is alone after a few lives, where its losses count
+    (:func:`loss_counts`: the worker marks an attempt solo only when its limit is 1).
+    """
+    if reclaims <= 0:
+        raise ValueError("only a suspect (reclaims > 0) has a group limit")
+    return max(1, concurrency >> (4 * (reclaims - 1)))
 
 
 class ReapAction(Enum):

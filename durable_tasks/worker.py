@@ -32,6 +32,7 @@ from .batching import Coalescer
 from .handler_threads import HandlerThreads
 from .isolation import IsolationGate
 from .outcome import TaskOutcome
+from .policy import suspect_group_limit
 from .records import TaskState
 from .runtime import Runtime
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
@@ -174,7 +175,9 @@ class Worker:
                     return
                 want = self.concurrency - self._in_flight
                 if self._gate.isolating:
-                    want = 0  # a suspect task is about to run alone: start nothing new
+                    # Suspects run apart: read only as many as could join their running group
+                    # (reclaimed entries come back together); none while one waits its turn.
+                    want = min(want, self._gate.room)
                 if max_tasks is not None:
                     want = min(want, max_tasks - settled - self._in_flight)
                 if want <= 0:
@@ -348,8 +351,10 @@ class Worker:
     async def _run_attempt(
         self, claim: ExecutionClaim, span: Span, commit: Callable[[FinalWrite], Awaitable[None]]
     ) -> ExecutionOutcome:
-        """Run the attempt beside others, or alone if it is a suspect (see IsolationGate); its
-        lease is renewed from its wait at the gate on, and no longer once it is over."""
+        """Run the attempt beside others, or in a group of suspects if it is one (see
+        IsolationGate, policy.suspect_group_limit); one that runs alone is marked solo, so its
+        loss counts. Its lease is renewed from its wait at the gate on, and no longer once it
+        is over."""
         runtime = self.runtime
 
         def hold() -> None:
@@ -357,8 +362,10 @@ class Worker:
 
         try:
             if claim.reclaims > 0:
-                async with self._gate.alone(hold=hold):
-                    await runtime.store.mark_solo(claim)
+                limit = suspect_group_limit(claim.reclaims, self.concurrency)
+                async with self._gate.suspect(limit=limit, hold=hold) as alone:
+                    if alone:
+                        await runtime.store.mark_solo(claim)
                     return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
             await self._gate.join(hold=hold)
             try:

@@ -14,6 +14,7 @@ from durable_tasks.policy import (
     decide_after_failure,
     decide_reap,
     loss_counts,
+    suspect_group_limit,
 )
 from durable_tasks.records import TERMINAL_STATES, TaskState
 
@@ -246,3 +247,21 @@ def test_entry_without_a_task_row_waits_for_the_visibility_timeout_then_dead_let
     assert reap(None, idle=VISIBILITY - SECOND) is ReapAction.KEEP
     assert reap(None, idle=VISIBILITY) is ReapAction.DEAD_LETTER
     assert reap(None, idle=VISIBILITY * 10) is ReapAction.DEAD_LETTER
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "limits"),
+    [
+        (256, [256, 16, 1, 1]),  # the bystanders of one crash run together, then by 16, then alone
+        (1000, [1000, 62, 3, 1]),
+        (10, [10, 1, 1, 1]),
+        (1, [1, 1, 1, 1]),
+    ],
+)
+def test_suspect_groups_shrink_16x_with_each_loss_down_to_alone(concurrency: int, limits: list[int]) -> None:
+    assert [suspect_group_limit(reclaims, concurrency) for reclaims in (1, 2, 3, 4)] == limits
+
+
+def test_a_task_never_lost_is_no_suspect() -> None:
+    with pytest.raises(ValueError, match="suspect"):
+        suspect_group_limit(0, 256)
