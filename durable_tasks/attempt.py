@@ -137,8 +137,9 @@ class LeaseKeeper:
         self.runtime = runtime
         self._held: dict[str, tuple[ExecutionClaim, TaskContext[Any] | None]] = {}
 
-    def hold(self, claim: ExecutionClaim, ctx: TaskContext[Any] | None) -> None:
-        """Keep ``claim``'s lease alive until :meth:`release`."""
+    def hold(self, claim: ExecutionClaim, ctx: TaskContext[Any] | None = None) -> None:
+        """Keep ``claim``'s lease alive until :meth:`release` (``ctx``, when running, is told
+        if the attempt is found fenced out)."""
         self._held[claim.task_id] = (claim, ctx)
 
     def release(self, claim: ExecutionClaim) -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 import anyio
 
 __all__ = ["IsolationGate"]
+
+T = TypeVar("T")
 
 
 class _Suspect:
@@ -57,14 +60,15 @@ class IsolationGate:
             return 0
         return min(self._group) - len(self._group)
 
-    async def join(self, *, hold: Callable[[], None]) -> None:
-        """Start a shared attempt (most attempts): wait while a suspect waits or runs, ``hold``
-        keeping the attempt's lease alive meanwhile (the suspects ahead of it may take longer
-        than a lease, and an attempt whose lease ran out there would be reclaimed as lost, and
-        become a suspect itself). Pair with :meth:`leave`; no context manager, because every
-        attempt passes here."""
+    async def join(self, hold: Callable[[T], object], attempt: T) -> None:
+        """Start a shared attempt (most attempts): wait while a suspect waits or runs,
+        ``hold(attempt)`` keeping the attempt's lease alive meanwhile (the suspects ahead of it
+        may take longer than a lease, and an attempt whose lease ran out there would be
+        reclaimed as lost, and become a suspect itself). Pair with :meth:`leave`; no context
+        manager, because every attempt passes here, nor a closure per attempt for ``hold``:
+        the attempt would keep it alive while it runs (more objects for the collector)."""
         if self._suspects:
-            hold()
+            hold(attempt)
             while self._suspects:
                 await self._clear.wait()
         self._running += 1

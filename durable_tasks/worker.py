@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import anyio
@@ -356,18 +357,14 @@ class Worker:
         loss counts. Its lease is renewed from its wait at the gate on, and no longer once it
         is over."""
         runtime = self.runtime
-
-        def hold() -> None:
-            self._leases.hold(claim, None)
-
         try:
             if claim.reclaims > 0:
                 limit = suspect_group_limit(claim.reclaims, self.concurrency)
-                async with self._gate.suspect(limit=limit, hold=hold) as alone:
+                async with self._gate.suspect(limit=limit, hold=partial(self._leases.hold, claim)) as alone:
                     if alone:
                         await runtime.store.mark_solo(claim)
                     return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
-            await self._gate.join(hold=hold)
+            await self._gate.join(self._leases.hold, claim)
             try:
                 return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
             finally:

@@ -20,7 +20,7 @@ async def test_a_suspect_runs_alone() -> None:
     first_started = anyio.Event()
 
     async def normal(name: str, delay: float, started: anyio.Event | None = None) -> None:
-        await gate.join(hold=lambda: held.append(name))
+        await gate.join(held.append, name)
         try:
             timeline.append(f"{name}+")
             if started is not None:
@@ -66,7 +66,7 @@ async def test_suspects_run_together_within_their_limits_and_one_of_limit_1_alon
             timeline.append(f"{name}-")
 
     async def shared() -> None:
-        await gate.join(hold=lambda: None)
+        await gate.join(lambda _: None, "shared")
         try:
             timeline.append("shared+")
             started["shared"].set()
