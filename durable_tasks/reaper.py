@@ -38,7 +38,8 @@ __all__ = ["ReapReport", "Reaper", "redeliver"]
 logger = logging.getLogger(__name__)
 
 REAPER_CONSUMER = "dt-reaper"
-#: Pages of the PEL one pass reads per stream at most, and entries settled at once.
+#: Pages one pass reads at most (of a PEL, of the reconciler's unconfirmed deliveries), and
+#: entries settled at once.
 _MAX_PAGES = 1000
 _SETTLING = 8
 #: Rows per prune transaction, and transactions per retention pass (bounded locks and passes).
@@ -256,26 +257,45 @@ class Reaper:
         )
 
     async def _reconcile(self, report: ReapReport) -> None:
-        """Tasks the database says were sent but whose entry Redis no longer has: send again."""
+        """Tasks the database says were sent but whose entry Redis no longer has: send again.
+
+        Page after page while a page found lost entries (a Redis restart without persistence
+        loses every entry at once: thousands, not a batch per pass), each redelivery its own
+        transaction, ``_SETTLING`` at a time."""
         runtime, s = self.runtime, self.runtime.settings
-        now = runtime.clock()
-        pending = await runtime.store.unconfirmed_deliveries(
-            s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
-        )
-        by_stream: dict[str, list[UnconfirmedDelivery]] = defaultdict(list)
         transport = runtime.transport()
-        for u in pending:
-            by_stream[transport.keys(u.queue, u.partition).stream_for(shadow=u.shadow)].append(u)
-        for stream, items in by_stream.items():
-            exists = await transport.entries_exist(stream, [u.stream_id for u in items])
-            for u, present in zip(items, exists, strict=True):
-                if present:
-                    continue
-                done = await redeliver(runtime, u, f"stream entry {u.stream_id} lost by Redis", now=now, lost=False)
-                report.reconciled += int(done)
-                if done:
-                    runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
-                    logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
+        for _ in range(_MAX_PAGES):
+            now = runtime.clock()
+            pending = await runtime.store.unconfirmed_deliveries(
+                s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
+            )
+            by_stream: dict[str, list[UnconfirmedDelivery]] = defaultdict(list)
+            for u in pending:
+                by_stream[transport.keys(u.queue, u.partition).stream_for(shadow=u.shadow)].append(u)
+            lost: list[tuple[str, UnconfirmedDelivery]] = []
+            for stream, items in by_stream.items():
+                exists = await transport.entries_exist(stream, [u.stream_id for u in items])
+                lost += [(stream, u) for u, present in zip(items, exists, strict=True) if not present]
+            settling = anyio.CapacityLimiter(_SETTLING)
+            errors: list[Exception] = []
+            async with anyio.create_task_group() as tg:
+                for stream, u in lost:
+                    tg.start_soon(_limited, settling, partial(self._send_again, stream, u, now), report, errors)
+            if errors:
+                for later in errors[1:]:
+                    logger.error("dispatching another lost entry again failed too", exc_info=later)
+                raise errors[0]
+            # A short page was the last; a page whose entries all exist (a backlog not read
+            # yet) would be the same page again.
+            if len(pending) < s.reaper_batch or not lost:
+                return
+
+    async def _send_again(self, stream: str, u: UnconfirmedDelivery, now: datetime, report: ReapReport) -> None:
+        runtime = self.runtime
+        if await redeliver(runtime, u, f"stream entry {u.stream_id} lost by Redis", now=now, lost=False):
+            report.reconciled += 1
+            runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
+            logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
 
     async def prune_once(self) -> PruneReport:
         """Delete finished work older than the ``retention`` setting, up to a bounded number of

@@ -441,6 +441,22 @@ async def test_reconciler_redispatches_when_redis_lost_the_stream(app: App) -> N
     assert report.reconciled == 0
 
 
+async def test_one_pass_reconciles_every_lost_entry_not_one_batch(make_app: Callable[..., App]) -> None:
+    app = make_app(reaper_batch=5)  # 12 lost entries: three pages of the reconciler
+    double = _register(app)
+    with Session(app.engine) as s:
+        ids = [h.id for h in double.submit_many(s, [(Job(n=n), None) for n in range(12)])]
+        s.commit()
+    assert await app.dispatch_once() == 12
+    client = _redis(app)
+    await client.delete(*[k async for k in client.scan_iter(match=f"dt:{{{app.settings.namespace}:*")])
+
+    report = await app.reap_once()
+
+    assert report.reconciled == 12
+    assert {app.get_task(i).state for i in ids} == {TaskState.PENDING}
+
+
 async def test_pending_entry_deleted_from_stream_leaves_pel_and_task_is_reconciled(app: App) -> None:
     double = _register(app)
     task_id = _submit(app, double, 8)
