@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -126,10 +126,20 @@ class Reaper:
                     report.dead_lettered += 1
             task_ids = [d.task_id for _, d in parsed]
             views = await runtime.store.lease_views(s.namespace, task_ids)
+            now = runtime.clock()
+            lost = [
+                (entry_id, d)
+                for entry_id, d in parsed
+                if self._decide(entry_id, d, views.get(d.task_id), min_idle, now) is ReapAction.REDELIVER
+            ]
+            await self._redeliver_lost(queue, stream, lost, now, report)
+            redelivered = {entry_id for entry_id, _ in lost}
             settling = anyio.CapacityLimiter(_SETTLING)  # each entry is its own transaction: overlap some
             errors: list[Exception] = []
             async with anyio.create_task_group() as tg:
                 for entry_id, d in parsed:
+                    if entry_id in redelivered:
+                        continue
                     settle = partial(self._settle_entry, queue, stream, entry_id, d, views.get(d.task_id), min_idle)
                     tg.start_soon(_limited, settling, settle, report, errors)
             if errors:
@@ -141,6 +151,44 @@ class Reaper:
             cursor = page.cursor
             if cursor == "0-0" or not page.entries:
                 break
+
+    def _decide(
+        self, entry_id: str, d: Delivery, view: TaskLeaseView | None, idle: timedelta, now: datetime
+    ) -> ReapAction:
+        s = self.runtime.settings
+        age = timedelta(milliseconds=max(0, int(now.timestamp() * 1000) - int(entry_id.split("-")[0])))
+        return decide_reap(
+            entry_generation=d.generation,
+            entry_delivery=d.delivery,
+            idle=idle if view else age,
+            task=view,
+            now=now,
+            lease_timeout=s.lease_timeout,
+            visibility_timeout=s.visibility_timeout,
+            max_deliveries=s.max_deliveries,
+        )
+
+    async def _redeliver_lost(
+        self, queue: str, stream: str, lost: Sequence[tuple[str, Delivery]], now: datetime, report: ReapReport
+    ) -> None:
+        """Redeliver the entries of dead workers, all in one transaction, then acknowledge them."""
+        if not lost:
+            return
+        runtime = self.runtime
+        reason = "worker lost: lease expired, entry reclaimed"
+        keys = [(d.task_id, d.generation, d.delivery) for _, d in lost]
+        flags = await runtime.store.redeliver_lost(runtime.settings.namespace, keys, now=now, reason=reason)
+        for (_, d), done in zip(lost, flags, strict=True):
+            report.redelivered += int(done)
+            if failpoints.ENABLED:
+                failpoints.hit("reaper.after_reclaim")
+            if done:
+                logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
+                runtime.telemetry.reclaimed.add(1, {"queue": queue, "reason": "worker_lost"})
+                runtime.telemetry.task_event(
+                    "reclaim", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": "lease expired"}
+                )
+        await runtime.transport().ack(stream, [entry_id for entry_id, _ in lost])
 
     async def _settle_entry(
         self,
@@ -155,32 +203,14 @@ class Reaper:
         runtime, s = self.runtime, self.runtime.settings
         transport = runtime.transport()
         now = runtime.clock()
-        age = timedelta(milliseconds=max(0, int(now.timestamp() * 1000) - int(entry_id.split("-")[0])))
-        action = decide_reap(
-            entry_generation=d.generation,
-            entry_delivery=d.delivery,
-            idle=idle if view else age,
-            task=view,
-            now=now,
-            lease_timeout=s.lease_timeout,
-            visibility_timeout=s.visibility_timeout,
-            max_deliveries=s.max_deliveries,
-        )
+        action = self._decide(entry_id, d, view, idle, now)
         if action is ReapAction.KEEP:
             report.kept += 1
             return
         if action is ReapAction.REDELIVER:
-            done = await redeliver(runtime, d, "worker lost: lease expired, entry reclaimed", now=now, lost=True)
-            report.redelivered += int(done)
-            if failpoints.ENABLED:
-                failpoints.hit("reaper.after_reclaim")
-            if done:
-                logger.info("redelivered task %s (gen %s, delivery %s)", d.task_id, d.generation, d.delivery + 1)
-                runtime.telemetry.reclaimed.add(1, {"queue": queue, "reason": "worker_lost"})
-                runtime.telemetry.task_event(
-                    "reclaim", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": "lease expired"}
-                )
-        elif action is ReapAction.DEAD_LETTER:
+            await self._redeliver_lost(queue, stream, [(entry_id, d)], now, report)
+            return
+        if action is ReapAction.DEAD_LETTER:
             reason = (
                 f"lost {s.max_deliveries} deliveries (max_deliveries)"
                 if view

@@ -260,6 +260,14 @@ class Store(Protocol):
         (default now); False if stale."""
         ...
 
+    async def redeliver_lost(
+        self, namespace: str, lost: Sequence[tuple[str, int, int]], *, now: datetime, reason: str
+    ) -> list[bool]:
+        """Supersede the deliveries ``(task_id, generation, delivery)`` that workers lost, each
+        as :meth:`redeliver` with ``count_reclaim``, in one transaction; one flag per item
+        (False: stale)."""
+        ...
+
     async def defer_deliveries(self, namespace: str, rows: Sequence[Deferral], *, now: datetime) -> int:
         """Flow control: supersede deliveries refused admission with new ones due later (no
         attempt counted); returns how many moved (:mod:`.deferral`)."""

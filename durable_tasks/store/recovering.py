@@ -78,6 +78,34 @@ class RecoveryStore:
 
         return await self._in_thread(run)
 
+    async def redeliver_lost(
+        self, namespace: str, lost: Sequence[tuple[str, int, int]], *, now: datetime, reason: str
+    ) -> list[bool]:
+        """Supersede lost deliveries in one transaction: a worker killed holding thousands of
+        tasks is redelivered a page at a time, not a commit per task. Rows are locked in id
+        order, as every multi-row write of dt_tasks does."""
+
+        def run() -> list[bool]:
+            done: dict[int, bool] = {}
+            with self._engine.begin() as conn:
+                for i in sorted(range(len(lost)), key=lambda i: lost[i][0]):
+                    task_id, generation, delivery = lost[i]
+                    done[i] = recovery.redeliver(
+                        conn,
+                        namespace,
+                        task_id=task_id,
+                        generation=generation,
+                        delivery=delivery,
+                        now=now,
+                        reason=reason,
+                        count_reclaim=True,
+                    )
+                if any(done.values()):
+                    self._wake_dispatchers(conn, namespace)
+            return [done[i] for i in range(len(lost))]
+
+        return await self._in_thread(run)
+
     async def defer_deliveries(self, namespace: str, rows: Sequence[Deferral], *, now: datetime) -> int:
         """Supersede deliveries refused admission with new ones due later (:mod:`.deferral`)."""
 
