@@ -168,13 +168,16 @@ def test_the_outbox_claim_reads_the_pending_index_after_a_backlog_was_analyzed(m
     assert leased == ["Index Scan"], leased
 
 
-def test_delayed_rows_cost_the_claim_and_the_wake_up_nothing_until_due(make_app: Callable[..., App]) -> None:
+def test_delayed_rows_cost_the_claim_and_the_wake_up_nothing_until_due(empty_tables: App) -> None:
     """20,000 rows due in three days and 50 due now, statistics taken: the claim's selection
     reads the 50 due entries of ix_dt_outbox_pending_due and stops (in id order it walked past
     every delayed row on each pass), and the next-due probe (alone, or the one the claim
     carries) reads one entry. Run for real
-    (EXPLAIN ANALYZE), as the runtime plans it, in a transaction that is rolled back."""
-    app = make_app()
+    (EXPLAIN ANALYZE), as the runtime plans it, in a transaction that is rolled back, on tables
+    of its own: the statistics are of these rows alone, not of whatever the tests running
+    beside it left in the shared tables at that moment (under make test's four processes, the
+    planner once chose a bitmap scan from those)."""
+    app = empty_tables
     ns, now = app.settings.namespace, app.clock()
     with runtime_engine(app).connect() as conn, conn.begin():
         conn.exec_driver_sql(
