@@ -290,8 +290,8 @@ class Reaper:
         """Tasks the database says were sent but whose entry Redis no longer has: send again.
 
         Page after page while a page found lost entries (a Redis restart without persistence
-        loses every entry at once: thousands, not a batch per pass), each redelivery its own
-        transaction, ``_SETTLING`` at a time."""
+        loses every entry at once: thousands, not a batch per pass), each page's in one
+        transaction, as the PEL scan redelivers a dead worker's."""
         runtime, s = self.runtime, self.runtime.settings
         transport = runtime.transport()
         for _ in range(_MAX_PAGES):
@@ -306,26 +306,23 @@ class Reaper:
             for stream, items in by_stream.items():
                 exists = await transport.entries_exist(stream, [u.stream_id for u in items])
                 lost += [(stream, u) for u, present in zip(items, exists, strict=True) if not present]
-            settling = anyio.CapacityLimiter(_SETTLING)
-            errors: list[Exception] = []
-            async with anyio.create_task_group() as tg:
-                for stream, u in lost:
-                    tg.start_soon(_limited, settling, partial(self._send_again, stream, u, now), report, errors)
-            if errors:
-                for later in errors[1:]:
-                    logger.error("dispatching another lost entry again failed too", exc_info=later)
-                raise errors[0]
+            keys = [(u.task_id, u.generation, u.delivery) for _, u in lost]
+            flags = (
+                await runtime.store.redeliver_lost(
+                    s.namespace, keys, now=now, reason="stream entry lost by Redis", count_reclaim=False
+                )
+                if keys
+                else []
+            )
+            for (stream, u), done in zip(lost, flags, strict=True):
+                if done:
+                    report.reconciled += 1
+                    runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
+                    logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
             # A short page was the last; a page whose entries all exist (a backlog not read
             # yet) would be the same page again.
             if len(pending) < s.reaper_batch or not lost:
                 return
-
-    async def _send_again(self, stream: str, u: UnconfirmedDelivery, now: datetime, report: ReapReport) -> None:
-        runtime = self.runtime
-        if await redeliver(runtime, u, f"stream entry {u.stream_id} lost by Redis", now=now, lost=False):
-            report.reconciled += 1
-            runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
-            logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
 
     async def prune_once(self) -> PruneReport:
         """Delete finished work older than the ``retention`` setting, up to a bounded number of

@@ -261,11 +261,17 @@ class Store(Protocol):
         ...
 
     async def redeliver_lost(
-        self, namespace: str, lost: Sequence[tuple[str, int, int]], *, now: datetime, reason: str
+        self,
+        namespace: str,
+        lost: Sequence[tuple[str, int, int]],
+        *,
+        now: datetime,
+        reason: str,
+        count_reclaim: bool = True,
     ) -> list[bool]:
-        """Supersede the deliveries ``(task_id, generation, delivery)`` that workers lost, each
-        as :meth:`redeliver` with ``count_reclaim``, in one transaction; one flag per item
-        (False: stale)."""
+        """Supersede the lost deliveries ``(task_id, generation, delivery)`` (a dead worker's, or
+        entries Redis lost: ``count_reclaim`` False), each as :meth:`redeliver`, in one
+        transaction; one flag per item (False: stale)."""
         ...
 
     async def defer_deliveries(self, namespace: str, rows: Sequence[Deferral], *, now: datetime) -> int:

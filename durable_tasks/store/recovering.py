@@ -79,7 +79,13 @@ class RecoveryStore:
         return await self._in_thread(run)
 
     async def redeliver_lost(
-        self, namespace: str, lost: Sequence[tuple[str, int, int]], *, now: datetime, reason: str
+        self,
+        namespace: str,
+        lost: Sequence[tuple[str, int, int]],
+        *,
+        now: datetime,
+        reason: str,
+        count_reclaim: bool = True,
     ) -> list[bool]:
         """Supersede lost deliveries in one transaction: a worker killed holding thousands of
         tasks is redelivered a page at a time, not a commit per task. Rows are locked in id
@@ -98,7 +104,7 @@ class RecoveryStore:
                         delivery=delivery,
                         now=now,
                         reason=reason,
-                        count_reclaim=True,
+                        count_reclaim=count_reclaim,
                     )
                 if any(done.values()):
                     self._wake_dispatchers(conn, namespace)
