@@ -97,17 +97,15 @@ async def test_without_an_announcement_waits_fall_back_to_one_batched_read(make_
 
     read = partial(read_outcomes, app.runtime.store.read_engine, app.settings.namespace)
 
-    started = anyio.current_time()
     async with anyio.create_task_group() as tg:
         for task_id in ids:
             tg.start_soon(wait, task_id)
         await wait_until(lambda: hub.waiting == len(ids))
         await run_all(app, len(ids))  # settled; no announcement heard
-    waited = anyio.current_time() - started
     assert got == [TaskState.SUCCEEDED] * len(ids)
-    # Batched: one read per poll interval for all 20 waits (a loaded machine stretches the run,
-    # and with it the number of intervals), never one per wait.
-    assert 1 <= hub.polls <= min(len(ids) - 1, waited / 0.2 + 2), (hub.polls, waited)
+    # Batched: the 20 waits share reads (a read per wait would make at least 20 in the first
+    # interval alone); how many intervals the run lasts is the machine's load, not asserted.
+    assert 1 <= hub.polls < len(ids), hub.polls
     hub.close()
     await app.aclose()
 
