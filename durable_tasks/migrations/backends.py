@@ -182,12 +182,14 @@ class MySqlBackend:
     versions built one after the other in a scratch database, dropped after."""
 
     name = "mysql"
-    _NAME = "CONCAT('dt_migrate:', DATABASE())"
+    #: The lock's name, per database: MySQL refuses names over 64 characters and a database's
+    #: name may have 64 itself, so the name carries its MD5 (43 characters in all).
+    LOCK_NAME = "CONCAT('dt_migrate:', MD5(DATABASE()))"
 
     def lock(self, conn: sa.Connection, on_wait: Callable[[], None] | None) -> bool:
         """The session's named lock, held across the steps' transactions until :meth:`unlock`."""
         waited = False
-        while not conn.exec_driver_sql(f"SELECT GET_LOCK({self._NAME}, 1)").scalar():
+        while not conn.exec_driver_sql(f"SELECT GET_LOCK({self.LOCK_NAME}, 1)").scalar():
             if not waited and on_wait is not None:
                 on_wait()
             waited = True
@@ -196,13 +198,13 @@ class MySqlBackend:
 
     def unlock(self, conn: sa.Connection) -> None:
         """Release the named lock."""
-        conn.exec_driver_sql(f"SELECT RELEASE_LOCK({self._NAME})")
+        conn.exec_driver_sql(f"SELECT RELEASE_LOCK({self.LOCK_NAME})")
         conn.commit()
 
     def lock_in_transaction(self, conn: sa.Connection) -> None:
         """The named lock (MySQL has no transaction-scoped one): held until the connection
         closes, as Alembic's does after its revisions, or until another :meth:`unlock`."""
-        while not conn.exec_driver_sql(f"SELECT GET_LOCK({self._NAME}, 1)").scalar():
+        while not conn.exec_driver_sql(f"SELECT GET_LOCK({self.LOCK_NAME}, 1)").scalar():
             pass
 
     def before_outside_transaction(self, conn: sa.Connection, statement: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_tasks.migrations import SchemaStatus, migrate, read_status, runner
-from durable_tasks.migrations.backends import LOCK_CLASS, execute
+from durable_tasks.migrations.backends import LOCK_CLASS, MySqlBackend, execute
 from durable_tasks.migrations.steps import Step, _parse, load_steps
 
 SHIPPED = load_steps("sqlite")  # the same numbers and names on every backend
@@ -127,7 +127,7 @@ def locked_backend(new_database: Callable[[], str]) -> Iterator[tuple[sa.Engine,
                 if got:
                     conn.execute(sa.text(f"SELECT pg_advisory_unlock({key})"))
                 return not got
-            free = conn.execute(sa.text("SELECT IS_FREE_LOCK(CONCAT('dt_migrate:', DATABASE()))")).scalar_one()
+            free = conn.execute(sa.text(f"SELECT IS_FREE_LOCK({MySqlBackend.LOCK_NAME})")).scalar_one()
             return not free
 
     yield engine, lock_taken
@@ -202,3 +202,25 @@ def test_a_database_error_while_migrating_releases_the_migrators_lock(
         assert read_status(conn).version == LATEST  # the shipped steps stay applied
     monkeypatch.undo()
     assert migrate(engine).applied == []  # another run takes the lock again, in the same pool
+
+
+@pytest.mark.parametrize("new_database", ["mysql"], indirect=True)
+def test_the_migrators_lock_name_fits_mysql_for_a_database_name_of_the_longest_length(
+    new_database: Callable[[], str],
+) -> None:
+    url = sa.make_url(new_database())
+    longest = "dt_" + "n" * 61  # MySQL's limit for a database name, and for a lock name: 64
+    admin = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{longest}`")
+    try:
+        engine = sa.create_engine(url.set(database=longest), poolclass=sa.pool.NullPool)
+        with engine.connect() as conn:
+            name = conn.execute(sa.text(f"SELECT {MySqlBackend.LOCK_NAME}")).scalar_one()
+        engine.dispose()
+        assert name.startswith("dt_migrate:")
+        assert len(name) <= 64, name
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE `{longest}`")
+        admin.dispose()
