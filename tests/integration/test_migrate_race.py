@@ -42,13 +42,13 @@ MIGRATOR = textwrap.dedent(
     def paused(*args, **kwargs):
         print("migrating", flush=True)
         while not go_on.exists():
-            time.sleep(0.01)
+            time.sleep(0.01)  # polls for the file: waits on a condition
         return apply_steps(*args, **kwargs)
 
     runner.apply_steps = paused
     print("ready", flush=True)
     while not start.exists():
-        time.sleep(0.005)
+        time.sleep(0.005)  # polls for the file: waits on a condition
     sys.argv = ["durable-tasks", "migrate"]
     main()
     """
