@@ -87,28 +87,18 @@ class RecoveryStore:
         reason: str,
         count_reclaim: bool = True,
     ) -> list[bool]:
-        """Supersede lost deliveries in one transaction: a worker killed holding thousands of
-        tasks is redelivered a page at a time, not a commit per task. Rows are locked in id
-        order, as every multi-row write of dt_tasks does."""
+        """Supersede lost deliveries in one transaction of a few statements
+        (:func:`.recovery.redeliver_many`): a worker killed holding thousands of tasks is
+        redelivered a page at a time, not a commit (nor four statements) per task."""
 
         def run() -> list[bool]:
-            done: dict[int, bool] = {}
             with self._engine.begin() as conn:
-                for i in sorted(range(len(lost)), key=lambda i: lost[i][0]):
-                    task_id, generation, delivery = lost[i]
-                    done[i] = recovery.redeliver(
-                        conn,
-                        namespace,
-                        task_id=task_id,
-                        generation=generation,
-                        delivery=delivery,
-                        now=now,
-                        reason=reason,
-                        count_reclaim=count_reclaim,
-                    )
-                if any(done.values()):
+                done = recovery.redeliver_many(
+                    conn, namespace, lost, now=now, reason=reason, count_reclaim=count_reclaim
+                )
+                if any(done):
                     self._wake_dispatchers(conn, namespace)
-            return [done[i] for i in range(len(lost))]
+            return done
 
         return await self._in_thread(run)
 

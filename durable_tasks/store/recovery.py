@@ -9,7 +9,8 @@ and a zombie's late XACK of it removes nothing that anybody else holds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -17,14 +18,31 @@ from typing import NamedTuple
 import sqlalchemy as sa
 
 from ..policy import TaskLeaseView, loss_counts
-from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
+from ..records import (
+    TERMINAL_STATES,
+    AttemptOutcome,
+    OutboxState,
+    TaskState,
+    attempts_table,
+    outbox_table,
+    tasks_table,
+)
 from .execution import close_open_attempts
-from .submit import insert_outbox
+from .submit import outbox_row
 
-__all__ = ["DeadTask", "UnconfirmedDelivery", "dead_letter_task", "lease_views", "redeliver", "unconfirmed_deliveries"]
+__all__ = [
+    "DeadTask",
+    "UnconfirmedDelivery",
+    "dead_letter_task",
+    "lease_views",
+    "redeliver",
+    "redeliver_many",
+    "unconfirmed_deliveries",
+]
 
 t = tasks_table.c
 o = outbox_table.c
+a = attempts_table.c
 logger = logging.getLogger(__name__)
 
 
@@ -89,15 +107,107 @@ def redeliver(
     due: datetime | None = None,
 ) -> bool:
     """Supersede a delivery with a new one (outbox row, delivery + 1, due at ``due``, default
-    now); False if stale.
+    now); False if stale. :func:`redeliver_many` of one."""
+    key = (task_id, generation, delivery)
+    return redeliver_many(conn, namespace, [key], now=now, reason=reason, count_reclaim=count_reclaim, due=due)[0]
 
-    ``count_reclaim`` is True when a worker lost it (counts toward ``max_deliveries``) and
-    False when Redis lost it (the reconciler): a broker's data loss is not the task's fault.
-    The new delivery intent is written here (the store wakes dispatchers).
+
+def redeliver_many(
+    conn: sa.Connection,
+    namespace: str,
+    lost: Sequence[tuple[str, int, int]],
+    *,
+    now: datetime,
+    reason: str,
+    count_reclaim: bool,
+    due: datetime | None = None,
+) -> list[bool]:
+    """Supersede each delivery ``(task_id, generation, delivery)`` nobody holds with a new one
+    (outbox row, delivery + 1, due at ``due``, default now); one flag per item, False if stale.
+    Each is judged on its task as it was before the call (a delivery made here names no entry
+    yet), and a key repeated is stale after its first.
+
+    ``count_reclaim`` is True when a worker lost them (counts toward ``max_deliveries``) and
+    False when Redis lost them (the reconciler): a broker's data loss is not the task's fault.
+    A fixed number of statements per chunk of rows, whatever its size: a dead worker's page of
+    100 costs a few round trips, not four per task. The new delivery intents are written here
+    (the store wakes dispatchers).
     """
-    updated = conn.execute(
+    done = [False] * len(lost)
+    by_id: dict[str, list[int]] = defaultdict(list)
+    for i, (task_id, _, _) in enumerate(lost):
+        by_id[task_id].append(i)
+    ids = sorted(by_id)
+    for lo in range(0, len(ids), _CHUNK):
+        chunk = ids[lo : lo + _CHUNK]
+        taken = _take_unowned(conn, namespace, chunk, lost, by_id, now)
+        if not taken:
+            continue
+        for _, i in taken:
+            done[i] = True
+        _supersede(conn, namespace, taken, now=now, reason=reason, count_reclaim=count_reclaim, due=due)
+    return done
+
+
+#: Tasks per statement of :func:`redeliver_many` (bound parameters stay far below every
+#: dialect's limit).
+_CHUNK = 500
+
+
+class _Taken(NamedTuple):
+    id: str
+    generation: int
+    delivery: int
+    queue: str
+    shadow: bool
+
+
+def _take_unowned(
+    conn: sa.Connection,
+    namespace: str,
+    ids: Sequence[str],
+    lost: Sequence[tuple[str, int, int]],
+    by_id: dict[str, list[int]],
+    now: datetime,
+) -> list[tuple[_Taken, int]]:
+    """Lock the rows of ``ids`` in id order (as every multi-row write of dt_tasks does) and
+    keep those still waiting on the lost delivery with no live lease, each with the index of
+    the first item that names it."""
+    rows = conn.execute(
+        sa.select(t.id, t.namespace, t.state, t.generation, t.delivery, t.lease_expires_at, t.queue, t.shadow)
+        .where(t.id.in_(ids))
+        .order_by(t.id)
+        .with_for_update()
+    ).all()
+    taken: list[tuple[_Taken, int]] = []
+    for r in rows:
+        state = TaskState(r.state)
+        if r.namespace != namespace or state in TERMINAL_STATES:
+            continue
+        if state == TaskState.RUNNING and r.lease_expires_at is not None and r.lease_expires_at > now:
+            continue
+        first = next((i for i in by_id[r.id] if lost[i][1:] == (r.generation, r.delivery)), None)
+        if first is not None:
+            taken.append((_Taken(r.id, r.generation, r.delivery, r.queue, r.shadow), first))
+    return taken
+
+
+def _supersede(
+    conn: sa.Connection,
+    namespace: str,
+    taken: Sequence[tuple[_Taken, int]],
+    *,
+    now: datetime,
+    reason: str,
+    count_reclaim: bool,
+    due: datetime | None,
+) -> None:
+    """The rows :func:`_take_unowned` locked and chose: the next delivery, their open attempts
+    lost, a new outbox row each."""
+    ids = [row.id for row, _ in taken]
+    conn.execute(
         sa.update(tasks_table)
-        .where(_unowned(task_id, namespace, generation, delivery, now))
+        .where(t.id.in_(ids))
         # counted_losses first: MySQL evaluates SET left to right, each on the values already
         # set (its CASE must read the state before it becomes PENDING); the others read the old row.
         .ordered_values(
@@ -107,14 +217,24 @@ def redeliver(
             (t.reclaims, t.reclaims + (1 if count_reclaim else 0)),
             (t.lease_expires_at, None),
         )
-    ).rowcount
-    if not updated:
-        return False
-    # The row this transaction just locked (an UPDATE, then a read: every dialect).
-    row = conn.execute(sa.select(t.queue, t.shadow).where(t.id == task_id)).one()
-    close_open_attempts(conn, task_id, generation, now, reason=reason)
-    insert_outbox(conn, namespace, task_id, row.queue, generation, delivery + 1, row.shadow, now, due=due)
-    return True
+    )
+    # Attempts still open (their worker vanished) end as lost, in the current generation only.
+    conn.execute(
+        sa.update(attempts_table)
+        .where(
+            a.task_id.in_(ids),  # by ix_dt_attempts_task
+            sa.tuple_(a.task_id, a.generation).in_([(row.id, row.generation) for row, _ in taken]),
+            a.outcome.is_(None),
+        )
+        .values(outcome=AttemptOutcome.LOST, finished_at=now, retry_reason=reason)
+    )
+    conn.execute(
+        sa.insert(outbox_table),
+        [
+            outbox_row(namespace, row.id, row.queue, row.generation, row.delivery + 1, row.shadow, now, due=due)
+            for row, _ in taken
+        ],
+    )
 
 
 class DeadTask(NamedTuple):

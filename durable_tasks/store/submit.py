@@ -21,6 +21,7 @@ __all__ = [
     "cancel_task",
     "find_by_key",
     "insert_outbox",
+    "outbox_row",
     "rerun_task",
     "rerun_values",
     "task_row",
@@ -179,17 +180,31 @@ def insert_outbox(
     due: datetime | None = None,
 ) -> None:
     """Write one delivery intent, due at ``due`` (default now). The store wakes dispatchers."""
-    conn.execute(
-        sa.insert(outbox_table).values(
-            namespace=namespace,
-            task_id=task_id,
-            queue=queue,
-            generation=generation,
-            delivery=delivery,
-            state=OutboxState.PENDING,
-            attempts=0,
-            next_attempt_at=due or now,
-            shadow=shadow,
-            created_at=now,
-        )
-    )
+    row = outbox_row(namespace, task_id, queue, generation, delivery, shadow, now, due=due)
+    conn.execute(sa.insert(outbox_table).values(**row))
+
+
+def outbox_row(
+    namespace: str,
+    task_id: str,
+    queue: str,
+    generation: int,
+    delivery: int,
+    shadow: bool,
+    now: datetime,
+    *,
+    due: datetime | None = None,
+) -> dict[str, Any]:
+    """The columns of a new delivery intent, due at ``due`` (default now)."""
+    return {
+        "namespace": namespace,
+        "task_id": task_id,
+        "queue": queue,
+        "generation": generation,
+        "delivery": delivery,
+        "state": OutboxState.PENDING,
+        "attempts": 0,
+        "next_attempt_at": due or now,
+        "shadow": shadow,
+        "created_at": now,
+    }

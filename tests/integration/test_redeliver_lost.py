@@ -1,0 +1,94 @@
+"""Store.redeliver_lost: a reaper page of lost deliveries superseded in one transaction, on
+every backend, with the same answer per item as Store.redeliver gives for one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from durable_tasks import App, FrozenClock, TaskState
+from durable_tasks.records import AttemptOutcome, OutboxState, attempts_table
+from durable_tasks.store.results import FinalWrite
+from tests.helpers import statements_on, task_row
+from tests.integration.test_store import LEASE, claimed, lease, outbox_rows, submit
+
+pytestmark = pytest.mark.anyio
+
+REASON = "worker lost: lease expired, entry reclaimed"
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock()
+
+
+@pytest.fixture
+def app(make_app: Callable[..., App], clock: FrozenClock) -> App:
+    return make_app(clock=clock)
+
+
+def attempt_outcomes(app: App, task_id: str) -> list[tuple[int, str | None]]:
+    a = attempts_table.c
+    with app.runtime.store.read_engine.connect() as conn:
+        rows = conn.execute(sa.select(a.attempt, a.outcome, a.retry_reason).where(a.task_id == task_id))
+        return [(r.attempt, r.outcome and f"{r.outcome}: {r.retry_reason}") for r in rows]
+
+
+async def test_each_item_is_answered_as_redeliver_answers_it(app: App, clock: FrozenClock) -> None:
+    store, ns = app.runtime.store, app.settings.namespace
+    unclaimed, lost, solo, live, done = submit(app, 5)
+    await claimed(app, lost)
+    await store.mark_solo(await claimed(app, solo))
+    await store.commit_results([FinalWrite(await claimed(app, done), "1")], now=app.clock())
+    held = await claimed(app, live)
+    clock.advance(LEASE * 2)
+    assert await store.heartbeat(held, now=app.clock(), lease=LEASE)
+    keys = [
+        (solo, 0, 0),
+        (unclaimed, 0, 0),
+        (lost, 0, 0),
+        (lost, 0, 0),  # the same entry twice (a harmless duplicate XADD): redelivered once
+        (unclaimed, 1, 0),  # a generation the task never had: stale
+        (live, 0, 0),  # its worker holds a live lease
+        (done, 0, 0),  # finished
+        ("no-such-task", 0, 0),
+    ]
+    flags = await store.redeliver_lost(ns, keys, now=app.clock(), reason=REASON)
+    assert flags == [True, True, True, False, False, False, False, False]
+    rows = {task_id: task_row(app, task_id) for task_id in (unclaimed, lost, solo, live, done)}
+    assert {i: (r.state, r.delivery, r.reclaims, r.counted_losses) for i, r in rows.items()} == {
+        unclaimed: (TaskState.PENDING, 1, 1, 0),  # lost before any claim: never charged
+        lost: (TaskState.PENDING, 1, 1, 0),  # lost beside others: a suspect, not charged
+        solo: (TaskState.PENDING, 1, 1, 1),  # lost while running alone: its own loss
+        live: (TaskState.RUNNING, 0, 0, 0),
+        done: (TaskState.SUCCEEDED, 0, 0, 0),
+    }
+    assert all(rows[i].lease_expires_at is None for i in (unclaimed, lost, solo))
+    for task_id in (unclaimed, lost, solo):
+        assert outbox_rows(app, task_id)[-1] == (OutboxState.PENDING, 0, 1)
+    assert outbox_rows(app, live) == [(OutboxState.PENDING, 0, 0)]
+    assert attempt_outcomes(app, lost) == [(1, f"{AttemptOutcome.LOST}: {REASON}")]
+    assert attempt_outcomes(app, live) == [(1, None)]
+    # Redis losing entries (the reconciler) is nobody's fault: no reclaim is counted.
+    assert await store.redeliver_lost(ns, [(lost, 0, 1)], now=app.clock(), reason="gone", count_reclaim=False)
+    assert (task_row(app, lost).delivery, task_row(app, lost).reclaims) == (2, 1)
+
+
+async def test_a_page_costs_the_statements_of_one_item(app: App, clock: FrozenClock) -> None:
+    """A dead worker's page of lost deliveries is a fixed number of statements, not a few per
+    task: recovering thousands of tasks is paced by pages, not by rows."""
+    store, ns = app.runtime.store, app.settings.namespace
+    one, *page = submit(app, 41)
+    await lease(app)
+    clock.advance(timedelta(minutes=1))
+    counts = []
+    for ids in ([one], page):
+        with statements_on(store.engine, lambda sql: not sql.lstrip().upper().startswith("BEGIN")) as seen:
+            assert await store.redeliver_lost(ns, [(i, 0, 0) for i in ids], now=app.clock(), reason=REASON) == [
+                True
+            ] * len(ids)
+        counts.append(len(seen))
+    assert counts[1] == counts[0] <= 6, counts
