@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -69,21 +70,118 @@ def _refuse_lossy_leaves(value: Any) -> None:
             stack.extend(item)
 
 
-#: Plain schemas whose JSON is the value itself (no custom serializer can hide in them).
-_SCALAR_SCHEMAS = {"int": int, "str": str, "bool": bool, "any": None}
+#: ``check(value, depth)``: whether ``value`` is JSON as it is for one schema (see _plain_check).
+_Check = Callable[[Any, int], bool]
+
+_ANY_SCHEMA: dict[str, Any] = {"type": "any"}
+
+
+def _plain_any(value: Any, depth: int) -> bool:
+    """Whether ``value`` is JSON as it is: dicts with str keys, lists, str, int, bool, None and
+    finite floats, exactly those types (no subclasses), at most ``depth`` containers deep."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if depth <= 0:
+        return False
+    if kind is dict:
+        for key, item in value.items():  # noqa: SIM110 - a loop: all() over a generator costs more
+            if type(key) is not str or not _plain_any(item, depth - 1):
+                return False
+        return True
+    if kind is list:
+        for item in value:  # noqa: SIM110 - as above
+            if not _plain_any(item, depth - 1):
+                return False
+        return True
+    return False
+
+
+def _leaf_check(leaf: type) -> _Check:
+    if leaf is float:
+        return lambda value, depth: type(value) is float and math.isfinite(value)
+    return lambda value, depth: type(value) is leaf
+
+
+def _compile_check(schema: Any) -> _Check | None:
+    """The check of :func:`_plain_check` for ``schema``; None for a schema it does not cover
+    (models, unions, custom serializers, ...: those always take the full path)."""
+    if "serialization" in schema:
+        return None
+    kind = schema["type"]
+    if kind == "any":
+        return _plain_any
+    if kind in ("str", "int", "bool", "float"):
+        return _leaf_check({"str": str, "int": int, "bool": bool, "float": float}[kind])
+    if kind == "none":
+        return lambda value, depth: value is None
+    if kind == "nullable":
+        inner = _compile_check(schema["schema"])
+        return None if inner is None else (lambda value, depth: value is None or inner(value, depth))
+    if kind == "dict":
+        keys = schema.get("keys_schema", _ANY_SCHEMA)
+        values = _compile_check(schema.get("values_schema", _ANY_SCHEMA))
+        if values is None or keys["type"] not in ("str", "any") or "serialization" in keys:
+            return None
+
+        def check_dict(value: Any, depth: int) -> bool:
+            if type(value) is not dict or depth <= 0:
+                return False
+            for key, item in value.items():  # noqa: SIM110 - as in _plain_any
+                if type(key) is not str or not values(item, depth - 1):
+                    return False
+            return True
+
+        return check_dict
+    if kind == "list":
+        items = _compile_check(schema.get("items_schema", _ANY_SCHEMA))
+        if items is None:
+            return None
+
+        def check_list(value: Any, depth: int) -> bool:
+            if type(value) is not list or depth <= 0:
+                return False
+            for item in value:  # noqa: SIM110 - as in _plain_any
+                if not items(item, depth - 1):
+                    return False
+            return True
+
+        return check_list
+    return None
+
+
+#: id(schema) -> (schema, its check): the schema is kept, so its id is not reused while cached.
+_CHECKS: dict[int, tuple[Any, _Check | None]] = {}
+
+
+def _plain_check(schema: Any) -> _Check | None:
+    """A check of whether a value dumps in JSON mode to itself under ``schema``: no custom
+    serializer, every leaf exactly the type its schema names (a bool where an int is due, a str
+    subclass, a tuple or a set: no), floats finite, nested no deeper than the depth given. A
+    value that passes is encoded as it is; any other takes the full path, which converts it
+    or refuses it with the reason. Compiled once per schema."""
+    cached = _CHECKS.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        if len(_CHECKS) >= 4096:  # adapters made and dropped over and over: start again
+            _CHECKS.clear()
+        cached = _CHECKS[id(schema)] = (schema, _compile_check(schema))
+    return cached[1]
 
 
 def _serialize(adapter: TypeAdapter[Any], obj: Any, max_depth: int) -> str:
     schema = adapter.core_schema
-    kind = schema.get("type")
-    if (
-        type(obj) in (int, str, bool)
-        and kind in _SCALAR_SCHEMAS
-        and "serialization" not in schema
-        and _SCALAR_SCHEMAS[kind] in (None, type(obj))
-    ):  # the common case, without two dumps and a walk
+    check = _plain_check(schema)
+    try:
+        plain = check is not None and check(obj, max_depth)
+    except RecursionError:  # a max_depth past the interpreter's stack: the iterative walks decide
+        plain = False
+    if plain:
+        # The common cases (an int, a str, a dict[str, str] result): one walk and one encode,
+        # instead of two dumps, the lossy-leaf walk and the depth walk, for the same text.
         return _ENCODER.encode(obj)
-    if kind == "any":
+    if schema.get("type") == "any":
         return _to_json(obj, max_depth)  # untyped: plain JSON only, no implicit conversions
     _refuse_lossy_leaves(adapter.dump_python(obj, mode="python"))
     return _to_json(adapter.dump_python(obj, mode="json"), max_depth)

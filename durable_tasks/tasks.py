@@ -49,6 +49,10 @@ OnCommitHook = Callable[[Session, "TaskContext[PayloadT]", ResultT], None]
 OnFailureHook = Callable[[Session, "TaskContext[PayloadT]", BaseException], None]
 
 
+#: Guards the first making of a TaskContext's ``cancelled`` event (see there).
+_MAKE_CANCELLED = threading.Lock()
+
+
 @dataclass(slots=True)
 class TaskContext(Generic[PayloadT]):
     """What a handler knows about the execution it runs in."""
@@ -72,11 +76,16 @@ class TaskContext(Generic[PayloadT]):
     def cancelled(self) -> threading.Event:
         """Set when this attempt's result can no longer land (fenced out) or its timeout
         passed: a sync handler, which cannot be cancelled, should check it and stop early."""
-        # Made on first use (most attempts never look); a sync handler's is made before its
-        # thread starts, so two threads never race to make it.
-        if self._cancelled is None:
-            self._cancelled = threading.Event()
-        return self._cancelled
+        # Made on first use: most attempts never look, and an Event (a Condition and two locks)
+        # per attempt is a visible share of a short sync task's cost. The handler's thread and
+        # the loop (a timeout, a fence) may both look first: the lock makes them share one.
+        event = self._cancelled
+        if event is None:
+            with _MAKE_CANCELLED:
+                event = self._cancelled
+                if event is None:
+                    event = self._cancelled = threading.Event()
+        return event
 
     @property
     def idempotency_token(self) -> str:
@@ -281,7 +290,6 @@ class Task(Generic[PayloadT, ResultT]):
         if self.is_async:
             return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
         sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
-        _ = ctx.cancelled  # made here, on the event loop's thread
         if isinstance(limiter, HandlerThreads):
             return await limiter.run_sync(sync_fn, ctx, ctx.payload)
         return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True, limiter=limiter)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import warnings
+from enum import StrEnum
 from typing import Any
 
 import pytest
@@ -301,3 +303,97 @@ def test_oversize_result_is_refused() -> None:
     with pytest.raises(ResultNotSerializableError) as exc_info:
         result(ANY, "x" * 2000, max_bytes=1024)
     assert "max_payload_bytes=1024" in str(exc_info.value)
+
+
+# -- plain values: encoded as they are ---------------------------------------------------
+
+
+class Verdict(StrEnum):
+    AC = "AC"
+
+
+@pytest.mark.parametrize(
+    ("tp", "value"),
+    [
+        (dict[str, str], {"verdict": "AC", "note": "Zoë ✓"}),
+        (dict[str, Any], {"time_ms": [1, 2.5, None, True], "by": {"judge": "j1"}}),
+        (list[int], [1, 2, 3]),
+        (list[dict[str, float]], [{"x": 1.0, "y": 1e300}]),
+        (int | None, None),
+        (int | None, 3),
+        (str, "AC"),
+        (float, 0.1),
+        (None, None),
+    ],
+    ids=[
+        "dict-str",
+        "dict-any",
+        "list-int",
+        "list-dict-float",
+        "none-of-optional",
+        "int-of-optional",
+        "str",
+        "float",
+        "none",
+    ],
+)
+def test_a_plain_value_is_encoded_as_it_is_without_a_pydantic_dump(
+    tp: Any, value: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value that is JSON as it is, of the types its schema names, skips pydantic's two dumps
+    and the walks after them: the same compact text, and ``dump_python`` never called."""
+    adapter: TypeAdapter[Any] = TypeAdapter(tp)
+    expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+    def no_dump(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("dumped through pydantic")
+
+    monkeypatch.setattr(adapter, "dump_python", no_dump)
+    assert result(adapter, value) == expected
+    assert payload(adapter, value) == expected
+
+
+@pytest.mark.parametrize(
+    ("tp", "value", "text"),
+    [
+        (dict[str, int], {"n": True}, '{"n":1}'),  # a bool where an int is due: pydantic's int
+        (list[float], [1], "[1.0]"),
+        (dict[str, str], {"v": Verdict.AC}, '{"v":"AC"}'),
+        (list[int], (1, 2), "[1,2]"),
+        (dict[int, str], {1: "a"}, '{"1":"a"}'),
+        (JOB, Job(user_id=1, name="n"), '{"user_id":1,"name":"n","tags":[]}'),
+    ],
+    ids=["bool-for-int", "int-for-float", "str-enum", "tuple-for-list", "int-keys", "model"],
+)
+def test_a_value_that_only_looks_plain_is_dumped_through_its_schema(tp: Any, value: Any, text: str) -> None:
+    adapter = tp if isinstance(tp, TypeAdapter) else TypeAdapter(tp)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydantic warns of the tuple given for a list
+        assert result(adapter, value) == text
+
+
+@pytest.mark.parametrize(
+    ("tp", "value"),
+    [
+        (dict[str, float], {"x": float("nan")}),
+        (list[float], [float("inf")]),
+        (dict[str, Any], {"blob": b"raw"}),
+        (dict[str, Any], {"x": [float("-inf")]}),
+    ],
+    ids=["nan-in-dict-float", "inf-in-list-float", "bytes-in-dict-any", "inf-nested"],
+)
+def test_nan_and_bytes_in_typed_containers_are_still_refused(tp: Any, value: Any) -> None:
+    with pytest.raises(ResultNotSerializableError):
+        result(TypeAdapter(tp), value)
+    with pytest.raises(PayloadNotSerializableError):
+        payload(TypeAdapter(tp), value)
+
+
+def test_typed_containers_too_deep_are_refused_at_max_depth() -> None:
+    adapter: TypeAdapter[Any] = TypeAdapter(list[Any])
+    assert json.loads(result(adapter, nested(4, 1), max_depth=4)) == nested(4, 1)
+    with pytest.raises(ResultNotSerializableError):
+        result(adapter, nested(5, 1), max_depth=4)
+    deep: TypeAdapter[Any] = TypeAdapter(dict[str, dict[str, dict[str, int]]])
+    with pytest.raises(ResultNotSerializableError):
+        result(deep, {"a": {"b": {"c": 1}}}, max_depth=2)
