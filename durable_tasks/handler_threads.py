@@ -6,8 +6,11 @@ result; every woken thread then contends for the GIL. At thousands of short hand
 those hops cost more than the handlers. Here the event loop appends an item to one queue and
 wakes a thread only when none is running or on its way; it takes item after item while the queue
 holds any. Only when items wait and none started for ``stall`` seconds (the handlers block: I/O,
-sleep) are more threads woken, one per waiting item, up to ``limit``. Results go back in batches: one loop
-wake-up carries every result that arrived since the last.
+sleep) are more threads woken, one per waiting item, up to ``limit``; and never before two GIL
+switch intervals (``sys.getswitchinterval()``, 5 ms by default) without a start: a thread the busy
+loop keeps from the GIL gets it within one interval, so until then it is waiting, not blocked, and
+more threads would only wait beside it. Results go back in batches: one loop wake-up carries every
+result that arrived since the last.
 
 Cancellation is anyio's ``abandon_on_cancel=True``: a waiter that is cancelled (a task's timeout,
 a worker stopping) returns at once; an item not started yet never starts, a running one runs to
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -60,6 +64,7 @@ class HandlerThreads:
         self._threads = 0  # alive
         self._busy = 0  # threads running an item
         self._taken = self._taken_at_check = 0  # items started: all, and at the last stall check
+        self._started_seen_at = 0.0  # loop time of the stall check that last saw an item start
         self._abandoned_running = 0  # of those, running an item whose waiter left (not counted)
         self._idle: list[threading.Lock] = []  # one held lock per idle thread, the latest idle last
         self._waking = 0  # threads woken or started that have not taken the lock yet
@@ -84,6 +89,7 @@ class HandlerThreads:
             arm = self.stall > 0 and self._stall_check_on is not loop  # a loop that ended drops its check
             if arm:
                 self._stall_check_on = loop
+                self._started_seen_at = loop.time()
         if arm:
             loop.call_later(self.stall, self._check_stall)
         try:
@@ -127,18 +133,25 @@ class HandlerThreads:
                 return
 
     def _check_stall(self) -> None:
-        """On the loop, every ``stall`` while work waits: when no item started since the last
-        look, the threads are blocked; wake one per waiting item. (Items that wait while others
-        start are waiting for the GIL, which more threads would not give them.)"""
+        """On the loop, every ``stall`` while work waits: when no item started for ``stall`` and
+        two GIL switch intervals, the threads are blocked; wake one per waiting item. (Items that
+        wait while others start are waiting for the GIL, which more threads would not give them;
+        so is a thread that the loop, busy past ``stall``, kept from the GIL for less than a
+        switch interval.)"""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         with self._lock:
             waiting = len(self._queue)
-            if waiting and not self._waking and self._taken == self._taken_at_check:  # no thread moved
-                self._wake(waiting - self._waking)
-            elif not waiting:
+            if not waiting or self._taken != self._taken_at_check:
+                self._started_seen_at = now
+            elif not self._waking and now - self._started_seen_at >= max(self.stall, 2 * sys.getswitchinterval()):
+                self._wake(waiting - self._waking)  # no thread moved
+                self._started_seen_at = now  # the woken ones get as long to start
+            if not waiting:
                 self._stall_check_on = None
             self._taken_at_check = self._taken
         if waiting:
-            asyncio.get_running_loop().call_later(self.stall, self._check_stall)
+            loop.call_later(self.stall, self._check_stall)
 
     def _serve(self) -> None:
         lock = self._lock

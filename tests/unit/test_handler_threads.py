@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from contextvars import ContextVar
@@ -161,3 +162,38 @@ def test_idle_threads_end_by_themselves_and_a_new_loop_gets_threads_and_stall_ch
 
     anyio.run(two_that_meet)
     anyio.run(two_that_meet)  # a fresh loop: its own stall checks, new threads
+
+
+async def test_a_thread_without_a_start_for_less_than_two_switch_intervals_gets_no_siblings() -> None:
+    """A thread the busy loop keeps from the GIL gets it within one switch interval: until two
+    have passed without an item starting, it is taken as waiting, not blocked. (The stall check
+    runs every millisecond; with a 1 s switch interval a handler that holds its thread for
+    0.3 s gets no sibling, where one blocked for two intervals does, as the test above shows.)"""
+    threads = HandlerThreads(8, stall=0.001)
+    started, release = threading.Event(), threading.Event()
+    names: list[str] = []
+
+    def first() -> None:
+        names.append(threading.current_thread().name)
+        started.set()
+        wait_for(release)
+
+    def record() -> None:
+        names.append(threading.current_thread().name)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(threads.run_sync, first)
+            await anyio.to_thread.run_sync(wait_for, started)
+            for _ in range(20):
+                tg.start_soon(threads.run_sync, record)
+            await anyio.sleep(0.3)  # 300 stall checks, each seeing items wait and none start
+            assert threads.threads == 1
+            release.set()
+        assert len(names) == 21
+        assert set(names) == {names[0]}
+    finally:
+        sys.setswitchinterval(interval)
+        threads.close()
