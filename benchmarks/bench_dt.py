@@ -5,7 +5,8 @@
         rate = N / (last finished_at - first started_at); also the in-process dispatch rate
     python -m benchmarks.bench_dt readme --n 10000
         the README's path: def handler, pydantic payload, dict result, one `durable-tasks
-        worker` process at every default setting; rate as in drain
+        worker` process at every default setting; rate as in drain, and the worker's CPU per task
+        from the first task's start on
     python -m benchmarks.bench_dt dispatch --n 10000 [--dispatchers 1] [--batch 50]
         outbox rows/s into Redis by D dispatcher processes (no worker)
     python -m benchmarks.bench_dt pipeline --n 10000 [--dispatchers 1] [--workers 1]
@@ -223,6 +224,12 @@ async def dispatch_all(app: App) -> float:
 # -- child processes -------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system, from /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 class Children:
     """Worker/dispatcher processes of one measurement, released together through a barrier."""
 
@@ -272,12 +279,7 @@ class Children:
 
     def cpu_seconds(self) -> list[float]:
         """Each child's CPU time so far (user + system, from /proc/<pid>/stat), in spawn order."""
-        tick = os.sysconf("SC_CLK_TCK")
-        out = []
-        for p in self.procs:
-            fields = Path(f"/proc/{p.pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-            out.append((int(fields[11]) + int(fields[12])) / tick)  # utime, stime (fields 14, 15)
-        return out
+        return [cpu_seconds(p.pid) for p in self.procs]
 
     def __enter__(self) -> Children:
         return self
@@ -424,7 +426,9 @@ def readme(n: int, timeout: float = 600) -> None:
         cli = str(Path(sys.executable).with_name("durable-tasks"))
         worker = subprocess.Popen([cli, "worker", "benchmarks.readme_app:app"], env=env, cwd=Path(__file__).parents[1])
         try:
+            cpu_at_start = cpu_at_first_start(app, ns, worker.pid, timeout)
             done = wait_count(app, ns, n, timeout)
+            cpu_us = (cpu_seconds(worker.pid) - cpu_at_start) * 1e6 / n  # wait_count's polls end within 0.2 s
         finally:
             worker.send_signal(signal.SIGINT)
             try:
@@ -437,7 +441,28 @@ def readme(n: int, timeout: float = 600) -> None:
             record(name, None, "tasks/s", metric="readme_drain_rate", n=n, error=f"only {done}/{n} in {timeout:.0f} s")
             return
         rate = n / span(app, ns, t.started_at, t.finished_at)
-        record(name, rate, "tasks/s", metric="readme_drain_rate", n=n, concurrency=app.settings.concurrency)
+        record(
+            name,
+            rate,
+            "tasks/s",
+            metric="readme_drain_rate",
+            n=n,
+            concurrency=app.settings.concurrency,
+            worker_cpu_us_per_task=round(cpu_us, 1),
+        )
+
+
+def cpu_at_first_start(app: App, ns: str, pid: int, timeout: float) -> float:
+    """The worker's CPU time when the first task of the run started (its imports and start-up
+    before that are not the drain's)."""
+    query = sa.select(sa.func.count()).where(t.namespace == ns, t.started_at.is_not(None))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with app.runtime.store.read_engine.connect() as conn:
+            if conn.execute(query).scalar_one():
+                break
+        time.sleep(0.01)
+    return cpu_seconds(pid)
 
 
 def dispatch(n: int, dispatchers: int, batch: int | None, timeout: float = 600) -> None:
