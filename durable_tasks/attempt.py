@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from enum import StrEnum
-from functools import partial
 from typing import Any
 
 import anyio
@@ -24,7 +23,7 @@ from .codec import decode_payload, encode_result
 from .errors import ChildTaskFailedError, JournalFencedOutError, PayloadValidationError, ResultNotSerializableError
 from .failures import Failure
 from .handler_threads import HandlerThreads
-from .journaled import run_handler
+from .journaled import StoreJournal, run_handler
 from .outcome import TaskOutcome
 from .policy import FailureDecision, backoff_delay, decide_after_failure
 from .records import TaskState
@@ -69,6 +68,7 @@ async def run_attempt(
     """Run a claimed attempt and record its outcome; returns it. Raises SQLAlchemyError when
     the outcome cannot be recorded."""
     tel = runtime.telemetry
+    link = StoreJournal(runtime, claim)
     ctx: TaskContext[Any] = TaskContext(
         task_id=claim.task_id,
         name=claim.name,
@@ -79,7 +79,7 @@ async def run_attempt(
         idempotency_key=claim.idempotency_key,
         payload=None,  # set once decoded; failure hooks may see None
         shadow=claim.shadow,
-        _beat=partial(_beat, runtime, claim),
+        _link=link,
     )
     task = runtime.registry.get(claim.name)
     if task is None:
@@ -91,7 +91,7 @@ async def run_attempt(
     started = time.perf_counter()
     leases.hold(claim, ctx)
     try:
-        result, suspended = await run_handler(runtime, claim, task, ctx, handler_threads)
+        result, suspended = await run_handler(link, task, ctx, handler_threads)
         if suspended is not None:
             logger.debug("task %s attempt %s suspended (%s)", claim.task_id, claim.attempt, suspended)
             return ExecutionOutcome.SUSPENDED
@@ -167,14 +167,6 @@ class LeaseKeeper:
                 if claim.task_id not in alive and ctx is not None:
                     ctx.fenced_out = True
                     ctx.cancelled.set()
-
-
-async def _beat(runtime: Runtime, claim: ExecutionClaim) -> bool:
-    try:
-        return await runtime.store.heartbeat(claim, now=runtime.clock(), lease=runtime.settings.lease_timeout)
-    except SQLAlchemyError as exc:
-        logger.warning("heartbeat of %s failed: %s", claim.task_id, exc)
-        return True  # unknown: keep running; the fence decides at commit
 
 
 async def _fail(

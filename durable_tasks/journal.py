@@ -55,7 +55,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import TypeAdapter
 
@@ -75,6 +75,7 @@ __all__ = [
     "ChildOutcome",
     "Journal",
     "JournalBackend",
+    "JournalSource",
     "PendingChild",
     "PendingSignal",
     "PreparedChild",
@@ -82,6 +83,7 @@ __all__ = [
     "StepKind",
     "Suspended",
     "current_journal",
+    "journal_source",
     "signal_slot",
     "using_journal",
 ]
@@ -96,12 +98,30 @@ QUIET_TURNS = 20
 SETTLE_S = 0.005
 
 
-_current: ContextVar[Journal | None] = ContextVar("durable_tasks_journal", default=None)
+class JournalSource(Protocol):
+    """What makes an attempt's journal on first use (a worker's attempt; see :mod:`.journaled`)."""
+
+    def journal(self) -> Journal | None:
+        """The attempt's journal, made on the first call (None: the attempt has none)."""
+        ...
+
+
+_current: ContextVar[Journal | JournalSource | None] = ContextVar("durable_tasks_journal", default=None)
 
 
 def current_journal() -> Journal | None:
     """The journal of the task attempt running in this asyncio task (None outside one)."""
-    return _current.get()
+    current = _current.get()
+    if current is None or isinstance(current, Journal):
+        return current
+    return current.journal()
+
+
+def journal_source(source: JournalSource) -> None:
+    """Make ``source``'s journal current in this asyncio task from now on (and in the tasks it
+    starts), made only if something asks for it: a worker's attempt, which runs in a task of
+    its own, ends with its task."""
+    _current.set(source)
 
 
 @dataclass(eq=False, slots=True)
@@ -124,7 +144,7 @@ class Journal:
     # attempt holds while it runs is one more for the garbage collector to walk.
     _changed: asyncio.Event | None = None  # set on every change once the watcher runs
     _load_lock: asyncio.Lock | None = None  # one load of the recorded rows per replaying attempt
-    _host: asyncio.Task[Any] | None = None  # the task running the handler, under run()
+    _host: asyncio.Task[Any] | None = None  # the task running the handler (cancelled to suspend it)
     _watcher: asyncio.Future[None] | None = None  # started by the first wait (see _block)
     _stuck: bool = False  # the watcher found every branch blocked and cancelled the handler
 
@@ -206,23 +226,38 @@ class Journal:
         The handler runs in the calling task (a task of its own would cost every attempt more
         than a no-op handler does). The watcher cancels this task when it finds every branch
         blocked, and ``run`` takes that one cancellation back (``uncancel``): a cancellation
-        from outside (a timeout, a stopping worker) still propagates."""
-        host = self._host = asyncio.current_task()
-        assert host is not None, "Journal.run runs in an asyncio task"
+        from outside (a timeout, a stopping worker) still propagates. (A worker runs its
+        handlers without ``run``: a journal made on first use, and the same three steps.)"""
+        self._host = asyncio.current_task()
+        assert self._host is not None, "Journal.run runs in an asyncio task"
         token = _current.set(self)
         try:
             result = await handler()
         except asyncio.CancelledError:
-            if not self._stuck or host.uncancel() > 0:
+            if not self.took_back_cancellation():
                 raise  # cancelled from outside (a timeout, a stopping worker), not suspended
             result = None
         else:
-            if self._stuck:
-                host.uncancel()  # the handler swallowed the watcher's cancellation
+            self.took_back_cancellation()  # the handler may have swallowed the watcher's
         finally:
             _current.reset(token)
-            if self._watcher is not None:
-                self._watcher.cancel()
+            self.stop_watching()
+        return await self.outcome(result)
+
+    def took_back_cancellation(self) -> bool:
+        """After the handler ended: whether its host task was cancelled by the watcher alone (a
+        suspension), that cancellation now taken back; False when there was none, or when the
+        host was cancelled from outside too (then the cancellation must propagate)."""
+        return self._stuck and self._host is not None and self._host.uncancel() == 0
+
+    def stop_watching(self) -> None:
+        """After the handler ended: stop the watcher, if a wait started one."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    async def outcome(self, result: Any) -> tuple[Any, Suspended | None]:
+        """After the handler ended with ``result``: (result, None), or, when the watcher found
+        every branch blocked, (None, how it suspended) once the waits are recorded."""
         if not self._stuck:
             return result, None
         ordered_children = sorted(self._children, key=lambda c: c.order)

@@ -1,19 +1,22 @@
-"""An attempt's journal on the store: the :class:`~.journal.JournalBackend` the worker gives
-every async handler (``ctx.journal``), bound to the attempt's fencing token."""
+"""An attempt's link to its worker: its lease (``ctx.heartbeat()``) and its journal on the store,
+the :class:`~.journal.JournalBackend` of an async handler's ``ctx.journal``, bound to the
+attempt's fencing token; and how the worker runs a handler with them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import anyio
+from sqlalchemy.exc import SQLAlchemyError
 
 from . import failpoints
 from .codec import encode_payload
 from .errors import JournalFencedOutError, UnknownTaskError
 from .handler_threads import HandlerThreads
-from .journal import Journal, PendingChild, PendingSignal, PreparedChild, RecordedStep, Suspended
+from .journal import Journal, PendingChild, PendingSignal, PreparedChild, RecordedStep, Suspended, journal_source
 from .runtime import Runtime
 from .store.execution import ExecutionClaim
 from .store.journal import child_task
@@ -21,15 +24,38 @@ from .tasks import Task, TaskContext
 
 __all__ = ["StoreJournal", "run_handler"]
 
+logger = logging.getLogger(__name__)
+
 
 class StoreJournal:
-    """Journal reads and fenced writes of one attempt."""
+    """One attempt's link to its worker (the :class:`~.tasks.AttemptLink` of its context):
+    heartbeats, and the journal's reads and fenced writes. The journal itself is made on
+    first use: an attempt whose handler never touches it builds none."""
 
-    __slots__ = ("claim", "runtime")
+    __slots__ = ("_journal", "claim", "host", "runtime")
 
     def __init__(self, runtime: Runtime, claim: ExecutionClaim) -> None:
         self.runtime = runtime
         self.claim = claim
+        #: The asyncio task running an async handler (None for a sync one, which has no journal).
+        self.host: asyncio.Task[Any] | None = None
+        self._journal: Journal | None = None
+
+    def journal(self) -> Journal | None:
+        """The attempt's journal, made on the first call (None for a sync handler)."""
+        if self._journal is None and self.host is not None:
+            claim = self.claim
+            self._journal = Journal(self, claim.task_id, claim.generation, claim.attempt == 1, _host=self.host)
+        return self._journal
+
+    async def heartbeat(self) -> bool:
+        """Extend the lease now; False once the attempt is fenced out."""
+        runtime = self.runtime
+        try:
+            return await runtime.store.heartbeat(self.claim, now=runtime.clock(), lease=runtime.settings.lease_timeout)
+        except SQLAlchemyError as exc:
+            logger.warning("heartbeat of %s failed: %s", self.claim.task_id, exc)
+            return True  # unknown: keep running; the fence decides at commit
 
     async def load(self) -> Sequence[RecordedStep]:
         """Every row of the task's current generation."""
@@ -84,33 +110,58 @@ class StoreJournal:
         return done
 
 
-async def run_handler(
-    runtime: Runtime,
-    claim: ExecutionClaim,
+def run_handler(
+    link: StoreJournal,
+    task: Task[Any, Any],
+    ctx: TaskContext[Any],
+    limiter: anyio.CapacityLimiter | HandlerThreads | None,
+) -> Awaitable[tuple[Any, Suspended | None]]:
+    """Run the handler (``ctx``'s link is ``link``); an async one with its journal, which may
+    suspend it. ``task.timeout`` bounds the attempt (a suspension ends it early). Not a
+    coroutine itself: an attempt in flight keeps one frame fewer alive."""
+    if task.timeout is None:
+        return _run(link, task, ctx, limiter)
+    return _run_within(task.timeout.total_seconds(), link, task, ctx, limiter)
+
+
+async def _run_within(
+    seconds: float,
+    link: StoreJournal,
     task: Task[Any, Any],
     ctx: TaskContext[Any],
     limiter: anyio.CapacityLimiter | HandlerThreads | None,
 ) -> tuple[Any, Suspended | None]:
-    """Run the handler; an async one with its journal, which may suspend it. ``task.timeout``
-    bounds the attempt (a suspension ends it early)."""
-    if task.timeout is None:
-        return await _journaled(runtime, claim, task, ctx, limiter)
     try:
-        with anyio.fail_after(task.timeout.total_seconds()):
-            return await _journaled(runtime, claim, task, ctx, limiter)
+        with anyio.fail_after(seconds):
+            return await _run(link, task, ctx, limiter)
     except TimeoutError:
         ctx.cancelled.set()  # an abandoned sync handler learns it should stop
         raise
 
 
-async def _journaled(
-    runtime: Runtime,
-    claim: ExecutionClaim,
+async def _run(
+    link: StoreJournal,
     task: Task[Any, Any],
     ctx: TaskContext[Any],
     limiter: anyio.CapacityLimiter | HandlerThreads | None,
 ) -> tuple[Any, Suspended | None]:
+    """Journal.run's steps, for a journal made only if the handler uses it."""
     if not task.is_async:
         return await task.run(ctx, limiter=limiter), None
-    ctx.journal = Journal(StoreJournal(runtime, claim), claim.task_id, claim.generation, claim.attempt == 1)
-    return await ctx.journal.run(partial(task.run, ctx, limiter=limiter))
+    link.host = asyncio.current_task()
+    journal_source(link)  # current_journal() makes the journal when first asked, as ctx.journal does
+    try:
+        result = await task.run(ctx)
+    except asyncio.CancelledError:
+        if link._journal is None or not link._journal.took_back_cancellation():
+            raise  # cancelled from outside (a timeout, a stopping worker), not suspended
+        result = None
+    else:
+        if link._journal is not None:
+            link._journal.took_back_cancellation()  # the handler may have swallowed the watcher's
+    finally:
+        if link._journal is not None:
+            link._journal.stop_watching()
+    if link._journal is None:
+        return result, None  # no journal, so no wait: nothing can have suspended the handler
+    return await link._journal.outcome(result)

@@ -66,11 +66,15 @@ class TaskContext(Generic[PayloadT]):
     idempotency_key: str | None
     payload: PayloadT
     shadow: bool = False
-    _beat: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False)
+    _link: AttemptLink | None = field(default=None, repr=False)
     fenced_out: bool = False
     _cancelled: threading.Event | None = field(default=None, repr=False)
-    #: The step journal of this attempt (async handlers; see :mod:`durable_tasks.journal`).
-    journal: Journal | None = field(default=None, repr=False)
+
+    @property
+    def journal(self) -> Journal | None:
+        """The step journal of this attempt (async handlers run by a worker; see
+        :mod:`durable_tasks.journal`), made on first use: most handlers never use it."""
+        return self._link.journal() if self._link is not None else None
 
     @property
     def cancelled(self) -> threading.Event:
@@ -94,13 +98,26 @@ class TaskContext(Generic[PayloadT]):
 
     async def heartbeat(self) -> bool:
         """Extend the lease now (the worker also does so on its own); False once fenced out."""
-        if self._beat is None:
+        if self._link is None:
             return True
-        alive = await self._beat()
+        alive = await self._link.heartbeat()
         if not alive:
             self.fenced_out = True
             self.cancelled.set()
         return alive
+
+
+class AttemptLink(Protocol):
+    """What ties a :class:`TaskContext` to the worker running its attempt (one object per
+    attempt: :class:`~durable_tasks.journaled.StoreJournal`)."""
+
+    async def heartbeat(self) -> bool:
+        """Extend the attempt's lease now; False once it is fenced out."""
+        ...
+
+    def journal(self) -> Journal | None:
+        """The attempt's journal (made on the first call), or None for a sync handler."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

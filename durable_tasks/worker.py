@@ -15,8 +15,7 @@ import os
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -50,13 +49,27 @@ __all__ = ["Worker", "WorkerCounters"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
 class _Commit:
-    """A result on its way to the group committer, with the entry to acknowledge after it."""
+    """An attempt's way to the group committer (``commit(write)`` for :func:`run_attempt`),
+    with the entry to acknowledge after its result: one object per attempt where a closure
+    would be a function and its cells, all alive as long as the attempt."""
 
-    write: FinalWrite
-    entry: StreamEntry
-    acked: bool = False
+    __slots__ = ("acked", "committer", "entry", "write")
+
+    def __init__(self, committer: Coalescer[_Commit], entry: StreamEntry) -> None:
+        self.committer = committer
+        self.entry = entry
+        self.write: FinalWrite | None = None
+        self.acked = False  # the committer acknowledged the entry
+
+    async def __call__(self, write: FinalWrite) -> None:
+        self.write = write
+        await self.committer.submit(self)
+
+    @property
+    def final_write(self) -> FinalWrite:
+        assert self.write is not None, "handed to the committer only once written"
+        return self.write
 
 
 _ACKED_OUTCOMES = (CommitOutcome.COMMITTED, CommitOutcome.FENCED_OUT)
@@ -284,14 +297,7 @@ class Worker:
         runtime = self.runtime
         settled = False
         outcome = "unreachable"
-        acked = False
-
-        async def commit(write: FinalWrite) -> None:  # the committer acknowledges what it settles
-            nonlocal acked
-            item = _Commit(write, entry)
-            await self._committer.submit(item)
-            acked = item.acked
-
+        commit = _Commit(self._committer, entry)  # the committer acknowledges what it settles
         try:
             with runtime.telemetry.current(span):
                 if failpoints.ENABLED:
@@ -307,7 +313,7 @@ class Worker:
                 runtime.telemetry.executions.add(
                     1, {"queue": claim.queue, "task": claim.name, "outcome": outcome.value}
                 )
-                if not acked:  # recorded outside the committer (a failure): acknowledge it now
+                if not commit.acked:  # recorded outside the committer (a failure): acknowledge it now
                     if failpoints.ENABLED:
                         failpoints.hit("worker.after_commit")
                     await self._acker.submit((entry.stream, entry.entry_id))
@@ -317,17 +323,14 @@ class Worker:
         except Exception:
             logger.exception("unexpected error running %s; its entry stays pending", claim.task_id)
         finally:
-            self._leases.release(claim)
             runtime.flow.release_soon(claim.task_id)
             self._end(span, outcome, settled=settled)
 
-    async def _run_attempt(
-        self, claim: ExecutionClaim, span: Span, commit: Callable[[FinalWrite], Awaitable[None]]
-    ) -> ExecutionOutcome:
+    async def _run_attempt(self, claim: ExecutionClaim, span: Span, commit: _Commit) -> ExecutionOutcome:
         """Run the attempt beside others, or in a group of suspects if it is one (see
         IsolationGate, policy.suspect_group_limit); one that runs alone is marked solo, so its
         loss counts. Its lease is renewed from its wait at the gate on, and no longer once it
-        is over."""
+        is over (only here does anything hold it)."""
         runtime = self.runtime
         try:
             if claim.reclaims > 0:
@@ -348,11 +351,11 @@ class Worker:
         """Commit a group of results, then acknowledge the entries whose outcome is recorded
         (committed or fenced out); a failed XACK leaves them pending for the reaper."""
         runtime = self.runtime
-        writes = [item.write for item in items]
+        writes = [item.final_write for item in items]
         await runtime.store.commit_results(writes, now=runtime.clock())
         if failpoints.ENABLED:
             failpoints.hit("worker.after_commit")
-        settled = [item for item in items if item.write.outcome in _ACKED_OUTCOMES]
+        settled = [item for item, write in zip(items, writes, strict=True) if write.outcome in _ACKED_OUTCOMES]
         committed = [
             TaskOutcome(w.claim.task_id, w.claim.generation, TaskState.SUCCEEDED, w.result_json)
             for w in writes
