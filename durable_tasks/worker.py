@@ -134,10 +134,14 @@ class Worker:
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         # A plain asyncio task: an anyio task group's start_soon costs several times more per
         # task, which at thousands of tasks/s is a large share of the worker's CPU. run()
-        # cancels the ones still running when it returns.
-        task = asyncio.get_running_loop().create_task(work)
-        self._background_tasks.add(task)
-        task.add_done_callback(self._background_tasks.discard)
+        # cancels the ones still running when it returns. Each takes itself out of the set as it
+        # ends (_forget): a done callback would be one more object for the task to hold and one
+        # more event-loop callback per task.
+        self._background_tasks.add(asyncio.get_running_loop().create_task(work))
+
+    def _forget(self) -> None:
+        """The last step of a background task: its own end (see _background)."""
+        self._background_tasks.discard(asyncio.current_task())
 
     async def _cancel_background_tasks(self) -> None:
         """Cancel the claims and attempts still running (their entries stay pending) and wait
@@ -147,6 +151,7 @@ class Worker:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+            self._background_tasks.difference_update(running)  # one cancelled before it started
 
     async def _read_loop(self, start: int, max_tasks: int | None) -> None:
         transport = self.runtime.transport()
@@ -207,6 +212,7 @@ class Worker:
             self._slot_freed.set()
         finally:
             self._intakes.release()
+            self._forget()
 
     async def _claim_and_start(self, entries: Sequence[StreamEntry]) -> None:
         runtime = self.runtime
@@ -308,7 +314,14 @@ class Worker:
                 runtime.telemetry.queue_delay.record(
                     (runtime.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                outcome = await self._run_attempt(claim, span, commit)
+                if claim.reclaims > 0:
+                    outcome = await self._run_suspect(claim, span, commit)
+                else:  # beside the others (in this frame: one coroutine fewer per attempt in flight)
+                    await self._gate.join(self._leases.hold, claim)
+                    try:
+                        outcome = await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
+                    finally:
+                        self._gate.leave()
                 self.counters.count(outcome)
                 runtime.telemetry.executions.add(
                     1, {"queue": claim.queue, "task": claim.name, "outcome": outcome.value}
@@ -323,29 +336,21 @@ class Worker:
         except Exception:
             logger.exception("unexpected error running %s; its entry stays pending", claim.task_id)
         finally:
+            self._leases.release(claim)  # held from a wait at the gate on; a no-op once run_attempt released it
             runtime.flow.release_soon(claim.task_id)
             self._end(span, outcome, settled=settled)
+            self._forget()
 
-    async def _run_attempt(self, claim: ExecutionClaim, span: Span, commit: _Commit) -> ExecutionOutcome:
-        """Run the attempt beside others, or in a group of suspects if it is one (see
-        IsolationGate, policy.suspect_group_limit); one that runs alone is marked solo, so its
-        loss counts. Its lease is renewed from its wait at the gate on, and no longer once it
-        is over (only here does anything hold it)."""
+    async def _run_suspect(self, claim: ExecutionClaim, span: Span, commit: _Commit) -> ExecutionOutcome:
+        """Run a suspect attempt in a group of suspects (see IsolationGate,
+        policy.suspect_group_limit); one that runs alone is marked solo, so its loss counts.
+        Its lease is renewed from its wait at the gate on (any attempt's wait there, too)."""
         runtime = self.runtime
-        try:
-            if claim.reclaims > 0:
-                limit = suspect_group_limit(claim.reclaims, self.concurrency)
-                async with self._gate.suspect(limit=limit, hold=partial(self._leases.hold, claim)) as alone:
-                    if alone:
-                        await runtime.store.mark_solo(claim)
-                    return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
-            await self._gate.join(self._leases.hold, claim)
-            try:
-                return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
-            finally:
-                self._gate.leave()
-        finally:
-            self._leases.release(claim)  # a no-op once run_attempt has released it
+        limit = suspect_group_limit(claim.reclaims, self.concurrency)
+        async with self._gate.suspect(limit=limit, hold=partial(self._leases.hold, claim)) as alone:
+            if alone:
+                await runtime.store.mark_solo(claim)
+            return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
 
     async def _commit(self, items: Sequence[_Commit]) -> None:
         """Commit a group of results, then acknowledge the entries whose outcome is recorded

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlit
 #: GC-tracked objects one async attempt may hold while its handler waits (the handler's own
 #: frame, its task and the claim included). A closure, a partial or an unused journal per
 #: attempt each add some: a worker running 1,000 attempts collects once more per 5,000 objects.
-MAX_OBJECTS_PER_ATTEMPT = 28
+MAX_OBJECTS_PER_ATTEMPT = 23
 
 
 @pytest.fixture
