@@ -30,6 +30,9 @@ class RecoveryStore:
 
     if TYPE_CHECKING:  # the concrete store's (defined there, not stubbed here: the MRO would pick a stub)
 
+        @property
+        def runtime_engine(self) -> sa.Engine: ...
+
         async def _in_thread(self, call: Callable[[], R]) -> R: ...
 
         def _runtime_read(self, action: Callable[..., R], *args: object, **kwargs: object) -> R: ...
@@ -92,15 +95,27 @@ class RecoveryStore:
         redelivered a page at a time, not a commit (nor four statements) per task."""
 
         def run() -> list[bool]:
-            with self._engine.begin() as conn:
-                done = recovery.redeliver_many(
-                    conn, namespace, lost, now=now, reason=reason, count_reclaim=count_reclaim
-                )
+            with self.runtime_engine.begin() as conn:  # no application code runs here
+                done = self._redeliver_lost(conn, namespace, lost, now=now, reason=reason, count_reclaim=count_reclaim)
                 if any(done):
                     self._wake_dispatchers(conn, namespace)
             return done
 
         return await self._in_thread(run)
+
+    def _redeliver_lost(
+        self,
+        conn: sa.Connection,
+        namespace: str,
+        lost: Sequence[tuple[str, int, int]],
+        *,
+        now: datetime,
+        reason: str,
+        count_reclaim: bool,
+    ) -> list[bool]:
+        """:func:`.recovery.redeliver_many` in ``conn``'s transaction (a dialect may send it as one
+        statement)."""
+        return recovery.redeliver_many(conn, namespace, lost, now=now, reason=reason, count_reclaim=count_reclaim)
 
     async def defer_deliveries(self, namespace: str, rows: Sequence[Deferral], *, now: datetime) -> int:
         """Supersede deliveries refused admission with new ones due later (:mod:`.deferral`)."""

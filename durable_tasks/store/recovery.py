@@ -9,7 +9,6 @@ and a zombie's late XACK of it removes nothing that anybody else holds.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -133,20 +132,25 @@ def redeliver_many(
     100 costs a few round trips, not four per task. The new delivery intents are written here
     (the store wakes dispatchers).
     """
-    done = [False] * len(lost)
-    by_id: dict[str, list[int]] = defaultdict(list)
-    for i, (task_id, _, _) in enumerate(lost):
-        by_id[task_id].append(i)
-    ids = sorted(by_id)
+    ids = sorted({task_id for task_id, _, _ in lost})
+    moved: set[tuple[str, int, int]] = set()
     for lo in range(0, len(ids), _CHUNK):
-        chunk = ids[lo : lo + _CHUNK]
-        taken = _take_unowned(conn, namespace, chunk, lost, by_id, now)
-        if not taken:
-            continue
-        for _, i in taken:
-            done[i] = True
-        _supersede(conn, namespace, taken, now=now, reason=reason, count_reclaim=count_reclaim, due=due)
-    return done
+        taken = _take_unowned(conn, namespace, ids[lo : lo + _CHUNK], set(lost), now)
+        if taken:
+            _supersede(conn, namespace, taken, now=now, reason=reason, count_reclaim=count_reclaim, due=due)
+            moved.update((row.id, row.generation, row.delivery) for row in taken)
+    return first_of(lost, moved)
+
+
+def first_of(lost: Sequence[tuple[str, int, int]], moved: set[tuple[str, int, int]]) -> list[bool]:
+    """One flag per item of ``lost``: whether it names a delivery that was ``moved`` on, for
+    the first item naming it only (a key repeated is stale after its first)."""
+    seen: set[tuple[str, int, int]] = set()
+    flags = []
+    for key in lost:
+        flags.append(key in moved and key not in seen)
+        seen.add(key)
+    return flags
 
 
 #: Tasks per statement of :func:`redeliver_many` (bound parameters stay far below every
@@ -166,36 +170,33 @@ def _take_unowned(
     conn: sa.Connection,
     namespace: str,
     ids: Sequence[str],
-    lost: Sequence[tuple[str, int, int]],
-    by_id: dict[str, list[int]],
+    keys: set[tuple[str, int, int]],
     now: datetime,
-) -> list[tuple[_Taken, int]]:
+) -> list[_Taken]:
     """Lock the rows of ``ids`` in id order (as every multi-row write of dt_tasks does) and
-    keep those still waiting on the lost delivery with no live lease, each with the index of
-    the first item that names it."""
+    keep those nobody holds, still waiting on the delivery a key ``(task_id, generation,
+    delivery)`` names."""
     rows = conn.execute(
         sa.select(t.id, t.namespace, t.state, t.generation, t.delivery, t.lease_expires_at, t.queue, t.shadow)
         .where(t.id.in_(ids))
         .order_by(t.id)
         .with_for_update()
     ).all()
-    taken: list[tuple[_Taken, int]] = []
+    taken: list[_Taken] = []
     for r in rows:
         state = TaskState(r.state)
-        if r.namespace != namespace or state in TERMINAL_STATES:
+        if r.namespace != namespace or state in TERMINAL_STATES or (r.id, r.generation, r.delivery) not in keys:
             continue
         if state == TaskState.RUNNING and r.lease_expires_at is not None and r.lease_expires_at > now:
             continue
-        first = next((i for i in by_id[r.id] if lost[i][1:] == (r.generation, r.delivery)), None)
-        if first is not None:
-            taken.append((_Taken(r.id, r.generation, r.delivery, r.queue, r.shadow), first))
+        taken.append(_Taken(r.id, r.generation, r.delivery, r.queue, r.shadow))
     return taken
 
 
 def _supersede(
     conn: sa.Connection,
     namespace: str,
-    taken: Sequence[tuple[_Taken, int]],
+    taken: Sequence[_Taken],
     *,
     now: datetime,
     reason: str,
@@ -204,7 +205,7 @@ def _supersede(
 ) -> None:
     """The rows :func:`_take_unowned` locked and chose: the next delivery, their open attempts
     lost, a new outbox row each."""
-    ids = [row.id for row, _ in taken]
+    ids = [row.id for row in taken]
     conn.execute(
         sa.update(tasks_table)
         .where(t.id.in_(ids))
@@ -223,7 +224,7 @@ def _supersede(
         sa.update(attempts_table)
         .where(
             a.task_id.in_(ids),  # by ix_dt_attempts_task
-            sa.tuple_(a.task_id, a.generation).in_([(row.id, row.generation) for row, _ in taken]),
+            sa.tuple_(a.task_id, a.generation).in_([(row.id, row.generation) for row in taken]),
             a.outcome.is_(None),
         )
         .values(outcome=AttemptOutcome.LOST, finished_at=now, retry_reason=reason)
@@ -232,7 +233,7 @@ def _supersede(
         sa.insert(outbox_table),
         [
             outbox_row(namespace, row.id, row.queue, row.generation, row.delivery + 1, row.shadow, now, due=due)
-            for row, _ in taken
+            for row in taken
         ],
     )
 

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from ...loopbound import LoopBound
 from ...records import tasks_table
 from ...settings import Settings
-from .. import execution, results
+from .. import execution, recovery, results
 from ..base import SqlStore
 from ..engine import ping_when_idle
 from ..execution import ClaimRefused, ClaimRequest, ExecutionClaim
@@ -142,6 +142,21 @@ class PostgresStore(SqlStore):
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
         if task_ids:
             conn.execute(sa.select(t.id).where(t.id.in_(task_ids)).order_by(t.id).with_for_update()).all()
+
+    def _redeliver_lost(
+        self,
+        conn: sa.Connection,
+        namespace: str,
+        lost: Sequence[tuple[str, int, int]],
+        *,
+        now: datetime,
+        reason: str,
+        count_reclaim: bool,
+    ) -> list[bool]:
+        if not lost:
+            return []
+        statement = statements.redeliver_lost(namespace, lost, now=now, reason=reason, count_reclaim=count_reclaim)
+        return recovery.first_of(lost, statement.run_on(conn))
 
     def _mark_sent(self, conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> int:
         if not sent:  # the mark_sent statement turns the WAL-flush wait off itself

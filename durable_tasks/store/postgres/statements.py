@@ -35,6 +35,7 @@ __all__ = [
     "finish_attempts",
     "mark_sent",
     "next_due",
+    "redeliver_lost",
     "renew_leases",
     "submit_task",
     "submit_tasks",
@@ -167,6 +168,28 @@ def renew_leases(claims: Sequence[ExecutionClaim], *, now: datetime, lease: time
 
 def _task_ids(rows: Rows) -> set[str]:
     return {row[0] for row in rows}
+
+
+def redeliver_lost(
+    namespace: str, lost: Sequence[tuple[str, int, int]], *, now: datetime, reason: str, count_reclaim: bool
+) -> OneStatement[set[tuple[str, int, int]]]:
+    """Supersede lost deliveries nobody holds (:func:`..recovery.redeliver_many`); reads the
+    keys ``(task_id, generation, delivery)`` superseded."""
+    ids, generations, delivery_numbers = zip(*lost, strict=True)
+    params = {
+        "namespace": namespace,
+        "ids": list(ids),
+        "generations": list(generations),
+        "deliveries": list(delivery_numbers),
+        "count_reclaim": count_reclaim,
+        "reason": reason,
+        "now": now,
+    }
+    return OneStatement(sql.postgres()["redeliver_lost"], params, _keys)
+
+
+def _keys(rows: Rows) -> set[tuple[str, int, int]]:
+    return {(row[0], row[1], row[2]) for row in rows}
 
 
 def submit_task(task: NewTask, task_id: str, now: datetime) -> OneStatement[bool]:

@@ -293,3 +293,52 @@ LEFT JOIN task AS twin ON mine.id IS NULL AND twin.idempotency_key = g.idempoten
 LEFT JOIN dt_tasks AS held ON mine.id IS NULL AND twin.id IS NULL AND held.namespace = %(namespace)s
      AND held.name = %(name)s AND held.idempotency_key = g.idempotency_key
 ORDER BY g.ord;
+
+-- name: redeliver_lost
+-- Supersede lost deliveries nobody holds, each with the next one (store/recovery.py's
+-- redeliver_many in one statement): arrays ids, generations, deliveries; count_reclaim (a
+-- worker lost them, not Redis: reclaims + 1, and counted_losses + 1 for an attempt that ran
+-- alone); reason (of the attempts closed as lost). Returns (id, generation, delivery) of each
+-- delivery superseded, as it was named. The runtime's transactions plan with sequential scans
+-- priced out (store/postgres/planner.py): each row of taken is one probe of a primary key or
+-- of ix_dt_attempts_task. (An "id = ANY(ids)" beside the join would be tested against the
+-- whole array on every probe: a page of 500 then took a second.)
+WITH locked AS MATERIALIZED (
+    SELECT c.id, c.namespace, c.state, c.generation, c.delivery, c.lease_expires_at, c.attempt, c.solo_attempt,
+           c.queue, c.shadow
+    FROM dt_tasks AS c
+    WHERE c.id = ANY(%(ids)b::text[])
+    ORDER BY c.id
+    FOR UPDATE OF c
+), taken AS MATERIALIZED (
+    SELECT DISTINCT l.id, l.generation, l.delivery, l.queue, l.shadow,
+           (%(count_reclaim)s AND l.state = 'RUNNING' AND l.solo_attempt = l.attempt) AS charged
+    FROM locked AS l
+    JOIN unnest(%(ids)b::text[], %(generations)b::int[], %(deliveries)b::int[]) AS d (id, generation, delivery)
+      ON d.id = l.id AND d.generation = l.generation AND d.delivery = l.delivery
+    WHERE l.namespace = %(namespace)s
+      AND l.state NOT IN ('SUCCEEDED', 'FAILED', 'DEAD', 'CANCELLED')
+      AND (l.state <> 'RUNNING' OR l.lease_expires_at IS NULL OR l.lease_expires_at <= %(now)s)
+), moved AS (
+    UPDATE dt_tasks AS t
+    SET state = 'PENDING',
+        delivery = t.delivery + 1,
+        reclaims = t.reclaims + CASE WHEN %(count_reclaim)s THEN 1 ELSE 0 END,
+        counted_losses = t.counted_losses + CASE WHEN k.charged THEN 1 ELSE 0 END,
+        lease_expires_at = NULL
+    FROM taken AS k
+    WHERE t.id = k.id
+    RETURNING t.id, t.generation, t.delivery - 1
+), closed AS (
+    UPDATE dt_attempts AS a
+    SET outcome = 'lost', finished_at = %(now)s, retry_reason = %(reason)s
+    FROM taken AS k
+    WHERE a.task_id = k.id AND a.generation = k.generation AND a.outcome IS NULL
+), opened AS (
+    INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
+                           created_at)
+    SELECT %(namespace)s, k.id, k.queue, k.generation, k.delivery + 1, 'PENDING', 0, %(now)s, k.shadow, %(now)s
+    FROM taken AS k
+    ORDER BY k.id
+)
+SELECT * FROM moved;
