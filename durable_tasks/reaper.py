@@ -111,10 +111,11 @@ class Reaper:
         min_idle = min(s.lease_timeout, s.visibility_timeout)
         cursor = "0-0"
         # The whole PEL in one pass, a page of reaper_batch at a time: a worker killed with
-        # thousands of entries is recovered in one pass, not in one pass per page.
+        # thousands of entries is recovered in one pass, not in one pass per page, and each
+        # page's round trips and transaction are paid once for many entries.
         for _ in range(_MAX_PAGES):
             page = await transport.autoclaim(
-                stream, REAPER_CONSUMER, min_idle=min_idle, cursor=cursor, count=min(100, s.reaper_batch)
+                stream, REAPER_CONSUMER, min_idle=min_idle, cursor=cursor, count=s.reaper_batch
             )
             report.deleted_entries += page.deleted
             parsed: list[tuple[str, Delivery]] = []

@@ -178,7 +178,12 @@ class Settings(BaseSettings):
     reaper_interval: Duration = timedelta(seconds=10)
     visibility_timeout: Duration = timedelta(minutes=30)
     max_deliveries: int = Field(default=5, ge=1)
-    reaper_batch: int = Field(default=100, ge=1)
+    reaper_batch: int = Field(
+        default=500,
+        ge=1,
+        description="Pending entries per page of a reaper pass (one read, one transaction for the lost ones), "
+        "and candidates per page of the reconciler.",
+    )
     reconcile_grace: Duration = timedelta(seconds=30)
     retention: OptionalDuration = Field(
         default=None,

@@ -1,18 +1,20 @@
 """Store.redeliver_lost: a reaper page of lost deliveries superseded in one transaction, on
-every backend, with the same answer per item as Store.redeliver gives for one."""
+every backend, with the same answer per item as Store.redeliver gives for one; a reaper page
+is ``reaper_batch`` entries."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from durable_tasks import App, FrozenClock, TaskState
+from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks.records import AttemptOutcome, OutboxState, attempts_table
 from durable_tasks.store.results import FinalWrite
-from tests.helpers import statements_on, task_row
+from tests.helpers import outlive_lease, statements_on, submit_all, task_row
 from tests.integration.test_store import LEASE, claimed, lease, outbox_rows, submit
 
 pytestmark = pytest.mark.anyio
@@ -94,3 +96,32 @@ async def test_a_page_costs_the_statements_of_one_item(app: App, clock: FrozenCl
     assert counts[1] == counts[0] <= 6, counts
     if store.engine.dialect.name == "postgresql":
         assert counts[0] == 2, counts  # one statement (store/sql/postgres.sql) and the dispatchers' wake-up
+
+
+async def test_a_reaper_page_is_reaper_batch_entries(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker lost with 150 entries, at reaper_batch=150: one page, one redelivery
+    transaction (pages were capped at 100 entries, whatever the setting)."""
+    app = make_app(clock=FrozenClock(), reaper_batch=150)
+
+    @app.task(name="lost.job", queue="lost")
+    def job(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    submit_all(app, job, range(150))
+    assert await app.dispatch_once() == 150
+    entries = await app.runtime.transport().read(["lost"], "dead-worker", count=150, block=timedelta(0))
+    assert len(entries) == 150  # read, then the worker died
+    pages: list[int] = []
+    store = app.runtime.store
+    redeliver_lost = store.redeliver_lost
+
+    async def counted(namespace: str, lost: Sequence[tuple[str, int, int]], **kwargs: Any) -> list[bool]:
+        pages.append(len(lost))
+        return await redeliver_lost(namespace, lost, **kwargs)
+
+    monkeypatch.setattr(store, "redeliver_lost", counted)
+    assert await outlive_lease(app) == 150
+    assert (await app.reap_once()).redelivered == 150
+    assert pages == [150]
