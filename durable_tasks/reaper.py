@@ -41,10 +41,6 @@ REAPER_CONSUMER = "dt-reaper"
 #: Pages one pass reads at most (of a PEL, of the reconciler's unconfirmed deliveries), and
 #: entries settled at once.
 _MAX_PAGES = 1000
-#: Pages of the reconciler's walk in one pass that found no entry lost: a backlog not read yet
-#: is walked this many pages a pass, not all at once every pass (where pages find lost
-#: entries, as after a Redis restart, the pass goes on up to _MAX_PAGES).
-_RECONCILE_CLEAN_PAGES = 10
 _SETTLING = 8
 #: Rows per prune transaction, and transactions per retention pass (bounded locks and passes).
 _PRUNE_BATCH = 1000
@@ -299,12 +295,10 @@ class Reaper:
         A walk in (enqueued_at, id) order, a page after another, each page's lost entries in
         one transaction, as the PEL scan redelivers a dead worker's. A page whose entries all
         exist (a backlog not read yet) does not end the walk: the lost entries behind it are
-        reached. A pass reads at most _MAX_PAGES pages, of which _RECONCILE_CLEAN_PAGES found
-        nothing lost; the next pass goes on from there, and a short page (the end) starts the
-        walk over."""
+        reached. A pass reads at most _MAX_PAGES pages; the next pass goes on from there, and a
+        short page (the end) starts the walk over."""
         runtime, s = self.runtime, self.runtime.settings
         transport = runtime.transport()
-        clean = 0
         for _ in range(_MAX_PAGES):
             now = runtime.clock()
             page = await runtime.store.unconfirmed_deliveries(
@@ -331,8 +325,7 @@ class Reaper:
                     runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
                     logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
             self._reconcile_after = page.cursor
-            clean += not lost
-            if page.cursor is None or clean >= _RECONCILE_CLEAN_PAGES:
+            if page.cursor is None:
                 return
 
     async def prune_once(self) -> PruneReport:

@@ -515,23 +515,6 @@ async def test_the_reconcilers_walk_goes_on_in_the_next_pass_and_wraps(
     assert (await app.reap_once()).reconciled == 1
 
 
-async def test_a_reconciler_pass_walks_a_bounded_number_of_pages_where_nothing_was_lost(
-    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A backlog whose entries all exist costs a pass a few pages, not the whole walk: the
-    lost entries behind it are reached in a later pass, from where this one stopped."""
-    monkeypatch.setattr(reaper, "_RECONCILE_CLEAN_PAGES", 1)
-    clock = FrozenClock()
-    app = make_app(clock=clock, reaper_batch=5)
-    _, behind = await _sent_in_two_batches(app, clock, 10, 3)  # two full pages ahead, then 3
-    await _lose_entries(app, behind)
-
-    assert (await app.reap_once()).reconciled == 0  # one clean page, then the pass ends
-    assert (await app.reap_once()).reconciled == 0  # the second page ahead
-    assert (await app.reap_once()).reconciled == 3  # the page behind it
-    assert {app.get_task(i).state for i in behind} == {TaskState.PENDING}
-
-
 async def test_the_reconcilers_walk_takes_tasks_claimed_before_their_mark_sent_first(
     make_app: Callable[..., App],
 ) -> None:
