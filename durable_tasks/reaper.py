@@ -27,7 +27,7 @@ from .policy import ReapAction, TaskLeaseView, decide_reap
 from .records import TaskState
 from .runtime import Runtime
 from .stats import queue_stats
-from .store.recovery import DeadTask, ReconcileCursor, UnconfirmedDelivery
+from .store.recovery import DeadTask, UnconfirmedDelivery
 from .store.retention import PruneReport
 from .tasks import TaskContext, session_hooks
 from .transport.announce import announce_outcomes
@@ -91,8 +91,6 @@ class Reaper:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        #: Where the reconciler's walk goes on (None: from the start).
-        self._reconcile_after: ReconcileCursor | None = None
 
     async def reap_once(self) -> ReapReport:
         """One pass over every queue: pending entries, then reconciliation, then trimming."""
@@ -292,20 +290,18 @@ class Reaper:
     async def _reconcile(self, report: ReapReport) -> None:
         """Tasks the database says were sent but whose entry Redis no longer has: send again.
 
-        A walk in (enqueued_at, id) order, a page after another, each page's lost entries in
-        one transaction, as the PEL scan redelivers a dead worker's. A page whose entries all
-        exist (a backlog not read yet) does not end the walk: the lost entries behind it are
-        reached. A pass reads at most _MAX_PAGES pages; the next pass goes on from there, and a
-        short page (the end) starts the walk over."""
+        Page after page while a page found lost entries (a Redis restart without persistence
+        loses every entry at once: thousands, not a batch per pass), each page's in one
+        transaction, as the PEL scan redelivers a dead worker's."""
         runtime, s = self.runtime, self.runtime.settings
         transport = runtime.transport()
         for _ in range(_MAX_PAGES):
             now = runtime.clock()
-            page = await runtime.store.unconfirmed_deliveries(
-                s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch, after=self._reconcile_after
+            pending = await runtime.store.unconfirmed_deliveries(
+                s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
             )
             by_stream: dict[str, list[UnconfirmedDelivery]] = defaultdict(list)
-            for u in page.deliveries:
+            for u in pending:
                 by_stream[transport.keys(u.queue, u.partition).stream_for(shadow=u.shadow)].append(u)
             lost: list[tuple[str, UnconfirmedDelivery]] = []
             for stream, items in by_stream.items():
@@ -324,8 +320,9 @@ class Reaper:
                     report.reconciled += 1
                     runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
                     logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
-            self._reconcile_after = page.cursor
-            if page.cursor is None:
+            # A short page was the last; a page whose entries all exist (a backlog not read
+            # yet) would be the same page again.
+            if len(pending) < s.reaper_batch or not lost:
                 return
 
     async def prune_once(self) -> PruneReport:
