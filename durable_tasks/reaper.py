@@ -27,7 +27,7 @@ from .policy import ReapAction, TaskLeaseView, decide_reap
 from .records import TaskState
 from .runtime import Runtime
 from .stats import queue_stats
-from .store.recovery import DeadTask, UnconfirmedDelivery
+from .store.recovery import DeadTask, ReconcileCursor, UnconfirmedDelivery
 from .store.retention import PruneReport
 from .tasks import TaskContext, session_hooks
 from .transport.announce import announce_outcomes
@@ -41,6 +41,10 @@ REAPER_CONSUMER = "dt-reaper"
 #: Pages one pass reads at most (of a PEL, of the reconciler's unconfirmed deliveries), and
 #: entries settled at once.
 _MAX_PAGES = 1000
+#: Pages of the reconciler's walk in one pass that found no entry lost: a backlog not read yet
+#: is walked this many pages a pass, not all at once every pass (where pages find lost
+#: entries, as after a Redis restart, the pass goes on up to _MAX_PAGES).
+_RECONCILE_CLEAN_PAGES = 10
 _SETTLING = 8
 #: Rows per prune transaction, and transactions per retention pass (bounded locks and passes).
 _PRUNE_BATCH = 1000
@@ -91,6 +95,8 @@ class Reaper:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        #: Where the reconciler's walk goes on (None: from the start).
+        self._reconcile_after: ReconcileCursor | None = None
 
     async def reap_once(self) -> ReapReport:
         """One pass over every queue: pending entries, then reconciliation, then trimming."""
@@ -290,18 +296,22 @@ class Reaper:
     async def _reconcile(self, report: ReapReport) -> None:
         """Tasks the database says were sent but whose entry Redis no longer has: send again.
 
-        Page after page while a page found lost entries (a Redis restart without persistence
-        loses every entry at once: thousands, not a batch per pass), each page's in one
-        transaction, as the PEL scan redelivers a dead worker's."""
+        A walk in (enqueued_at, id) order, a page after another, each page's lost entries in
+        one transaction, as the PEL scan redelivers a dead worker's. A page whose entries all
+        exist (a backlog not read yet) does not end the walk: the lost entries behind it are
+        reached. A pass reads at most _MAX_PAGES pages, of which _RECONCILE_CLEAN_PAGES found
+        nothing lost; the next pass goes on from there, and a short page (the end) starts the
+        walk over."""
         runtime, s = self.runtime, self.runtime.settings
         transport = runtime.transport()
+        clean = 0
         for _ in range(_MAX_PAGES):
             now = runtime.clock()
-            pending = await runtime.store.unconfirmed_deliveries(
-                s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch
+            page = await runtime.store.unconfirmed_deliveries(
+                s.namespace, now=now, grace=s.reconcile_grace, limit=s.reaper_batch, after=self._reconcile_after
             )
             by_stream: dict[str, list[UnconfirmedDelivery]] = defaultdict(list)
-            for u in pending:
+            for u in page.deliveries:
                 by_stream[transport.keys(u.queue, u.partition).stream_for(shadow=u.shadow)].append(u)
             lost: list[tuple[str, UnconfirmedDelivery]] = []
             for stream, items in by_stream.items():
@@ -320,9 +330,9 @@ class Reaper:
                     report.reconciled += 1
                     runtime.telemetry.reclaimed.add(1, {"queue": u.queue, "reason": "entry_lost"})
                     logger.warning("task %s: entry %s gone from %s, dispatching again", u.task_id, u.stream_id, stream)
-            # A short page was the last; a page whose entries all exist (a backlog not read
-            # yet) would be the same page again.
-            if len(pending) < s.reaper_batch or not lost:
+            self._reconcile_after = page.cursor
+            clean += not lost
+            if page.cursor is None or clean >= _RECONCILE_CLEAN_PAGES:
                 return
 
     async def prune_once(self) -> PruneReport:

@@ -125,6 +125,10 @@ class AttemptOutcome(StrEnum):
     HOOK_FAILED = "hook_failed"  # the body succeeded, its on_commit hook raised: nothing was committed
 
 
+#: The tasks whose delivery was sent (ix_dt_tasks_sent's predicate).
+_SENT = "state = 'ENQUEUED' OR state = 'RUNNING'"
+
+
 class TaskRecord(RuntimeRecord, table=True):
     """``dt_tasks``: one row per logical task, its current generation and its outcome."""
 
@@ -143,6 +147,20 @@ class TaskRecord(RuntimeRecord, table=True):
             "id",
             postgresql_where=sa.text("finished_at IS NOT NULL"),
             sqlite_where=sa.text("finished_at IS NOT NULL"),
+        ),
+        # The reconciler's walk over the sent tasks, in (enqueued_at, id) order from its cursor
+        # (durable_tasks.store.recovery.unconfirmed_deliveries). MySQL has no partial index: the
+        # two states are two ranges of the second.
+        sa.Index(
+            "ix_dt_tasks_sent",
+            "namespace",
+            "enqueued_at",
+            "id",
+            postgresql_where=sa.text(_SENT),
+            sqlite_where=sa.text(_SENT),
+        ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # SQLAlchemy takes a tuple
+        sa.Index("ix_dt_tasks_sent", "namespace", "state", "enqueued_at", "id").ddl_if(
+            dialect=_MYSQL  # type: ignore[arg-type]
         ),
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from contextlib import AbstractContextManager
 from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import tenacity
@@ -82,8 +83,13 @@ class RunningMixin:
         return await Worker(self.runtime, queues=queues).run(max_tasks=max_tasks, timeout=timeout)
 
     async def reap_once(self) -> ReapReport:
-        """One reaper pass (reclaim, dead-letter, reconcile, trim)."""
-        return await Reaper(self.runtime).reap_once()
+        """One reaper pass (reclaim, dead-letter, reconcile, trim). The reconciler's walk goes
+        on from where the previous call left it."""
+        return await self._reaper.reap_once()
+
+    @cached_property
+    def _reaper(self) -> Reaper:
+        return Reaper(self.runtime)
 
     async def stats(self) -> dict[str, QueueStats]:
         """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,

@@ -43,7 +43,7 @@ from .notify import OutboxWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
 from .pooler import PoolingReport
 from .queries import QueueBacklog
-from .recovery import DeadTask, UnconfirmedDelivery
+from .recovery import DeadTask, ReconcileCursor, UnconfirmedPage
 from .results import FinalWrite
 from .retention import PruneReport
 from .submit import NewTask, SubmitOutcome
@@ -295,10 +295,17 @@ class Store(Protocol):
         ...
 
     async def unconfirmed_deliveries(
-        self, namespace: str, *, now: datetime, grace: timedelta, limit: int
-    ) -> list[UnconfirmedDelivery]:
-        """Tasks sent longer than ``grace`` ago, or running on an expired lease, with the entry
-        id of their current delivery (the reconciler checks Redis still has it)."""
+        self,
+        namespace: str,
+        *,
+        now: datetime,
+        grace: timedelta,
+        limit: int,
+        after: ReconcileCursor | None = None,
+    ) -> UnconfirmedPage:
+        """Up to ``limit`` tasks sent longer than ``grace`` ago, or running on an expired lease,
+        after ``after`` in (enqueued_at, id) order, with the entry id of their current delivery
+        (the reconciler checks Redis still has it), and where the next page starts."""
         ...
 
     async def queue_backlogs(self, namespace: str) -> dict[str, QueueBacklog]:

@@ -15,7 +15,7 @@ from ..policy import TaskLeaseView
 from . import deferral, queries, recovery
 from .deferral import Deferral
 from .queries import QueueBacklog
-from .recovery import DeadTask, UnconfirmedDelivery
+from .recovery import DeadTask, ReconcileCursor, UnconfirmedPage
 
 __all__ = ["RecoveryStore"]
 
@@ -161,12 +161,17 @@ class RecoveryStore:
         return await self._in_thread(run)
 
     async def unconfirmed_deliveries(
-        self, namespace: str, *, now: datetime, grace: timedelta, limit: int
-    ) -> list[UnconfirmedDelivery]:
-        """Sent deliveries whose entry the reconciler checks."""
-        return await self._in_thread(
-            partial(self._runtime_read, recovery.unconfirmed_deliveries, namespace, now=now, grace=grace, limit=limit)
-        )
+        self,
+        namespace: str,
+        *,
+        now: datetime,
+        grace: timedelta,
+        limit: int,
+        after: ReconcileCursor | None = None,
+    ) -> UnconfirmedPage:
+        """A page of the sent deliveries whose entry the reconciler checks."""
+        read = partial(recovery.unconfirmed_deliveries, now=now, grace=grace, limit=limit, after=after)
+        return await self._in_thread(partial(self._runtime_read, read, namespace))
 
     async def queue_backlogs(self, namespace: str) -> dict[str, QueueBacklog]:
         """Per queue backlog."""

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -31,7 +31,9 @@ from .submit import outbox_row
 
 __all__ = [
     "DeadTask",
+    "ReconcileCursor",
     "UnconfirmedDelivery",
+    "UnconfirmedPage",
     "dead_letter_task",
     "lease_views",
     "redeliver",
@@ -310,13 +312,36 @@ class UnconfirmedDelivery:
     partition: int | None = None
 
 
+#: Where the reconciler's walk stands: the (enqueued_at, id) of the last task it read (an
+#: enqueued_at of None: still among the tasks claimed before their mark-SENT, which have none).
+ReconcileCursor = tuple[datetime | None, str]
+
+
+@dataclass(frozen=True, slots=True)
+class UnconfirmedPage:
+    """One page of the reconciler's walk, and where the next page starts (None: this page
+    was the last, the next walk starts over)."""
+
+    deliveries: list[UnconfirmedDelivery]
+    cursor: ReconcileCursor | None
+
+
 def unconfirmed_deliveries(
-    conn: sa.Connection, namespace: str, *, now: datetime, grace: timedelta, limit: int
-) -> list[UnconfirmedDelivery]:
+    conn: sa.Connection,
+    namespace: str,
+    *,
+    now: datetime,
+    grace: timedelta,
+    limit: int,
+    after: ReconcileCursor | None = None,
+) -> UnconfirmedPage:
     """Tasks ENQUEUED for longer than ``grace``, or RUNNING with an expired lease, with the
-    entry id their current delivery was published as."""
-    query = (
-        sa.select(t.id, t.queue, t.shadow, t.generation, t.delivery, o.stream_id, o.partition)
+    entry id their current delivery was published as: ``limit`` of them in (enqueued_at, id)
+    order after ``after`` (keyset pagination on ix_dt_tasks_sent), so that a walk reaches the
+    lost entries behind a backlog that Redis still holds. Tasks without an enqueued_at (a
+    worker claimed them before their mark-SENT) come first, in id order."""
+    sent = (
+        sa.select(t.id, t.queue, t.shadow, t.generation, t.delivery, t.enqueued_at, o.stream_id, o.partition)
         .join(
             outbox_table,
             sa.and_(
@@ -328,17 +353,30 @@ def unconfirmed_deliveries(
         )
         .where(
             t.namespace == namespace,
+            # ix_dt_tasks_sent's predicate, in constants: a generic plan (psycopg prepares a
+            # statement run often) may read the partial index only if the query implies it alone.
+            sa.text("(dt_tasks.state = 'ENQUEUED' OR dt_tasks.state = 'RUNNING')"),
             sa.or_(
                 sa.and_(t.state == TaskState.ENQUEUED, t.enqueued_at <= now - grace),
                 sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
             ),
         )
-        .order_by(t.enqueued_at)
-        .limit(limit)
     )
-    rows = conn.execute(query).all()
-    return [
+    rows: list[Any] = []  # the Row type of an 8-column select
+    if after is None or after[0] is None:
+        unstamped = sent.where(t.enqueued_at.is_(None))
+        if after is not None:
+            unstamped = unstamped.where(t.id > after[1])
+        rows += conn.execute(unstamped.order_by(t.id).limit(limit)).all()
+        stamped = sent.where(t.enqueued_at.is_not(None))
+    else:
+        last = sa.tuple_(sa.literal(after[0], t.enqueued_at.type), sa.literal(after[1], t.id.type))
+        stamped = sent.where(sa.tuple_(t.enqueued_at, t.id) > last)
+    if len(rows) < limit:
+        rows += conn.execute(stamped.order_by(t.enqueued_at, t.id).limit(limit - len(rows))).all()
+    deliveries = [
         UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id, r.partition)
         for r in rows
         if r.stream_id
     ]
+    return UnconfirmedPage(deliveries, (rows[-1].enqueued_at, rows[-1].id) if len(rows) == limit else None)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
-from durable_tasks.store import sql
+from durable_tasks.store import recovery, sql
 from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
 from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.store.postgres.connections import AsyncConnections
@@ -284,3 +284,51 @@ def test_the_runtimes_transactions_on_the_shared_pool_price_sequential_scans_out
             assert conn.exec_driver_sql("SHOW enable_seqscan").scalar_one() == "on"
     assert len(pids) == 1  # one pooled connection served both kinds: the setting did not stay
     assert store.runtime_engine is store.runtime_engine  # one view per engine, not one per call
+
+
+def test_a_reconciler_page_reads_the_sent_tasks_from_its_cursor_by_index(empty_tables: App) -> None:
+    """The reconciler's walk (recovery.unconfirmed_deliveries after a cursor) reads
+    ix_dt_tasks_sent from the cursor on, in (enqueued_at, id) order: no sort of every sent task,
+    no scan of the finished ones. Planned as the runtime plans it, statistics taken with most
+    tasks finished, on tables of its own (statistics of these rows alone). The generic plan (a
+    prepared statement's) too: it knows no parameter's value."""
+    app = empty_tables
+    _, sent = stale_statistics(app, 4000, running=0)
+    ns, now = app.settings.namespace, app.clock()
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE dt_tasks SET state = CASE WHEN id = ANY(%(finished)s::text[]) THEN 'SUCCEEDED' ELSE state END,"
+            " enqueued_at = %(at)s WHERE id = ANY(%(ids)s::text[])",
+            {"finished": sent[:3000], "ids": sent, "at": now - timedelta(hours=1)},
+        )
+        conn.exec_driver_sql(
+            "UPDATE dt_outbox SET state = 'SENT', stream_id = '1-0' WHERE namespace = %(ns)s", {"ns": ns}
+        )
+        conn.exec_driver_sql("ANALYZE dt_tasks")
+        conn.exec_driver_sql("ANALYZE dt_outbox")
+    statements: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        statements.append((statement, params))
+
+    engine = runtime_engine(app)
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        with engine.connect() as conn:
+            page = recovery.unconfirmed_deliveries(
+                conn, ns, now=now, grace=timedelta(seconds=30), limit=500, after=(now - timedelta(hours=1), sent[3100])
+            )
+            assert len(page.deliveries) == 500  # sent[3101:3601]: a full page, in (enqueued_at, id) order
+            assert [d.task_id for d in page.deliveries] == sorted(sent[3000:])[101:601]
+            (statement, params) = statements[-1]
+            # the plan psycopg's prepared statement keeps, made without the parameters' values
+            conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+            (doc,) = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).scalar_one()
+            conn.rollback()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    plan = list(nodes(doc["Plan"]))
+    scans = [n for n in plan if n.get("Relation Name") == "dt_tasks"]
+    assert [n.get("Index Name") for n in scans] == ["ix_dt_tasks_sent"], scans
+    assert "enqueued_at" in scans[0].get("Index Cond", ""), scans[0]
+    assert not [n for n in plan if n["Node Type"] in ("Sort", "Incremental Sort")], plan

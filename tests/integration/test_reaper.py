@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Session
 
-from durable_tasks import App, FrozenClock, Task, TaskContext, TaskInfo, TaskState
-from durable_tasks.records import outbox_table
+from durable_tasks import App, FrozenClock, Task, TaskContext, TaskInfo, TaskState, reaper
+from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
 from durable_tasks.transport.keys import CONSUMER_GROUP
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
@@ -455,6 +455,104 @@ async def test_one_pass_reconciles_every_lost_entry_not_one_batch(make_app: Call
 
     assert report.reconciled == 12
     assert {app.get_task(i).state for i in ids} == {TaskState.PENDING}
+
+
+async def _sent_in_two_batches(app: App, clock: FrozenClock, first: int, then: int) -> tuple[list[str], list[str]]:
+    """``first`` tasks dispatched, then a second later ``then`` more: the ids of each batch."""
+    double = _register(app)
+    batches: list[list[str]] = []
+    for n in (first, then):
+        with Session(app.engine) as s:
+            batches.append([h.id for h in double.submit_many(s, [(Job(n=i), None) for i in range(n)])])
+            s.commit()
+        assert await app.dispatch_once() == n
+        clock.advance(timedelta(seconds=1))
+    clock.advance(app.settings.reconcile_grace)
+    return batches[0], batches[1]
+
+
+async def _lose_entries(app: App, task_ids: list[str]) -> None:
+    """Redis loses the entries of these tasks (never read: no PEL names them)."""
+    doomed = [entry_id for entry_id, f in await _xrange(app, _stream(app)) if f["t"] in task_ids]
+    assert len(doomed) == len(task_ids)
+    assert await _redis(app).xdel(_stream(app), *doomed) == len(doomed)
+
+
+async def test_reconciler_reaches_lost_entries_behind_a_full_page_that_exists(make_app: Callable[..., App]) -> None:
+    """A page of entries Redis still holds (a backlog nobody read yet) sits ahead of entries
+    it lost: the walk goes on past it (it once stopped there, and never reached them)."""
+    clock = FrozenClock()
+    app = make_app(clock=clock, reaper_batch=5)
+    ahead, behind = await _sent_in_two_batches(app, clock, 5, 3)
+    await _lose_entries(app, behind)
+
+    report = await app.reap_once()
+
+    assert report.reconciled == 3
+    assert {app.get_task(i).state for i in behind} == {TaskState.PENDING}
+    assert {app.get_task(i).state for i in ahead} == {TaskState.ENQUEUED}
+    assert (await app.reap_once()).reconciled == 0
+
+
+async def test_the_reconcilers_walk_goes_on_in_the_next_pass_and_wraps(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads up to its page limit (one page here) and the next pass goes on from there;
+    the short page at the end starts the walk over, where an entry lost since waits."""
+    monkeypatch.setattr(reaper, "_MAX_PAGES", 1)
+    clock = FrozenClock()
+    app = make_app(clock=clock, reaper_batch=5)
+    ahead, behind = await _sent_in_two_batches(app, clock, 5, 3)
+    await _lose_entries(app, behind)
+
+    assert (await app.reap_once()).reconciled == 0  # the page ahead: every entry exists
+    assert (await app.reap_once()).reconciled == 3  # the next page, short: the end
+    await _lose_entries(app, ahead[:1])
+    assert (await app.reap_once()).reconciled == 1  # from the start again
+    assert app.get_task(ahead[0]).state == TaskState.PENDING
+    assert (await app.reap_once()).reconciled == 0  # past the page: nothing left (the end)
+    await _lose_entries(app, ahead[1:2])
+    assert (await app.reap_once()).reconciled == 1
+
+
+async def test_a_reconciler_pass_walks_a_bounded_number_of_pages_where_nothing_was_lost(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog whose entries all exist costs a pass a few pages, not the whole walk: the
+    lost entries behind it are reached in a later pass, from where this one stopped."""
+    monkeypatch.setattr(reaper, "_RECONCILE_CLEAN_PAGES", 1)
+    clock = FrozenClock()
+    app = make_app(clock=clock, reaper_batch=5)
+    _, behind = await _sent_in_two_batches(app, clock, 10, 3)  # two full pages ahead, then 3
+    await _lose_entries(app, behind)
+
+    assert (await app.reap_once()).reconciled == 0  # one clean page, then the pass ends
+    assert (await app.reap_once()).reconciled == 0  # the second page ahead
+    assert (await app.reap_once()).reconciled == 3  # the page behind it
+    assert {app.get_task(i).state for i in behind} == {TaskState.PENDING}
+
+
+async def test_the_reconcilers_walk_takes_tasks_claimed_before_their_mark_sent_first(
+    make_app: Callable[..., App],
+) -> None:
+    """A task a worker claimed before its mark-SENT committed has no enqueued_at: the walk
+    reads those first (pages of them, by id), then the others, and misses none."""
+    clock = FrozenClock()
+    app = make_app(clock=clock, reaper_batch=2)
+    unstamped, stamped = await _sent_in_two_batches(app, clock, 3, 2)
+    expired = clock() - timedelta(seconds=5)  # their workers died: the leases ran out
+    with app.engine.begin() as conn:
+        conn.execute(
+            sa.update(tasks_table)
+            .where(tasks_table.c.id.in_(unstamped))
+            .values(state=TaskState.RUNNING, attempt=1, enqueued_at=None, lease_expires_at=expired)
+        )
+    await _lose_entries(app, unstamped + stamped)
+
+    report = await app.reap_once()  # pages: 2 unstamped, 1 unstamped + 1 stamped, 1 stamped (short)
+
+    assert report.reconciled == 5
+    assert {app.get_task(i).state for i in unstamped + stamped} == {TaskState.PENDING}
 
 
 async def test_pending_entry_deleted_from_stream_leaves_pel_and_task_is_reconciled(app: App) -> None:

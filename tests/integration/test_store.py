@@ -251,7 +251,8 @@ async def test_the_reaper_redelivers_dead_letters_and_finds_unconfirmed_deliveri
     )  # fmt: skip
     clock.advance(timedelta(minutes=1))
     unconfirmed = await store.unconfirmed_deliveries(ns, now=app.clock(), grace=timedelta(seconds=30), limit=10)
-    assert {u.task_id for u in unconfirmed} == {lost_id, dead_id}
+    assert {u.task_id for u in unconfirmed.deliveries} == {lost_id, dead_id}
+    assert unconfirmed.cursor is None  # a short page: the walk starts over
     assert await store.redeliver(
         ns, task_id=lost_id, generation=0, delivery=0, now=app.clock(), reason="lost", count_reclaim=True
     )
