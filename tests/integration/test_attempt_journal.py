@@ -25,7 +25,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlit
 #: GC-tracked objects one async attempt may hold while its handler waits (the handler's own
 #: frame, its task and the claim included). A closure, a partial or an unused journal per
 #: attempt each add some: a worker running 1,000 attempts collects once more per 5,000 objects.
-MAX_OBJECTS_PER_ATTEMPT = 23
+#: About 21 on a quiet machine; a make test run under load counted 27.4 (a second Context and
+#: another coroutine per attempt in flight at the census), and an unused journal per attempt
+#: with a closure for the heartbeat counted 34: the bound sits between.
+MAX_OBJECTS_PER_ATTEMPT = 28
 
 
 @pytest.fixture
