@@ -213,20 +213,28 @@ def _kill_a_busy_worker(app: App, procs: Processes, subs: list[Submission], cons
     victim = procs.procs.get("worker-1")
     if victim is None:
         return None
-    for sub in subs:
-        if sub.task_id is None or sub.status != SubmissionStatus.JUDGING:
-            continue
-        info = app.get_task(sub.task_id)
-        if info.state == TaskState.RUNNING and info.attempts and f":{victim.pid}:" in info.attempts[-1].worker_id:
-            pid = procs.kill("worker-1")
-            console.print(
-                f"[red]SIGKILL[/] worker pid {pid} while it judged submission {sub.id}; "
-                "its lease will expire and the reaper redelivers it"
-            )
-            procs.start("worker-3", "worker")
-            assert sub.id is not None
-            return pid, sub.id
-    return None
+    judging = [s for s in subs if s.task_id is not None and s.status == SubmissionStatus.JUDGING]
+    if not any(_running_on(app, s, victim.pid) for s in judging):
+        return None
+    pid = procs.kill("worker-1")
+    # A judging takes a few tenths of a second: the one seen running may have committed between
+    # that read and the kill. One the dead worker still holds RUNNING now was surely lost with it.
+    sub = next((s for s in judging if _running_on(app, s, pid)), None)
+    procs.start("worker-3", "worker")
+    if sub is None or sub.id is None:
+        return None
+    console.print(
+        f"[red]SIGKILL[/] worker pid {pid} while it judged submission {sub.id}; "
+        "its lease will expire and the reaper redelivers it"
+    )
+    return pid, sub.id
+
+
+def _running_on(app: App, sub: Submission, pid: int) -> bool:
+    """Whether the submission's judging runs now on the worker process ``pid``."""
+    assert sub.task_id is not None
+    info = app.get_task(sub.task_id)
+    return info.state == TaskState.RUNNING and bool(info.attempts) and f":{pid}:" in info.attempts[-1].worker_id
 
 
 def _rejudge_in_flight(app: App, candidates: list[int], subs: list[Submission], console: Console) -> int | None:
