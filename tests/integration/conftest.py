@@ -1,4 +1,5 @@
-"""Fixtures for tests that need databases of their own, empty (schema migrations)."""
+"""Fixtures of the integration tests: databases of their own, empty (schema migrations), and a
+clock the tests move by hand."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+
+from durable_tasks.clock import FrozenClock
 
 
 @pytest.fixture(params=["sqlite", "postgres", "mysql"])
@@ -47,3 +50,9 @@ def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
             for what in made:
                 conn.execute(sa.text(f"DROP {what}"))
         admin.dispose()
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    """A clock that stands still until the test advances it (pass it as ``make_app(clock=...)``)."""
+    return FrozenClock()

@@ -21,11 +21,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def clock() -> FrozenClock:
-    return FrozenClock()
-
-
-@pytest.fixture
 def app(make_app: Callable[..., App], clock: FrozenClock) -> App:
     return make_app(clock=clock)
 

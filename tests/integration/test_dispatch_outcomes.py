@@ -35,11 +35,6 @@ def register(app: App) -> None:
 
 
 @pytest.fixture
-def clock() -> FrozenClock:
-    return FrozenClock()
-
-
-@pytest.fixture
 async def build(make_app: Callable[..., App], clock: FrozenClock) -> AsyncIterator[Callable[..., App]]:
     """``make_app`` on the frozen clock with the mail task registered; Apps closed at teardown."""
     made: list[App] = []

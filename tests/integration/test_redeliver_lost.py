@@ -23,11 +23,6 @@ REASON = "worker lost: lease expired, entry reclaimed"
 
 
 @pytest.fixture
-def clock() -> FrozenClock:
-    return FrozenClock()
-
-
-@pytest.fixture
 def app(make_app: Callable[..., App], clock: FrozenClock) -> App:
     return make_app(clock=clock)
 

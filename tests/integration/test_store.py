@@ -28,11 +28,6 @@ LEASE = timedelta(seconds=30)
 
 
 @pytest.fixture
-def clock() -> FrozenClock:
-    return FrozenClock()
-
-
-@pytest.fixture
 def app(make_app: Callable[..., App], clock: FrozenClock) -> App:
     return make_app(clock=clock)
 
