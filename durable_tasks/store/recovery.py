@@ -130,8 +130,8 @@ def redeliver_many(
 
     ``count_reclaim`` is True when a worker lost them (counts toward ``max_deliveries``) and
     False when Redis lost them (the reconciler): a broker's data loss is not the task's fault.
-    A fixed number of statements per chunk of rows, whatever its size: a dead worker's page of
-    100 costs a few round trips, not four per task. The new delivery intents are written here
+    A fixed number of statements per chunk of rows, whatever its size: a reaper's page of a dead
+    worker's entries costs a few round trips, not four per task. The new delivery intents are written here
     (the store wakes dispatchers).
     """
     ids = sorted({task_id for task_id, _, _ in lost})
