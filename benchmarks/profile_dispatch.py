@@ -67,7 +67,7 @@ def stage_lines(per: str, count: int) -> list[str]:
 
 
 def bulk(n: int, batch: int, setup_sql: list[str]) -> None:
-    with bench_app(batch_size=batch) as (app, _db, _ns):
+    with bench_app(batch_size=batch, publish_on_commit=False) as (app, _db, _ns):
         with app.engine.begin() as conn:
             for statement in setup_sql:
                 conn.exec_driver_sql(statement)
@@ -97,7 +97,7 @@ def bulk(n: int, batch: int, setup_sql: list[str]) -> None:
 
 
 def one_row(passes: int) -> None:
-    with bench_app() as (app, _db, _ns):
+    with bench_app(publish_on_commit=False) as (app, _db, _ns):
 
         async def run() -> tuple[float, float, float]:
             wall = cpu = loop_cpu = 0.0

@@ -53,7 +53,7 @@ def fresh_database(base: str) -> Iterator[str]:
 
 async def submit_to_start(database_url: str, n: int, *, wake_up: bool) -> list[float]:
     """Milliseconds from submit to handler start, for ``n`` tasks submitted one at a time."""
-    app = App(database_url, REDIS, f"wake{uuid.uuid4().hex[:6]}")
+    app = App(database_url, REDIS, f"wake{uuid.uuid4().hex[:6]}", publish_on_commit=False)  # wake-ups alone
 
     @app.task(name="noop", queue="wake")
     async def noop(ctx: TaskContext[int], i: int) -> int:
@@ -61,7 +61,7 @@ async def submit_to_start(database_url: str, n: int, *, wake_up: bool) -> list[f
 
     app.create_all()
     if not wake_up:
-        app.runtime.wakeups.disable()
+        app.runtime.wakeups.disable_wakeups()
     waits: list[float] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(app.run)

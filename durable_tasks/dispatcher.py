@@ -23,8 +23,7 @@ from .runtime import Runtime
 from .store.outbox import ClaimedDelivery, dead_error_type
 from .store.queries import UNKNOWN_TASK_ERROR
 from .transport.announce import announce_outcomes
-from .transport.keys import partition_for
-from .transport.messages import OutgoingMessage
+from .transport.enqueue import outgoing
 
 __all__ = ["Dispatcher"]
 
@@ -195,15 +194,16 @@ class Dispatcher:
             return sent, failed
         partitions = self.runtime.settings.queue_partitions
         messages = [
-            OutgoingMessage(
-                r.queue,
-                r.task_id,
-                r.generation,
-                r.delivery,
-                r.name,
-                r.traceparent,
-                r.shadow,
-                partition=partition_for(r.partition_key or r.task_id, partitions.get(r.queue, 1)),
+            outgoing(
+                queue=r.queue,
+                task_id=r.task_id,
+                generation=r.generation,
+                delivery=r.delivery,
+                name=r.name,
+                traceparent=r.traceparent,
+                shadow=r.shadow,
+                partition_key=r.partition_key,
+                partitions=partitions,
                 priority=r.priority,
                 concurrency_key=r.concurrency_key,
             )

@@ -19,26 +19,31 @@ group costs several times more per task (see ``Worker._background``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import redis.asyncio
 from sqlalchemy.orm import Session
 
 from .clock import Clock
+from .commit_publish import CommitPublisher
 from .flow.gate import FlowGate
 from .loopbound import LoopBound
 from .settings import Settings
 from .store import Store
 from .store.base import SqlStore
 from .store.notify import OutboxWaiter
+from .store.submit import NewTask, SubmitOutcome
 from .tasks import Task
 from .telemetry import Telemetry
 from .transport.connect import close_stale, open_transport
+from .transport.enqueue import outgoing
 from .transport.keys import wake_channel
+from .transport.messages import OutgoingMessage
 from .transport.streams import RedisStreamsTransport
 from .views import QueueStats
-from .wakeup import CommitWakeups, RedisWakeWaiter
+from .wakeup import RedisWakeWaiter
 
 __all__ = ["Runtime"]
 
@@ -82,8 +87,9 @@ class Runtime:
         #: Flow control's admission (rate and concurrency limits) before a worker's claim.
         self.flow = FlowGate(self)
         self._store: Store | None = None
-        #: Wake-ups published on Redis at a submit's commit where the database has none.
-        self.wakeups = CommitWakeups(settings)
+        #: What a committed submit publishes on Redis: its tasks' entries, and the dispatchers'
+        #: wake-up where the database has no notification.
+        self.wakeups = CommitPublisher(settings, self.prioritized)
         self._transports: LoopBound[RedisStreamsTransport] = LoopBound(
             lambda: self._open_transport(redis_url()), close_stale=close_stale, aclose=_close_transport
         )
@@ -155,8 +161,43 @@ class Runtime:
     def wake_dispatchers_after_commit(self, session: Session) -> None:
         """Publish a wake-up when ``session`` commits, unless the database wakes them itself
         (or the runtime runs substituted, without Redis)."""
-        if not self.store.notifies_dispatchers and self.subscribes_to_results:
-            self.wakeups.after_commit(session)
+        self.publish_after_commit(session, ())
+
+    def publish_after_commit(self, session: Session, messages: Sequence[OutgoingMessage]) -> None:
+        """Once ``session`` commits, publish ``messages`` ahead of the dispatchers (with
+        ``publish_on_commit``) and wake them where the database does not; nothing while the
+        runtime runs substituted, without Redis (:mod:`.commit_publish`)."""
+        if self.subscribes_to_results:
+            if not self.settings.publish_on_commit:
+                messages = ()
+            self.wakeups.after_commit(session, messages, wake=not self.store.notifies_dispatchers)
+
+    def first_deliveries(
+        self, name: str, intents: Sequence[NewTask], outcomes: Sequence[SubmitOutcome], now: datetime
+    ) -> list[OutgoingMessage]:
+        """The entries the dispatcher would publish at once for a submit's new tasks: due now,
+        not shadows, on queues not held paused here (:mod:`.commit_publish`)."""
+        partitions = self.settings.queue_partitions
+        return [
+            outgoing(
+                queue=task.queue,
+                task_id=outcome.task_id,
+                generation=outcome.generation,
+                delivery=0,
+                name=name,
+                traceparent=task.traceparent,
+                shadow=False,
+                partition_key=task.partition_key,
+                partitions=partitions,
+                priority=task.priority,
+                concurrency_key=task.concurrency_key,
+            )
+            for task, outcome in zip(intents, outcomes, strict=True)
+            if outcome.created
+            and not task.shadow
+            and (task.due is None or task.due <= now)
+            and task.queue not in self.paused_queues
+        ]
 
     def queues(self) -> list[str]:
         """Every queue a registered task uses."""

@@ -137,6 +137,11 @@ class Settings(BaseSettings):
         description="How long a task whose name this process does not register is held PENDING (a rolling "
         "deploy: the producer runs newer code) before the dispatcher dead-letters it.",
     )
+    publish_on_commit: bool = Field(
+        default=True,
+        description="A submitting process publishes its new due tasks to Redis once its transaction commits, "
+        "ahead of the dispatcher, which still publishes every row (the same dedup key: nothing is added twice).",
+    )
     dedup_ttl: Duration = timedelta(hours=24)
     signing_key: SecretStr | None = Field(
         default=None, description="HMAC key: workers run only stream entries signed with it."
@@ -288,6 +293,7 @@ class SettingsOverrides(TypedDict, total=False):
     listen_check_timeout: timedelta
     cutover_watermark: int | None
     unknown_task_grace: timedelta
+    publish_on_commit: bool
     dedup_ttl: timedelta
     signing_key: SecretStr | str | None
     concurrency: int

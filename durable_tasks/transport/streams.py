@@ -6,8 +6,6 @@ one pipelined round trip, acknowledgements go per batch.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections import defaultdict
@@ -21,10 +19,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..flow.policy import PRIORITY_LEVELS
+from .enqueue import enqueue_calls, entry_json, level_of
 from .keys import CONSUMER_GROUP, QueueKeys
 from .levels import never, read_by_level
 from .messages import AutoclaimPage, Delivery, OutgoingMessage, StreamEntry, parse_autoclaim_reply, parse_delivery
-from .scripts import lua_source
+from .scripts import Script
 
 __all__ = ["QueueSnapshot", "RedisStreamsTransport", "stream_id_order"]
 
@@ -46,26 +45,6 @@ def _entry_ms(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
 
 
-#: Deliveries per enqueue-script call: bounds how long one call holds the Redis server.
-PUBLISH_CHUNK = 128
-
-
-_FIELDS_ENCODER = json.JSONEncoder(separators=(",", ":"))
-
-
-def _entry_json(fields: Mapping[str, str]) -> str:
-    """An entry's fields as enqueue_batch.lua takes them: one JSON array, field, value, ..."""
-    return _FIELDS_ENCODER.encode([part for pair in fields.items() for part in pair])
-
-
-class _Script:
-    """A Lua script resource and its SHA1 (for EVALSHA)."""
-
-    def __init__(self, name: str) -> None:
-        self.source = lua_source(name)
-        self.sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
-
-
 class RedisStreamsTransport:
     """Publishes deliveries to, and consumes them from, the streams of one namespace."""
 
@@ -84,8 +63,8 @@ class RedisStreamsTransport:
         self.cluster = isinstance(client, aioredis.RedisCluster)
         self.partitions = dict(partitions or {})
         self._dedup_ttl_ms = int(dedup_ttl.total_seconds() * 1000)
-        self._enqueue = _Script("enqueue_batch")
-        self._scripts: dict[str, _Script] = {}
+        self._enqueue = Script("enqueue_batch")
+        self._scripts: dict[str, Script] = {}
         self._groups_ready: set[str] = set()
         #: Whether a queue has priority levels (durable_tasks.flow): the Runtime sets it from
         #: the registry. A queue without them keeps its one stream and its plain read.
@@ -105,9 +84,8 @@ class RedisStreamsTransport:
         return [self.keys(queue, p) for p in range(count)]
 
     def level_of(self, msg: OutgoingMessage) -> int:
-        """The level stream a delivery goes to: its priority on a prioritized queue, else 0
-        (a level-0 delivery, the usual case, costs one attribute read)."""
-        return msg.priority if msg.priority and self.prioritized(msg.queue) else 0
+        """The level stream a delivery goes to (:func:`.enqueue.level_of`)."""
+        return level_of(msg, self.prioritized)
 
     def streams(self, queue: str) -> list[tuple[str, bool, int | None]]:
         """Every stream of ``queue``: (key, shadow, partition) for each partition, main and
@@ -130,13 +108,13 @@ class RedisStreamsTransport:
         """Run ``lua/<name>.lua`` once (EVALSHA, loaded on first use); its reply, or raise."""
         script = self._scripts.get(name)
         if script is None:
-            script = self._scripts[name] = _Script(name)
+            script = self._scripts[name] = Script(name)
         [reply] = await self._evalsha_all(script, [(keys, args)])
         if isinstance(reply, Exception):
             raise reply
         return reply
 
-    async def _evalsha_all(self, script: _Script, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
+    async def _evalsha_all(self, script: Script, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
         """Run ``script`` once per (keys, args) in one pipelined round trip; loads the script
         (on every node) and retries the calls that found it missing."""
         replies = await self._pipeline_evalsha(script, calls)
@@ -148,7 +126,7 @@ class RedisStreamsTransport:
                 replies[i] = reply
         return replies
 
-    async def _pipeline_evalsha(self, script: _Script, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
+    async def _pipeline_evalsha(self, script: Script, calls: Sequence[tuple[list[str], list[str | int]]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for keys, args in calls:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -162,30 +140,14 @@ class RedisStreamsTransport:
         fails fails every delivery it carried)."""
         if not messages:
             return []
-        by_stream: dict[str, list[int]] = {}
-        dedup_keys: list[str] = []
-        entries: list[str] = []
-        for i, msg in enumerate(messages):
-            keys = self.keys(msg.queue, msg.partition)
-            stream = keys.stream_for(shadow=msg.shadow, priority=self.level_of(msg))
-            by_stream.setdefault(stream, []).append(i)
-            dedup_keys.append(keys.dedup(msg.task_id, msg.generation, msg.delivery))
-            entries.append(_entry_json(msg.fields(stream, self.signing_key)))
-        chunks: list[list[int]] = []
-        calls: list[tuple[list[str], list[str | int]]] = []
-        for stream, indices in by_stream.items():
-            for lo in range(0, len(indices), PUBLISH_CHUNK):
-                chunk = indices[lo : lo + PUBLISH_CHUNK]
-                chunks.append(chunk)
-                calls.append(
-                    ([stream, *(dedup_keys[i] for i in chunk)], [self._dedup_ttl_ms, *(entries[i] for i in chunk)])
-                )
-        replies = await self._evalsha_all(self._enqueue, calls)
-        out: list[str | Exception] = [RuntimeError("not published")] * len(messages)
-        for chunk, reply in zip(chunks, replies, strict=True):
-            for position, i in enumerate(chunk):
-                out[i] = reply if isinstance(reply, Exception) else str(reply[position])
-        return out
+        plan = enqueue_calls(
+            messages,
+            namespace=self.namespace,
+            dedup_ttl_ms=self._dedup_ttl_ms,
+            signing_key=self.signing_key,
+            prioritized=self.prioritized,
+        )
+        return plan.entry_ids(await self._evalsha_all(self._enqueue, plan.calls))
 
     # -- consume -------------------------------------------------------------------------
 
@@ -302,7 +264,7 @@ class RedisStreamsTransport:
         """Append ``fields`` to the queue's dead-letter stream once per ``what`` (a delivery
         ``task:generation:delivery`` or ``entry:<id>``): a retry after a crash adds nothing."""
         keys = self.keys(queue)
-        args: list[str | int] = [self._dedup_ttl_ms, _entry_json(fields)]
+        args: list[str | int] = [self._dedup_ttl_ms, entry_json(fields)]
         [reply] = await self._evalsha_all(self._enqueue, [([keys.dlq, keys.dlq_dedup(what)], args)])
         if isinstance(reply, Exception):
             raise reply

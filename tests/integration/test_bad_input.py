@@ -443,6 +443,10 @@ async def stream_length(redis_url: str, key: str) -> int:
 
 
 def submit_and_tamper(app: App, **column_values: str) -> str:
+    """Submit, then edit the committed task row. The Apps of these tests do not publish at
+    commit (``publish_on_commit=False``), so the dispatcher sees the edited row first, as it
+    sees a row written by SQL; an entry already out at commit fails at the worker's decode
+    instead (test_faulty_inputs.py)."""
     with Session(app.engine) as session:
         handle = app.submit(session, "job", Job(user_id=1, name="n"))
         session.commit()
@@ -459,7 +463,7 @@ def submit_and_tamper(app: App, **column_values: str) -> str:
 async def test_stored_payload_edited_to_nonsense_is_dead_with_the_reason(
     build: Callable[..., App], redis_url: str, namespace: str, stored: str
 ) -> None:
-    app = build()
+    app = build(publish_on_commit=False)
     task_id = submit_and_tamper(app, payload=stored)
 
     assert await app.dispatch_once() == 1
@@ -477,7 +481,7 @@ async def test_stored_payload_edited_to_nonsense_is_dead_with_the_reason(
 
 
 async def test_operator_can_read_a_task_whose_stored_payload_is_corrupt(build: Callable[..., App]) -> None:
-    app = build()
+    app = build(publish_on_commit=False)
     task_id = submit_and_tamper(app, payload='{"x":')
     assert await app.dispatch_once() == 1
     info = app.get_task(task_id)
@@ -489,7 +493,7 @@ async def test_operator_can_read_a_task_whose_stored_payload_is_corrupt(build: C
 async def test_task_name_still_unknown_after_the_grace_is_dead_with_the_reason(
     build: Callable[..., App], redis_url: str, namespace: str
 ) -> None:
-    app = build(unknown_task_grace=timedelta(0))  # tests/integration/test_unknown_tasks.py: the hold
+    app = build(unknown_task_grace=timedelta(0), publish_on_commit=False)  # test_unknown_tasks.py: the hold
     task_id = submit_and_tamper(app, name="gone")
 
     assert await app.dispatch_once() == 1
@@ -507,7 +511,7 @@ async def test_task_name_still_unknown_after_the_grace_is_dead_with_the_reason(
 async def test_one_bad_row_does_not_hold_back_the_good_ones(
     build: Callable[..., App], redis_url: str, namespace: str
 ) -> None:
-    app = build()
+    app = build(publish_on_commit=False)
     bad = submit_and_tamper(app, payload='{"x":')
     with Session(app.engine) as session:
         good = app.submit(session, "job", Job(user_id=2, name="fine"))

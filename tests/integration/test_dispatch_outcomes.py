@@ -217,8 +217,8 @@ async def test_paused_queue_keeps_the_row_pending_without_counting_a_failure(
     build: Callable[..., App], clock: FrozenClock, redis_client: aioredis.Redis, namespace: str
 ) -> None:
     app = build()
+    app.runtime.paused_queues.add(QUEUE)  # before the submit: its commit publishes nothing either
     task_id = submit(app)
-    app.runtime.paused_queues.add(QUEUE)
 
     await app.dispatch_once()
 
@@ -257,11 +257,12 @@ async def test_pausing_one_queue_does_not_hold_back_another(
     def other(ctx: TaskContext[Email], p: Email) -> None:
         return None
 
+    app.runtime.paused_queues.add(QUEUE)  # before the submits: their commits publish nothing either
     held = submit(app)
     with Session(app.engine) as session:
         moving = other.submit(session, Email(to="b@example.com")).id
         session.commit()
-    app.runtime.paused_queues.add(QUEUE)
+    assert app.runtime.wakeups.flush()  # the other queue's entry is out: the dispatch adds none
 
     await app.dispatch_once()
 

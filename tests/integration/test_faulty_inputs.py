@@ -7,17 +7,20 @@ from datetime import timedelta
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.clock import system_clock
-from durable_tasks.records import OutboxState, outbox_table
+from durable_tasks.records import OutboxState, outbox_table, tasks_table
 from durable_tasks.worker import Worker
 from tests.helpers import keys, submit
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_dedup_key_holding_the_wrong_type_backs_off_and_recovers(app: App) -> None:
+async def test_a_dedup_key_holding_the_wrong_type_backs_off_and_recovers(make_app: Callable[..., App]) -> None:
+    app = make_app(publish_on_commit=False)  # the dispatcher is the first to use the key
+
     @app.task(name="plain", queue="jobs")
     def plain(ctx: TaskContext[int], n: int) -> int:
         return n
@@ -36,6 +39,22 @@ async def test_a_dedup_key_holding_the_wrong_type_backs_off_and_recovers(app: Ap
     assert await app.dispatch_once() == 1
     assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
     assert app.get_task(task_id).state == TaskState.SUCCEEDED
+
+
+async def test_a_payload_edited_after_its_entry_went_out_fails_at_the_decode(app: App) -> None:
+    @app.task(name="plain", queue="jobs")
+    def plain(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    task_id = submit(app, "plain", 1)
+    assert app.runtime.wakeups.flush()  # the entry is out: the dispatcher's check comes too late
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(tasks_table).where(tasks_table.c.id == task_id).values(payload='{"x":'))
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    info = app.get_task(task_id)
+    assert info.state == TaskState.FAILED  # not retried: a retry would decode the same bytes
+    assert info.error_message is not None
+    assert "stored payload of task 'plain' no longer validates" in info.error_message
 
 
 class Unpicklable(Exception):

@@ -66,6 +66,7 @@ async def test_only_a_commit_publishes_a_wake_up(make_app: Callable[..., App], r
         app.submit(session, "double", 2)
         app.submit(session, "double", 3)
         session.commit()  # one wake-up for the transaction
+    assert app.runtime.wakeups.flush()  # sent from a thread: before our marker
     client.publish(channel, "end")
     seen: list[bytes] = []
 
@@ -100,12 +101,14 @@ async def test_rows_rolled_back_publish_no_wake_up_and_a_commit_does(
     with Session(app.engine) as session:
         task_id = app.submit(session, "double", 1).id
         session.commit()
+    assert app.runtime.wakeups.flush()  # its wake-up goes before the listener subscribes
     channel = wake_channel(app.settings.namespace)
     client: Any = redis.Redis.from_url(redis_url)  # redis-py's pubsub() is untyped
     listener = client.pubsub(ignore_subscribe_messages=True)
     listener.subscribe(channel)
 
     async def wake_ups_before_the_marker() -> list[bytes]:
+        assert app.runtime.wakeups.flush()  # sent from a thread: before our marker
         client.publish(channel, "end")
         seen: list[bytes] = []
 

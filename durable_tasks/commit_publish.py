@@ -1,0 +1,292 @@
+"""What a committed submit owes Redis: its tasks' stream entries, and the dispatchers' wake-up.
+
+The dispatcher is the durable path from the outbox to the streams: its lease and its mark make
+every row reach its stream whatever crashes. On that path alone a task waits, after its submit
+commits, for a dispatcher to wake, lease the row in a statement of its own and publish it;
+that hop was a third of submit→start at 200 tasks/s. So the submitting process also publishes
+the first delivery of each task it just created, once its transaction commits (never before:
+a worker must find the task row), through the same enqueue script with the same dedup key,
+stream and fields as the dispatcher (:mod:`.transport.enqueue`). The dispatcher's publish of
+the row then adds nothing and gets the same entry id back, which it records as always. A
+publish here that fails, times out or never happens (the process dies after its commit) costs
+latency only: the dispatcher publishes.
+
+The commit does not wait for Redis: it hands what it owes to one daemon thread per process
+(:class:`_Sender`), which sends everything handed to it since its last round trip in one
+pipeline per App. A commit so costs a list append and a notify, whatever Redis does; a Redis that is
+down or slow delays nothing but these entries (each round trip gives up after 0.25 s), and
+while one is outstanding at most ``_BACKLOG_LIMIT`` entries wait, the rest are left to the
+dispatcher. Entries still waiting when the process exits are the dispatcher's too.
+
+Only what the dispatcher would publish at once goes: a task that is due (not delayed), not a
+shadow, on a queue this process does not hold paused, in a process that talks to Redis (not
+a runtime substituted onto an in-memory transport). On a Redis Cluster only the wake-up goes.
+
+The wake-up: PostgreSQL's submits NOTIFY the dispatchers' LISTEN at commit. MySQL/MariaDB and
+SQLite have no such channel, so their dispatchers poll the outbox every ``poll_interval``; a
+committed submit ends that wait with one ``PUBLISH`` on the namespace's wake channel
+(:class:`.wakeup.RedisWakeWaiter`), in the same round trip as the entries. On the embedded
+default (no Redis URL) both go to the data directory's Valkey once its socket exists; a
+process never starts that server to publish (where it does not run, no worker does either).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+from redis.exceptions import NoScriptError, RedisClusterException
+from sqlalchemy import event
+from sqlalchemy.orm import Session, SessionTransaction
+
+from .embedded import valkey_socket
+from .settings import Settings
+from .transport.cluster_url import is_cluster_url, sync_cluster_client
+from .transport.enqueue import enqueue_calls
+from .transport.keys import wake_channel
+from .transport.messages import OutgoingMessage
+from .transport.scripts import Script
+
+__all__ = ["CommitPublisher"]
+
+logger = logging.getLogger(__name__)
+
+#: A round trip that takes longer is given up (the dispatchers publish, and poll).
+_TIMEOUT = 0.25
+#: Entries waiting for the sender thread at most; past it a commit's entries are not queued.
+_BACKLOG_LIMIT = 10_000
+
+
+@dataclass(slots=True)
+class _Owed:
+    """What one (possibly nested) transaction owes Redis once the outermost commits."""
+
+    messages: list[OutgoingMessage] = field(default_factory=list)
+    wake: bool = False
+    #: The connection the rows were written on: still in a transaction after the session's
+    #: commit when the session only joined it (``Session(bind=connection)``).
+    conn: sa.Connection | None = None
+
+
+class CommitPublisher:
+    """Publishes, once per committed transaction, its owed entries and wake-up (one per App)."""
+
+    def __init__(self, settings: Settings, prioritized: Callable[[str], bool]) -> None:
+        self._namespace = settings.namespace
+        self._channel = wake_channel(settings.namespace)
+        self._cluster = settings.redis_cluster
+        self._redis_url = settings.redis_url
+        #: The embedded default's server, used only while its socket exists: a process that
+        #: only submits must not start a Valkey to publish.
+        self._embedded: Path | None = None if settings.redis_url else valkey_socket(settings.data_dir)
+        self._dedup_ttl_ms = int(settings.dedup_ttl.total_seconds() * 1000)
+        key = settings.signing_key
+        self._signing_key = key.get_secret_value().encode() if key else None
+        self._prioritized = prioritized
+        self._enqueue = Script("enqueue_batch")
+        self._wakes = True
+        self._key = f"durable_tasks.commit:{self._channel}"  # session.info: what is owed at commit
+        self._lock = threading.Lock()
+        self._client: tuple[int, Any] | None = None  # (pid, client): a forked child makes its own
+
+    def disable_wakeups(self) -> None:
+        """Publish no wake-ups from now on (the dispatchers poll): for measuring what they save."""
+        self._wakes = False
+
+    def after_commit(self, session: Session, messages: Sequence[OutgoingMessage] = (), *, wake: bool) -> None:
+        """Publish ``messages`` (and a wake-up) once ``session``'s transaction commits: not when
+        it rolls back or closes uncommitted, nor what was written in a savepoint that rolled back."""
+        wake = wake and self._wakes
+        if not messages and not wake:
+            return
+        # Owed by the innermost transaction, the one whose rollback takes the rows away.
+        marked = session.get_nested_transaction() or session.get_transaction()
+        if marked is None:  # pragma: no cover - a submit's statements always begin one
+            return
+        owed: dict[SessionTransaction, _Owed] = session.info.setdefault(self._key, {})
+        entry = owed.setdefault(marked, _Owed())
+        entry.messages.extend(messages)
+        entry.wake = entry.wake or wake
+        if messages:
+            entry.conn = session.connection()  # the submit's statements began it: no new transaction
+        if not event.contains(session, "after_commit", self._committed):
+            event.listen(session, "after_commit", self._committed)
+            event.listen(session, "after_soft_rollback", self._rolled_back)
+            event.listen(session, "after_transaction_end", self._ended)
+
+    def _committed(self, session: Session) -> None:
+        root = session.get_transaction()
+        if root is not None and root.is_active:  # a savepoint released: its rows await the outermost
+            return
+        owed: dict[SessionTransaction, _Owed] | None = session.info.pop(self._key, None)
+        if owed:
+            # A session that joined an outer transaction (a hook's session on the fenced
+            # transaction, a test's connection) "commits" a savepoint: its rows are not committed
+            # yet, and a worker must not read entries for rows it cannot see (it would drop
+            # them as stale). Those are the dispatcher's (a NOTIFY goes at the real commit).
+            joined = any(entry.conn is not None and entry.conn.in_transaction() for entry in owed.values())
+            messages = [] if joined else [m for entry in owed.values() for m in entry.messages]
+            _SENDER.put(self, messages, wake=any(entry.wake for entry in owed.values()))
+
+    def _rolled_back(self, session: Session, previous_transaction: SessionTransaction) -> None:
+        owed: dict[SessionTransaction, _Owed] | None = session.info.get(self._key)
+        if owed:
+            for gone in [t for t in owed if _within(t, previous_transaction)]:
+                del owed[gone]
+
+    def _ended(self, session: Session, transaction: SessionTransaction) -> None:
+        if transaction.parent is None:  # the outermost, committed (published) or not
+            session.info.pop(self._key, None)
+
+    def publish(self) -> None:
+        """A wake-up alone (the runtime's own outbox writes: a resume, a suspension's children)."""
+        if self._wakes:
+            _SENDER.put(self, (), wake=True)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until what committed transactions handed over so far has been sent (or failed):
+        False if ``timeout`` seconds passed first. Nothing needs it for correctness; tests and
+        benchmarks use it to order what they observe."""
+        return _SENDER.flush(timeout)
+
+    def send(self, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
+        """One pipelined round trip (the sender thread's): the enqueue script for ``messages``,
+        then the wake-up. A failure is logged and left to the dispatchers.
+
+        A cluster client that finds no node raises RedisClusterException, which is no
+        RedisError: caught too, or it would fail the caller's commit (this runs in its
+        ``after_commit``).
+        """
+        url = self._redis_url
+        if url is None:  # the embedded default: its server, if it runs
+            assert self._embedded is not None
+            if not self._embedded.exists():
+                return
+            url = f"unix://{self._embedded}"
+        cluster = self._cluster or is_cluster_url(url)
+        if cluster:
+            messages = ()  # the entries' keys span slots: the dispatcher publishes them
+        if not messages and not wake:
+            return
+        try:
+            self._send(self._redis(url, cluster), messages, wake=wake)
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
+            logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", exc)
+
+    def _send(self, client: Any, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
+        calls = (
+            enqueue_calls(
+                messages,
+                namespace=self._namespace,
+                dedup_ttl_ms=self._dedup_ttl_ms,
+                signing_key=self._signing_key,
+                prioritized=self._prioritized,
+            ).calls
+            if messages
+            else []
+        )
+        pipe = client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.execute_command("EVALSHA", self._enqueue.sha, len(keys), *keys, *args)
+        if wake:
+            pipe.publish(self._channel, "1")
+        replies = pipe.execute(raise_on_error=False)
+        missing = [calls[i] for i, reply in enumerate(replies[: len(calls)]) if isinstance(reply, NoScriptError)]
+        if missing:  # the first publish on this server (or it restarted): load, then once more
+            client.script_load(self._enqueue.source)
+            pipe = client.pipeline(transaction=False)
+            for keys, args in missing:
+                pipe.execute_command("EVALSHA", self._enqueue.sha, len(keys), *keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", reply)
+
+    def _redis(self, url: str, cluster: bool) -> Any:
+        with self._lock:
+            if self._client is None or self._client[0] != os.getpid():
+                timeouts = {"socket_timeout": _TIMEOUT, "socket_connect_timeout": _TIMEOUT}
+                client: Any = sync_cluster_client(url, **timeouts) if cluster else redis.Redis.from_url(url, **timeouts)
+                self._client = (os.getpid(), client)
+            return self._client[1]
+
+
+class _Sender:
+    """The process's one thread that sends what commits owe: everything waiting, one round
+    trip per App (each App has its own Redis and namespace)."""
+
+    def __init__(self) -> None:
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """A fresh start, also in a forked child: the parent's thread does not exist there, and
+        a lock another thread held at the fork stays held in the child."""
+        self._cond = threading.Condition()
+        self._owed: dict[CommitPublisher, _Owed] = {}
+        self._waiting = 0
+        self._handed = self._sent = 0  # puts so far; puts whose round trip is over
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    def put(self, publisher: CommitPublisher, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="durable_tasks-commit-publish", daemon=True)
+                self._thread.start()
+            owed = self._owed.setdefault(publisher, _Owed())
+            if self._waiting + len(messages) <= _BACKLOG_LIMIT:
+                owed.messages.extend(messages)
+                self._waiting += len(messages)
+            elif not self._warned:
+                self._warned = True
+                logger.warning(
+                    "over %d entries wait to be published at commit (Redis slow or down): "
+                    "the dispatchers publish the rest",
+                    _BACKLOG_LIMIT,
+                )
+            owed.wake = owed.wake or wake
+            self._handed += 1
+            self._cond.notify_all()  # the thread, not only a flush() waiting on the same condition
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until what was handed over before this call has been sent (or failed)."""
+        with self._cond:
+            handed = self._handed
+            return self._cond.wait_for(lambda: self._sent >= handed, timeout)
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._owed:
+                    cond.wait()
+                owed, self._owed, self._waiting = self._owed, {}, 0
+                handed = self._handed
+            for publisher, entry in owed.items():
+                try:
+                    publisher.send(entry.messages, wake=entry.wake)
+                except Exception:  # never end the thread: the next commits' entries still go
+                    logger.exception("publishing at commit failed (the dispatchers publish and poll)")
+            with cond:
+                self._sent = handed
+                cond.notify_all()
+
+
+_SENDER = _Sender()
+
+
+def _within(transaction: SessionTransaction | None, outer: SessionTransaction) -> bool:
+    """Whether ``transaction`` is ``outer`` or nested inside it."""
+    while transaction is not None:
+        if transaction is outer:
+            return True
+        transaction = transaction.parent
+    return False

@@ -1,0 +1,180 @@
+"""A committed submit publishes its task's entry itself (``publish_on_commit``, the default),
+ahead of the dispatcher, which still publishes every row: the same dedup key, so the stream
+holds one entry and the outbox row records its id. Rows that did not commit publish nothing;
+delayed and shadow tasks wait for the dispatcher; a Redis out of reach leaves the commit alone
+and the dispatcher publishes. On every database."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session
+
+from durable_tasks import App, TaskNotFoundError, TaskState
+from durable_tasks.records import OutboxState
+from durable_tasks.transport.keys import QueueKeys
+from tests import helpers
+from tests.helpers import FAST, entries, keys, outbox_row, submit
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.parametrize("database_url", ["postgres", "sqlite", "mysql"], indirect=True),
+]
+
+#: A dispatcher that never wakes on its own within a test: what is on a stream, the commit put there.
+NO_POLL = {"poll_interval": timedelta(hours=1)}
+
+
+async def stream_entries(app: App, queue: str = "jobs") -> list[tuple[str, dict[str, str]]]:
+    assert app.runtime.wakeups.flush(), "the commit's publish did not finish in 5 s"
+    return await entries(app, keys(app, queue).stream)
+
+
+async def test_the_entry_is_out_at_commit_and_the_dispatcher_adds_none(make_app: Callable[..., App]) -> None:
+    app = helpers.doubling_app(make_app, **NO_POLL)
+    task_id = submit(app, "double", 21)
+    [(entry_id, fields)] = await stream_entries(app)
+    assert (fields["t"], fields["g"], fields["d"], fields["n"]) == (task_id, "0", "0", "double")
+    assert outbox_row(app, task_id).state == OutboxState.PENDING  # the dispatcher has not run
+
+    assert await app.dispatch_once() == 1  # publishes the row: a dedup hit, the same entry id
+    row = outbox_row(app, task_id)
+    assert (row.state, row.stream_id) == (OutboxState.SENT, entry_id)
+    assert [e for e, _ in await stream_entries(app)] == [entry_id]
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    assert app.get_task(task_id).state is TaskState.SUCCEEDED
+    await app.aclose()
+
+
+async def test_a_worker_runs_the_task_before_any_dispatcher_does(make_app: Callable[..., App]) -> None:
+    app = helpers.doubling_app(make_app, **NO_POLL)
+    task_id = submit(app, "double", 4)
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    done = app.get_task(task_id)
+    assert (done.state, done.result) == (TaskState.SUCCEEDED, 8)
+    assert outbox_row(app, task_id).state == OutboxState.PENDING
+    assert await app.dispatch_once() == 1  # marks the row; the task stays as it is
+    assert outbox_row(app, task_id).state == OutboxState.SENT
+    assert app.get_task(task_id).state is TaskState.SUCCEEDED
+    assert len(await stream_entries(app)) == 1
+    await app.aclose()
+
+
+async def test_only_committed_rows_are_published(make_app: Callable[..., App]) -> None:
+    app = helpers.doubling_app(make_app, **NO_POLL)
+    with Session(app.engine) as session:
+        app.submit(session, "double", 1)
+        session.rollback()
+        savepoint = session.begin_nested()
+        app.submit(session, "double", 2)
+        savepoint.rollback()
+        kept = session.begin_nested()
+        released = app.submit(session, "double", 3).id
+        kept.commit()  # released: its row is the transaction's
+        session.commit()
+    session = Session(app.engine)
+    app.submit(session, "double", 4)
+    session.close()  # uncommitted: rolled back
+    assert [fields["t"] for _, fields in await stream_entries(app)] == [released]
+    await app.aclose()
+
+
+async def test_a_session_that_joined_an_outer_transaction_publishes_nothing_at_its_commit(
+    make_app: Callable[..., App],
+) -> None:
+    # Its commit releases a savepoint (an on_commit hook's session does this on the fenced
+    # transaction): a worker reading an entry now would find no committed task row.
+    app = helpers.doubling_app(make_app, **NO_POLL)
+    with app.engine.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            rolled_back = app.submit(session, "double", 1).id
+            session.commit()
+        assert await stream_entries(app) == []
+        outer.rollback()
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            kept = app.submit(session, "double", 2).id
+            session.commit()
+        assert await stream_entries(app) == []
+        outer.commit()
+    assert await app.dispatch_once() == 1  # the dispatcher publishes the row that committed
+    assert [fields["t"] for _, fields in await stream_entries(app)] == [kept]
+    assert outbox_row(app, kept).state == OutboxState.SENT
+    with pytest.raises(TaskNotFoundError):
+        app.get_task(rolled_back)
+    await app.aclose()
+
+
+async def test_delayed_and_shadow_tasks_wait_for_the_dispatcher(make_app: Callable[..., App]) -> None:
+    app = helpers.doubling_app(make_app, **NO_POLL)
+    submit(app, "double", 1, delay=timedelta(hours=1))
+    shadow = submit(app, "double", 2, shadow=True)
+    assert await stream_entries(app) == []
+    assert await entries(app, keys(app).shadow) == []
+    assert await app.dispatch_once() == 1  # the shadow task; the delayed one is not due
+    [(_, fields)] = await entries(app, keys(app).shadow)
+    assert fields["t"] == shadow
+    await app.aclose()
+
+
+async def test_with_the_setting_off_only_the_dispatcher_publishes(make_app: Callable[..., App]) -> None:
+    app = helpers.doubling_app(make_app, publish_on_commit=False, **NO_POLL)
+    task_id = submit(app, "double", 5)
+    assert await stream_entries(app) == []
+    assert await app.dispatch_once() == 1
+    [(entry_id, _)] = await stream_entries(app)
+    assert outbox_row(app, task_id).stream_id == entry_id
+    await app.aclose()
+
+
+async def test_signed_entries_published_at_commit_run(make_app: Callable[..., App]) -> None:
+    app = helpers.doubling_app(make_app, signing_key="k1-" + "x" * 29, **NO_POLL)
+    task_id = submit(app, "double", 6)
+    [(_, fields)] = await stream_entries(app)
+    assert "s" in fields
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    assert app.get_task(task_id).state is TaskState.SUCCEEDED  # a forged entry would go to the DLQ
+    await app.aclose()
+
+
+async def test_a_partitioned_queue_gets_the_entry_on_the_dispatchers_partition(
+    make_app: Callable[..., App],
+) -> None:
+    app = helpers.doubling_app(make_app, queue_partitions={"jobs": 4}, **NO_POLL)
+    task_ids = [submit(app, "double", i, partition_key=f"user:{i}") for i in range(6)]
+    assert app.runtime.wakeups.flush()
+    namespace = app.settings.namespace
+    before = {p: await entries(app, QueueKeys(namespace, "jobs", p).stream) for p in range(4)}
+    assert sum(len(e) for e in before.values()) == 6
+    assert await app.dispatch_once() == 6  # each row a dedup hit on the stream it went to
+    after = {p: await entries(app, QueueKeys(namespace, "jobs", p).stream) for p in range(4)}
+    assert after == before
+    published = {(p, fields["t"], e) for p, listed in after.items() for e, fields in listed}
+    recorded = {(row.partition, task_id, row.stream_id) for task_id in task_ids for row in [outbox_row(app, task_id)]}
+    assert recorded == published
+    await app.aclose()
+
+
+async def test_a_redis_out_of_reach_leaves_the_commit_alone_and_the_dispatcher_publishes(
+    make_app: Callable[..., App], database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # Nothing listens on port 1: the publish fails at once, after the commit, in another thread.
+    cut_off = App(database_url, "redis://127.0.0.1:1/0", namespace, data_dir=tmp_path / "cut", **FAST)
+    cut_off.create_all()
+    helpers.doubling_app(lambda: cut_off)
+    started = time.monotonic()
+    task_id = submit(cut_off, "double", 7)
+    assert time.monotonic() - started < 5  # the commit did not wait on Redis' timeouts
+    assert cut_off.runtime.wakeups.flush()
+    app = helpers.doubling_app(make_app, **NO_POLL)  # the same database and namespace, Redis reachable
+    assert await stream_entries(app) == []
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    assert app.get_task(task_id).state is TaskState.SUCCEEDED
+    await app.aclose()
+    await cut_off.aclose()
