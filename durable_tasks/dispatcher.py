@@ -41,6 +41,13 @@ _SETTLES_IN_FLIGHT = 4
 #: would anyway, and a crash in between only means a deduplicated republish.
 _CLAIM_HEAD_START_S = 0.003
 
+#: With submits publishing at commit (:mod:`.commit_publish`), the rows a wake-up announces
+#: usually have their entries out already: the pass waits this long after a wake-up, leaving the
+#: cores to the workers' claims of those entries, and takes the rows submitted meanwhile with it.
+#: A row whose entry did not go out at commit (a rerun, the runtime's own writes, a publish that
+#: failed) waits this much longer; a row that became due (a timer, not a wake-up) does not.
+_AFTER_WAKE_S = 0.01
+
 logger = logging.getLogger(__name__)
 
 
@@ -232,6 +239,7 @@ class Dispatcher:
         waiter = self.runtime.outbox_waiter()
         lanes = anyio.Semaphore(_PASSES_IN_FLIGHT)
         full = False  # the last claim took a whole batch (a backlog: the next one will too)
+        head_start = s.publish_on_commit and self.runtime.subscribes_to_results
         try:
             await waiter.listen()  # before the first claim: a row committed after it wakes the wait
             async with anyio.create_task_group() as passes:
@@ -250,7 +258,11 @@ class Dispatcher:
                         lanes.release()
                     full = len(rows) >= s.batch_size
                     if not full:
-                        await waiter.wait(sleep if sleep is not None else await self._until_next_due(s.poll_interval))
+                        timeout = sleep if sleep is not None else await self._until_next_due(s.poll_interval)
+                        waited_from = anyio.current_time()
+                        await waiter.wait(timeout)
+                        if head_start and anyio.current_time() - waited_from < timeout.total_seconds():
+                            await anyio.sleep(_AFTER_WAKE_S)  # woken by a submit, not by a due time
         finally:
             await waiter.aclose()
 
