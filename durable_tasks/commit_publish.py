@@ -13,9 +13,9 @@ latency only: the dispatcher publishes.
 
 The commit does not wait for Redis: it hands what it owes to one daemon thread per process
 (:class:`_Sender`), which sends everything handed to it since its last round trip in one
-pipeline per App. A commit so costs a list append and a notify, whatever Redis does; a Redis that is
-down or slow delays nothing but these entries (each round trip gives up after 0.25 s), and
-while one is outstanding at most ``_BACKLOG_LIMIT`` entries wait, the rest are left to the
+pipeline per App. A commit so costs a list append and a notify, whatever Redis does; a Redis
+that is down or slow delays nothing but these entries (each round trip gives up after 0.25 s),
+and while one is outstanding at most ``_BACKLOG_LIMIT`` entries wait, the rest are left to the
 dispatcher. Entries still waiting when the process exits are the dispatcher's too.
 
 Only what the dispatcher would publish at once goes: a task that is due (not delayed), not a
@@ -158,12 +158,8 @@ class CommitPublisher:
 
     def send(self, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
         """One pipelined round trip (the sender thread's): the enqueue script for ``messages``,
-        then the wake-up. A failure is logged and left to the dispatchers.
-
-        A cluster client that finds no node raises RedisClusterException, which is no
-        RedisError: caught too, or it would fail the caller's commit (this runs in its
-        ``after_commit``).
-        """
+        then the wake-up. A failure is logged and left to the dispatchers (a cluster client that
+        finds no node raises RedisClusterException, which is no RedisError: caught too)."""
         url = self._redis_url
         if url is None:  # the embedded default: its server, if it runs
             assert self._embedded is not None
