@@ -87,8 +87,10 @@ BACKLOG_SQL = """
 WITH made AS (
     INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
         counted_losses, failures, max_attempts, shadow, created_at)
-    SELECT md5(:ns || 'b' || g)::uuid::text, :ns, 'scale.noop', 'scale', g::text, 'PENDING', 0, 0, 0, 0, 0, 0,
-        3, false, now()
+    SELECT overlay(overlay(overlay(md5(:ns || 'b' || g)  -- a UUIDv7 as submit makes it (store/ids.py)
+               placing lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint + g), 12, '0') from 1 for 12)
+               placing '7' from 13 for 1) placing '8' from 17 for 1)::uuid::text,
+        :ns, 'scale.noop', 'scale', g::text, 'PENDING', 0, 0, 0, 0, 0, 0, 3, false, now()
     FROM generate_series(1, :rows) AS g
     RETURNING id, namespace, queue, created_at
 )

@@ -28,21 +28,11 @@ from sqlalchemy.orm import Session
 from ..journal import ChildOutcome
 from ..outcome import TaskOutcome
 from ..records import AttemptRecord, TaskRecord
-from . import (
-    execution,
-    journal,
-    leases,
-    outbox,
-    outcomes,
-    queries,
-    results,
-    retention,
-    schema,
-    submit,
-)
+from . import execution, journal, leases, outbox, outcomes, queries, results, retention, schema, submit
 from .commit_wakes import CommitWakes
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
+from .ids import new_task_id
 from .journaling import JournalStore
 from .notify import OutboxWaiter, PollingWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
@@ -155,7 +145,7 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
             existing = submit.find_by_key(conn, task)
             if existing is not None:
                 return existing
-        task_id = str(uuid.uuid4())
+        task_id = new_task_id()
         if self._insert_task(conn, task, task_id, now):
             return SubmitOutcome(task_id, 0, created=True)
         existing = submit.find_by_key(conn, task)  # lost to a concurrent duplicate idempotency key

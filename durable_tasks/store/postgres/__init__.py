@@ -17,7 +17,6 @@ planner setting of the runtime's statements lives in :mod:`.planner`.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -32,6 +31,7 @@ from .. import execution, recovery, results
 from ..base import SqlStore
 from ..engine import ping_when_idle
 from ..execution import ClaimRefused, ClaimRequest, ExecutionClaim
+from ..ids import new_task_id
 from ..notify import OutboxWaiter
 from ..outbox import ClaimedDelivery, Dead, Retry, Sent
 from ..pooler import PathProbe, conninfo, detect_pooling, listen_reaches, prepare_as_decided, split_prepare_threshold
@@ -123,7 +123,7 @@ class PostgresStore(SqlStore):
         if len(tasks) < 2:
             return super().submit_many(session, tasks, now)
         conn = session.connection()
-        rows = statements.submit_tasks(tasks, [str(uuid.uuid4()) for _ in tasks], now).run_on(conn)
+        rows = statements.submit_tasks(tasks, [new_task_id() for _ in tasks], now).run_on(conn)
         found: list[SubmitOutcome] = []
         for task, (task_id, created, generation, _) in zip(tasks, rows, strict=True):
             if task_id is not None:
