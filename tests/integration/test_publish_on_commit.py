@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskNotFoundError, TaskState
@@ -89,19 +90,21 @@ async def test_a_session_that_joined_an_outer_transaction_publishes_nothing_at_i
     # Its commit releases a savepoint (an on_commit hook's session does this on the fenced
     # transaction): a worker reading an entry now would find no committed task row.
     app = helpers.doubling_app(make_app, **NO_POLL)
+
+    def submit_joined(conn: sa.Connection, n: int) -> str:
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            task_id = app.submit(session, "double", n).id
+            session.commit()
+        return task_id
+
     with app.engine.connect() as conn:
-        outer = conn.begin()
-        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
-            rolled_back = app.submit(session, "double", 1).id
-            session.commit()
-        assert await stream_entries(app) == []
-        outer.rollback()
-        outer = conn.begin()
-        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
-            kept = app.submit(session, "double", 2).id
-            session.commit()
-        assert await stream_entries(app) == []
-        outer.commit()
+        with conn.begin() as outer:
+            rolled_back = submit_joined(conn, 1)
+            assert await stream_entries(app) == []
+            outer.rollback()
+        with conn.begin():
+            kept = submit_joined(conn, 2)
+            assert await stream_entries(app) == []
     assert await app.dispatch_once() == 1  # the dispatcher publishes the row that committed
     assert [fields["t"] for _, fields in await stream_entries(app)] == [kept]
     assert outbox_row(app, kept).state == OutboxState.SENT
