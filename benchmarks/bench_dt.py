@@ -197,12 +197,15 @@ def delete_keys(redis_url: str, namespace: str) -> None:
         client.close()
 
 
-def submit_many(app: App, n: int, per_txn: int = 500, task: str = "bench.noop") -> float:
+def submit_many(
+    app: App, n: int, per_txn: int = 500, task: str = "bench.noop", payload: Callable[[int], Any] = int
+) -> float:
+    """Submit ``n`` tasks, ``per_txn`` a transaction (``payload(i)`` the i-th's payload)."""
     started = time.perf_counter()
     for lo in range(0, n, per_txn):
         with Session(app.engine) as s:
             for i in range(lo, min(n, lo + per_txn)):
-                app.submit(s, task, i)
+                app.submit(s, task, payload(i))
             s.commit()
     elapsed = time.perf_counter() - started
     analyze(app)
@@ -421,8 +424,7 @@ def readme(n: int, timeout: float = 600) -> None:
         for lo in range(0, n, 500):
             with Session(app.engine) as s:
                 for i in range(lo, min(n, lo + 500)):
-                    request = readme_app.JudgeRequest(submission_id=i, code="print(42)\n" * 4)
-                    app.submit(s, readme_app.TASK, request, idempotency_key=f"sub-{i}")
+                    app.submit(s, readme_app.TASK, readme_app.request(i), idempotency_key=f"sub-{i}")
                 s.commit()
         analyze(app)
         anyio.run(dispatch_all, app)

@@ -1,9 +1,11 @@
-"""Profile one worker draining pre-dispatched no-op tasks, in this process.
+"""Profile one worker draining pre-dispatched tasks, in this process.
 
-    python -m benchmarks.profile_drain [--n 10000] [--concurrency 1000] [--profile out.txt]
-                                       [--setup-sql "DROP INDEX ..."]...
+    python -m benchmarks.profile_drain [--n 10000] [--concurrency 1000] [--task noop|readme]
+                                       [--profile out.txt] [--setup-sql "DROP INDEX ..."]...
 
-Submits and dispatches N tasks (fresh schema and namespace, like bench_dt), then runs one
+Submits and dispatches N tasks (fresh schema and namespace, like bench_dt) of one kind
+(``noop``: the headline's ``async def`` no-op with an int payload; ``readme``: the README's
+``def`` handler, pydantic payload, dict result, benchmarks/readme_app.py), then runs one
 Worker until all are settled and prints the rate, the process CPU per task, how busy the
 machine was, the CPU the local Postgres (by role: backend, walwriter, ...) and Redis processes
 used per task (read from /proc: the servers share the machine), the HOT updates, and how long
@@ -34,6 +36,7 @@ from typing import Any
 
 import anyio
 
+from benchmarks import readme_app
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
 from durable_tasks.process import tune_gc
 from durable_tasks.store.postgres import PostgresStore
@@ -164,6 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=1000)
+    ap.add_argument("--task", choices=["noop", "readme"], default="noop")
     ap.add_argument("--profile", help="write a pyinstrument text report here")
     ap.add_argument(
         "--cprofile",
@@ -181,7 +185,11 @@ def main() -> None:
         with app.engine.begin() as conn:
             for statement in args.setup_sql:
                 conn.exec_driver_sql(statement)
-        submit_many(app, args.n)
+        if args.task == "readme":
+            readme_app.register(app)
+            submit_many(app, args.n, task=readme_app.TASK, payload=readme_app.request)
+        else:
+            submit_many(app, args.n)
         anyio.run(dispatch_all, app)
         worker = Worker(app.runtime, concurrency=args.concurrency)
         tune_gc(app.settings)  # as the CLI's worker process does (DT_GC_YOUNG_THRESHOLD=0: Python's defaults)
