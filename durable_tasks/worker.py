@@ -102,6 +102,11 @@ class Worker:
         # Claims of consecutive reads overlap: while one batch's claim transaction runs, the next batch is
         # read and claimed (the database answers both; one claim at a time waits a round trip per read).
         self._intakes = anyio.Semaphore(_INTAKES_IN_FLIGHT)
+        # A read takes at most a share of the slots, so batches stay in flight side by side even when
+        # every slot is free: while one waits for its claim or its group commit, another's handlers
+        # run (one batch of all the slots goes read, claim, run, commit in lockstep, the loop idle
+        # through each transaction).
+        self._read_max = max(1, self.concurrency // _INTAKES_IN_FLIGHT)
         self._intake_error: Exception | None = None  # a bug in an intake; run() raises it
 
     def stop(self) -> None:
@@ -164,7 +169,7 @@ class Worker:
                 settled = self.counters.settled - start
                 if max_tasks is not None and settled >= max_tasks:
                     return
-                want = self.concurrency - self._in_flight
+                want = min(self.concurrency - self._in_flight, self._read_max)
                 if self._gate.isolating:
                     # Suspects run apart: read only as many as could join their running group
                     # (reclaimed entries come back together); none while one waits its turn.
