@@ -14,6 +14,8 @@ from typing import Any
 
 import anyio
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
 
 from durable_tasks import App, TaskContext, TaskHandle, current_journal, journaled
 from durable_tasks.journal import Journal
@@ -31,6 +33,17 @@ pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlit
 #: finishing its start). An unused journal per attempt with a closure for the heartbeat counted
 #: 34: the bound sits between.
 MAX_OBJECTS_PER_ATTEMPT = 28
+#: The same with a recording tracer, which an earlier test in the same process may have installed
+#: (OpenTelemetry's provider is set once per process): each attempt also holds its span, the
+#: context token and manager and a second Context, 25-28.2 in all (make test). The journal and
+#: closure above add 13 either way.
+MAX_OBJECTS_PER_ATTEMPT_TRACED = 35
+
+
+def tracing_records() -> bool:
+    span = trace.get_tracer(__name__).start_span("probe")
+    span.end()
+    return isinstance(span, ReadableSpan)  # the SDK's span; the API's no-op one is not
 
 
 @pytest.fixture
@@ -132,7 +145,8 @@ async def test_an_attempt_in_flight_holds_few_objects(make_app: Callable[..., Ap
     # What the attempts held, by type: what the run left behind (results, caches) only lowers a count.
     held = {kind: (during[kind] - after[kind]) / n for kind in during if during[kind] > after[kind]}
     per_attempt = sum(held.values())
-    assert per_attempt <= MAX_OBJECTS_PER_ATTEMPT, f"{per_attempt:.1f} objects per attempt: " + ", ".join(
+    bound = MAX_OBJECTS_PER_ATTEMPT_TRACED if tracing_records() else MAX_OBJECTS_PER_ATTEMPT
+    assert per_attempt <= bound, f"{per_attempt:.1f} objects per attempt: " + ", ".join(
         f"{kind} {count:.2f}" for kind, count in sorted(held.items(), key=lambda kv: -kv[1]) if count >= 0.5
     )
     await app.aclose()
