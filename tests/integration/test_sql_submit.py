@@ -1,7 +1,8 @@
 """Submitting from plain SQL, as docs/sql-submit.md shows it: ``dt_submit(...)`` through psql
 on PostgreSQL, the INSERT pair through the sqlite3 module on SQLite. The rows are those of
 App.submit, the idempotency is the same, the caller's rollback writes nothing, and the task
-runs to completion."""
+runs to completion. The ids are UUIDv7, as App.submit's: dt_submit's on PostgreSQL and
+MySQL/MariaDB, and on SQLite those of the page's SQL."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,9 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from durable_tasks import App, TaskContext, TaskState
-from durable_tasks.migrations.steps import split_statements
+from durable_tasks.migrations import migrate
+from durable_tasks.migrations.backends import execute
+from durable_tasks.migrations.steps import BACKENDS, load_steps, split_statements
 from tests.helpers import FAST, private_schema, run_until
 
 pytestmark = pytest.mark.anyio
@@ -108,13 +113,14 @@ async def test_the_sqlite_insert_pair_writes_the_rows_of_submit_and_the_task_run
 ) -> None:
     path = tmp_path / "producer.sqlite3"
     app = judge_app(f"sqlite:///{path}", redis_url, namespace, tmp_path)
-    [block] = [b for b in sql_blocks() if b.startswith("-- SQLite")]
+    [block] = [b for b in sql_blocks() if b.startswith("-- SQLite: submit")]
     statements = split_statements(block)
     assert len(statements) == 3
+    [new_id] = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: a task id")))
 
     def submit(conn: sqlite3.Connection, key: str | None, payload: str, *, commit: bool = True) -> str:
         params = {
-            "id": str(uuid.uuid4()),
+            "id": conn.execute(new_id).fetchone()[0],
             "namespace": namespace,
             "task": "judge",
             "queue": "judge",
@@ -208,3 +214,89 @@ async def test_call_dt_submit_from_the_mysql_client_writes_the_rows_of_submit_an
         with admin.begin() as conn:
             conn.execute(sa.text(f"DROP DATABASE `{database}`"))
         admin.dispose()
+
+
+# Time-ordered ids: the version and variant of UUIDv7, the database's clock in the first 48 bits.
+SUBMIT = {
+    "postgres": "SELECT dt_submit('ids', 'probe', 'probe', '{}')",
+    "mysql": "CALL dt_submit('ids', 'probe', 'probe', '{}', NULL, 3, FALSE, NULL, NULL)",
+}
+CLOCK_MS = {
+    "postgres": "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+    "mysql": "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000",
+    "sqlite": "SELECT CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)",
+}
+
+
+def ids_one_ms_apart(make_id: Callable[[], str], count: int = 5) -> list[str]:
+    ids = []
+    for _ in range(count):
+        ids.append(make_id())
+        time.sleep(0.003)  # the next id in a later millisecond
+    return ids
+
+
+def assert_uuid7_near(task_id: str, clock_ms: int) -> None:
+    parsed = uuid.UUID(task_id)
+    assert str(parsed) == task_id  # lowercase, 36 characters
+    assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+    assert abs((parsed.int >> 80) - clock_ms) < 5_000  # the first 48 bits: Unix ms
+
+
+def assert_dt_submit_makes_uuid7_ids_in_time_order(engine: sa.Engine) -> None:
+    backend = BACKENDS[engine.dialect.name]
+
+    def submit() -> str:
+        with engine.begin() as conn:
+            return str(conn.exec_driver_sql(SUBMIT[backend]).scalar_one())
+
+    ids = ids_one_ms_apart(submit)
+    with engine.connect() as conn:
+        clock_ms = conn.exec_driver_sql(CLOCK_MS[backend]).scalar_one()
+        written = conn.execute(sa.text("SELECT o.task_id FROM dt_outbox AS o JOIN dt_tasks AS t ON t.id = o.task_id"))
+        assert sorted(written.scalars()) == ids  # the rows carry the ids returned
+    for task_id in ids:
+        assert_uuid7_near(task_id, clock_ms)
+    assert sorted(ids) == ids  # text order is time order
+
+
+@pytest.mark.parametrize("new_database", ["postgres", "mysql"], indirect=True)
+def test_dt_submit_makes_uuid7_ids_that_sort_in_time_order(new_database: Callable[[], str]) -> None:
+    engine = sa.create_engine(new_database())
+    try:
+        migrate(engine)
+        assert_dt_submit_makes_uuid7_ids_in_time_order(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("new_database", ["mysql"], indirect=True)
+def test_on_mariadb_without_random_bytes_dt_submit_still_makes_uuid7_ids(new_database: Callable[[], str]) -> None:
+    """MariaDB before 10.10 has no RANDOM_BYTES: the procedure of step 13 with the function
+    renamed to one that does not exist is that server's case."""
+    [step] = [s for s in load_steps("mysql") if s.name == "dt_submit_v7"]
+    assert step.source.count("RANDOM_BYTES(") == 1
+    engine = sa.create_engine(new_database())
+    try:
+        migrate(engine)
+        with engine.connect() as conn:
+            for statement in split_statements(step.source.replace("RANDOM_BYTES(", "DT_NO_SUCH_FUNCTION(")):
+                execute(conn, statement)
+            conn.commit()
+        assert_dt_submit_makes_uuid7_ids_in_time_order(engine)
+    finally:
+        engine.dispose()
+
+
+def test_the_sqlite_id_sql_makes_uuid7_ids_that_sort_in_time_order() -> None:
+    [new_id] = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: a task id")))
+    conn = sqlite3.connect(":memory:")
+    try:
+        ids = ids_one_ms_apart(lambda: str(conn.execute(new_id).fetchone()[0]))
+        [(clock_ms,)] = conn.execute(CLOCK_MS["sqlite"]).fetchall()
+    finally:
+        conn.close()
+    assert abs(clock_ms - time.time_ns() // 1_000_000) < 1_000  # SQLite's clock is the system's
+    for task_id in ids:
+        assert_uuid7_near(task_id, clock_ms)
+    assert sorted(ids) == ids

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -168,6 +169,9 @@ async def test_a_database_made_before_versioning_upgrades_in_place(
         )
         with app.engine.connect() as conn:
             assert conn.execute(sa.text(routine)).scalar() == 1
+            made = conn.exec_driver_sql("CALL dt_submit('probe', 'probe', 'probe', '{}', NULL, 3, FALSE, NULL, NULL)")
+            assert uuid.UUID(made.scalar_one()).version == 7  # step 13's procedure, made after step 2's
+            conn.rollback()
     again = cli("migrate", "--check", env={"DT_DATABASE_URL": url, "DT_DATA_DIR": str(data)})
     assert again.returncode == 0, again.stdout
 

@@ -1,0 +1,3 @@
+-- SQLite has no stored functions: the producer makes each task id itself, a UUIDv7 as App.submit
+-- makes (docs/sql-submit.md shows one made in SQL). Nothing to change here; the step exists so
+-- that version numbers mean the same release on every backend.
