@@ -1,6 +1,6 @@
 """Profile one worker draining pre-dispatched tasks, in this process.
 
-    python -m benchmarks.profile_drain [--n 10000] [--concurrency 1000] [--task noop|readme]
+    python -m benchmarks.profile_drain [--n 10000] [--concurrency 1000] [--task noop|readme] [--sleep S]
                                        [--profile out.txt] [--setup-sql "DROP INDEX ..."]...
 
 Submits and dispatches N tasks (fresh schema and namespace, like bench_dt) of one kind
@@ -38,6 +38,7 @@ import anyio
 
 from benchmarks import readme_app
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
+from durable_tasks import TaskContext
 from durable_tasks.process import tune_gc
 from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.worker import Worker
@@ -168,6 +169,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=1000)
     ap.add_argument("--task", choices=["noop", "readme"], default="noop")
+    ap.add_argument(
+        "--sleep", type=float, default=0.0, help="the noop awaits this many seconds (the in-flight case: 1.0)"
+    )
     ap.add_argument("--profile", help="write a pyinstrument text report here")
     ap.add_argument(
         "--cprofile",
@@ -188,6 +192,14 @@ def main() -> None:
         if args.task == "readme":
             readme_app.register(app)
             submit_many(app, args.n, task=readme_app.TASK, payload=readme_app.request)
+        elif args.sleep:
+
+            @app.task(name="bench.sleep", queue="bench")
+            async def sleep(ctx: TaskContext[int], n: int) -> int:
+                await anyio.sleep(args.sleep)
+                return n
+
+            submit_many(app, args.n, task="bench.sleep")
         else:
             submit_many(app, args.n)
         anyio.run(dispatch_all, app)

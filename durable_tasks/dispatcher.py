@@ -17,7 +17,7 @@ from . import failpoints
 from .codec import decode_payload
 from .errors import PayloadValidationError
 from .outcome import TaskOutcome
-from .policy import backoff_delay
+from .policy import backoff_delay, pause_after_wait
 from .records import TaskState
 from .runtime import Runtime
 from .store.outbox import ClaimedDelivery, dead_error_type
@@ -42,11 +42,10 @@ _SETTLES_IN_FLIGHT = 4
 _CLAIM_HEAD_START_S = 0.003
 
 #: With submits publishing at commit (:mod:`.commit_publish`), the rows a wake-up announces
-#: usually have their entries out already: the pass waits this long after a wake-up, leaving the
-#: cores to the workers' claims of those entries, and takes the rows submitted meanwhile with it.
-#: A row whose entry did not go out at commit (a rerun, the runtime's own writes, a publish that
-#: failed) waits this much longer; a row that became due (a timer, not a wake-up) does not.
-_AFTER_WAKE_S = 0.01
+#: usually have their entries out already: the pass waits this long after a wake-up
+#: (:func:`.policy.pause_after_wait`). A row whose entry did not go out at commit (a rerun, the
+#: runtime's own writes, a publish that failed) waits this much longer.
+_AFTER_WAKE = timedelta(milliseconds=10)
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +238,7 @@ class Dispatcher:
         waiter = self.runtime.outbox_waiter()
         lanes = anyio.Semaphore(_PASSES_IN_FLIGHT)
         full = False  # the last claim took a whole batch (a backlog: the next one will too)
-        head_start = s.publish_on_commit and self.runtime.subscribes_to_results
+        head_start = _AFTER_WAKE if s.publish_on_commit and self.runtime.subscribes_to_results else None
         try:
             await waiter.listen()  # before the first claim: a row committed after it wakes the wait
             async with anyio.create_task_group() as passes:
@@ -261,8 +260,10 @@ class Dispatcher:
                         timeout = sleep if sleep is not None else await self._until_next_due(s.poll_interval)
                         waited_from = anyio.current_time()
                         await waiter.wait(timeout)
-                        if head_start and anyio.current_time() - waited_from < timeout.total_seconds():
-                            await anyio.sleep(_AFTER_WAKE_S)  # woken by a submit, not by a due time
+                        waited = timedelta(seconds=anyio.current_time() - waited_from)
+                        pause = pause_after_wait(head_start=head_start, waited=waited, timeout=timeout)
+                        if pause:
+                            await anyio.sleep(pause.total_seconds())
         finally:
             await waiter.aclose()
 

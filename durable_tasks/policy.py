@@ -21,6 +21,7 @@ __all__ = [
     "decide_after_failure",
     "decide_reap",
     "loss_counts",
+    "pause_after_wait",
     "suspect_group_limit",
 ]
 
@@ -96,6 +97,21 @@ def suspect_group_limit(reclaims: int, concurrency: int) -> int:
     if reclaims <= 0:
         raise ValueError("only a suspect (reclaims > 0) has a group limit")
     return max(1, concurrency >> (4 * (reclaims - 1)))
+
+
+def pause_after_wait(*, head_start: timedelta | None, waited: timedelta, timeout: timedelta) -> timedelta:
+    """How long the dispatcher waits, after its wait for work returned, before its next pass.
+
+    ``head_start`` is set where submits publish their entries at commit: a wait that ended
+    before its ``timeout`` was ended by a submit's wake-up, whose entries are usually out
+    already, so the pass leaves the cores to the workers' claims of them for ``head_start``
+    (and takes the rows submitted meanwhile with it). A wait that ran to its timeout ended at a
+    row's due time or the poll interval: the pass starts at once, so delayed rows keep their
+    precision.
+    """
+    if head_start is None or waited >= timeout:
+        return timedelta(0)
+    return head_start
 
 
 class ReapAction(Enum):

@@ -14,6 +14,7 @@ from durable_tasks.policy import (
     decide_after_failure,
     decide_reap,
     loss_counts,
+    pause_after_wait,
     suspect_group_limit,
 )
 from durable_tasks.records import TERMINAL_STATES, TaskState
@@ -265,3 +266,25 @@ def test_suspect_groups_shrink_16x_with_each_loss_down_to_alone(concurrency: int
 def test_a_task_never_lost_is_no_suspect() -> None:
     with pytest.raises(ValueError, match="suspect"):
         suspect_group_limit(0, 256)
+
+
+# -- pause_after_wait ----------------------------------------------------------------------
+
+HEAD_START = timedelta(milliseconds=10)
+POLL = timedelta(seconds=1)
+
+
+@pytest.mark.parametrize("waited", [timedelta(0), timedelta(milliseconds=3), POLL - timedelta(microseconds=1)])
+def test_a_wait_ended_by_a_wake_up_gives_the_workers_their_head_start(waited: timedelta) -> None:
+    assert pause_after_wait(head_start=HEAD_START, waited=waited, timeout=POLL) == HEAD_START
+
+
+@pytest.mark.parametrize("waited", [POLL, POLL + timedelta(milliseconds=2)])
+def test_a_wait_that_ran_to_a_due_time_or_the_poll_passes_at_once(waited: timedelta) -> None:
+    """A delayed row keeps its precision: its due time ended the wait, not a submit."""
+    assert pause_after_wait(head_start=HEAD_START, waited=waited, timeout=POLL) == timedelta(0)
+
+
+def test_without_publish_at_commit_a_wake_up_passes_at_once() -> None:
+    """No entry went out at commit: the dispatcher's pass is the publish, so it starts at once."""
+    assert pause_after_wait(head_start=None, waited=timedelta(0), timeout=POLL) == timedelta(0)
