@@ -36,7 +36,7 @@ def hub_for(app: App, connect: Callable[[], Subscription] | None, *, poll: float
 
 def subscriber(redis_url: str) -> Callable[[], Subscription]:
     def connect() -> Subscription:
-        pubsub: Subscription = redis.Redis.from_url(redis_url, decode_responses=True).pubsub()  # type: ignore[no-untyped-call]
+        pubsub: Subscription = redis.Redis.from_url(redis_url, decode_responses=True).pubsub()  # type: ignore[no-untyped-call, unused-ignore]
         return pubsub
 
     return connect
