@@ -210,17 +210,24 @@ def _load(app: App, ids: list[int]) -> list[Submission]:
 
 
 def _kill_a_busy_worker(app: App, procs: Processes, subs: list[Submission], console: Console) -> tuple[int, int] | None:
-    victim = procs.procs.get("worker-1")
-    if victim is None:
-        return None
+    """SIGKILL a worker seen judging and start a replacement: (its pid, the submission it lost),
+    or None when no worker is judging now or the kill missed (the next poll tries again)."""
     judging = [s for s in subs if s.task_id is not None and s.status == SubmissionStatus.JUDGING]
-    if not any(_running_on(app, s, victim.pid) for s in judging):
+    name = next(
+        (
+            n
+            for n, proc in procs.procs.items()
+            if n.startswith("worker-") and any(_running_on(app, s, proc.pid) for s in judging)
+        ),
+        None,
+    )
+    if name is None:
         return None
-    pid = procs.kill("worker-1")
+    pid = procs.kill(name)
+    procs.start(f"{name}-replacement", "worker")
     # A judging takes a few tenths of a second: the one seen running may have committed between
     # that read and the kill. One the dead worker still holds RUNNING now was surely lost with it.
     sub = next((s for s in judging if _running_on(app, s, pid)), None)
-    procs.start("worker-3", "worker")
     if sub is None or sub.id is None:
         return None
     console.print(
