@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -13,7 +14,8 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Field, Session, SQLModel, select
 
-from durable_tasks import App, AttemptOutcome, Task, TaskContext, TaskState, testing
+from durable_tasks import App, AttemptOutcome, FrozenClock, Task, TaskContext, TaskState, testing
+from durable_tasks.store.outbox import ClaimedDelivery
 from durable_tasks.testing import InlineRunError
 
 
@@ -149,6 +151,34 @@ def test_delayed_tasks_wait_unless_the_drain_moves_the_clock(app: App) -> None:
         assert runner.drain() == 1
         assert app.get_task(later).state == TaskState.SUCCEEDED
         assert runner.skipped > timedelta(hours=1, minutes=59)  # less the real time the test took
+
+
+def test_a_row_that_falls_due_after_the_last_claim_looked_runs_before_the_drain_returns(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shout = shout_task(app)
+    app.clock = clock = FrozenClock()
+    with testing.run_inline(app) as runner:
+        [task_id] = submit(app, shout, Job(text="late"), delay=timedelta(seconds=1))
+        store = app.runtime.store
+        lease_outbox = store.lease_outbox
+        looked = False
+
+        async def claim_while_the_clock_runs_on(namespace: str, **options: Any) -> list[ClaimedDelivery]:
+            nonlocal looked
+            rows = await lease_outbox(namespace, **options)
+            if not rows and not looked:  # the row falls due right after this claim found nothing
+                looked = True
+                clock.advance(timedelta(seconds=2))
+            return rows
+
+        monkeypatch.setattr(store, "lease_outbox", claim_while_the_clock_runs_on)
+        # the next-due probe now finds no row still to come: only another claim sees it
+        ran = runner.drain()
+        info = app.get_task(task_id)
+        assert (info.state, info.result) == (TaskState.SUCCEEDED, "LATE")
+        assert ran == 1
+        assert runner.skipped == timedelta(0), "the row fell due on the App's own clock"
 
 
 def test_the_app_is_back_on_its_own_database_after_the_block(app: App, tmp_path: Path) -> None:
