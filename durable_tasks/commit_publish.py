@@ -42,7 +42,7 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
@@ -92,9 +92,10 @@ class CommitPublisher:
         self._prioritized = prioritized
         self._enqueue = Script("enqueue_batch")
         self._wakes = True
-        self._key = f"durable_tasks.commit:{self._channel}"  # session.info: what is owed at commit
         self._lock = threading.Lock()
-        self._client: tuple[int, Any] | None = None  # (pid, client): a forked child makes its own
+        # (pid, connection or cluster client): a forked child makes its own
+        self._conn: tuple[int, Any] | None = None
+        self._client: tuple[int, Any] | None = None
 
     def disable_wakeups(self) -> None:
         """Publish no wake-ups from now on (the dispatchers poll): for measuring what they save."""
@@ -110,40 +111,23 @@ class CommitPublisher:
         marked = session.get_nested_transaction() or session.get_transaction()
         if marked is None:  # pragma: no cover - a submit's statements always begin one
             return
-        owed: dict[SessionTransaction, _Owed] = session.info.setdefault(self._key, {})
-        entry = owed.setdefault(marked, _Owed())
+        _listen_to_sessions()
+        owed_by: _OwedBy = session.info.setdefault(_OWED, {})
+        entry = owed_by.setdefault(self, {}).setdefault(marked, _Owed())
         entry.messages.extend(messages)
         entry.wake = entry.wake or wake
         if messages:
             entry.conn = session.connection()  # the submit's statements began it: no new transaction
-        if not event.contains(session, "after_commit", self._committed):
-            event.listen(session, "after_commit", self._committed)
-            event.listen(session, "after_soft_rollback", self._rolled_back)
-            event.listen(session, "after_transaction_end", self._ended)
 
-    def _committed(self, session: Session) -> None:
-        root = session.get_transaction()
-        if root is not None and root.is_active:  # a savepoint released: its rows await the outermost
-            return
-        owed: dict[SessionTransaction, _Owed] | None = session.info.pop(self._key, None)
-        if owed:
-            # A session that joined an outer transaction (a hook's session on the fenced
-            # transaction, a test's connection) "commits" a savepoint: its rows are not committed
-            # yet, and a worker must not read entries for rows it cannot see (it would drop
-            # them as stale). Those are the dispatcher's (a NOTIFY goes at the real commit).
-            joined = any(entry.conn is not None and entry.conn.in_transaction() for entry in owed.values())
-            messages = [] if joined else [m for entry in owed.values() for m in entry.messages]
-            _SENDER.put(self, messages, wake=any(entry.wake for entry in owed.values()))
-
-    def _rolled_back(self, session: Session, previous_transaction: SessionTransaction) -> None:
-        owed: dict[SessionTransaction, _Owed] | None = session.info.get(self._key)
-        if owed:
-            for gone in [t for t in owed if _within(t, previous_transaction)]:
-                del owed[gone]
-
-    def _ended(self, session: Session, transaction: SessionTransaction) -> None:
-        if transaction.parent is None:  # the outermost, committed (published) or not
-            session.info.pop(self._key, None)
+    def _committed(self, owed: dict[SessionTransaction, _Owed]) -> None:
+        """The outermost transaction committed: hand what it owes to the sender."""
+        # A session that joined an outer transaction (a hook's session on the fenced
+        # transaction, a test's connection) "commits" a savepoint: its rows are not committed
+        # yet, and a worker must not read entries for rows it cannot see (it would drop them as
+        # stale). Those are the dispatcher's (a NOTIFY goes at the real commit).
+        joined = any(entry.conn is not None and entry.conn.in_transaction() for entry in owed.values())
+        messages = [] if joined else [m for entry in owed.values() for m in entry.messages]
+        _SENDER.put(self, messages, wake=any(entry.wake for entry in owed.values()))
 
     def publish(self) -> None:
         """A wake-up alone (the runtime's own outbox writes: a resume, a suspension's children)."""
@@ -157,7 +141,7 @@ class CommitPublisher:
         return _SENDER.flush(timeout)
 
     def send(self, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
-        """One pipelined round trip (the sender thread's): the enqueue script for ``messages``,
+        """One round trip (the sender thread's): the enqueue script for ``messages``,
         then the wake-up. A failure is logged and left to the dispatchers (a cluster client that
         finds no node raises RedisClusterException, which is no RedisError: caught too)."""
         url = self._redis_url
@@ -172,11 +156,18 @@ class CommitPublisher:
         if not messages and not wake:
             return
         try:
-            self._send(self._redis(url, cluster), messages, wake=wake)
+            if cluster:
+                self._cluster_client(url).publish(self._channel, "1")
+            else:
+                self._send(self._connection(url), messages, wake=wake)
         except (redis.RedisError, RedisClusterException, OSError) as exc:
             logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", exc)
 
-    def _send(self, client: Any, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
+    def _send(self, conn: Any, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
+        """The enqueue script for ``messages``, then the wake-up, in one write on the sender's
+        own connection (no pool, no pipeline object: the sender's CPU competes with the
+        committing threads for the interpreter); a script the server does not hold yet is
+        loaded, and those calls sent once more."""
         calls = (
             enqueue_calls(
                 messages,
@@ -188,30 +179,100 @@ class CommitPublisher:
             if messages
             else []
         )
-        pipe = client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.execute_command("EVALSHA", self._enqueue.sha, len(keys), *keys, *args)
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", self._enqueue.sha, len(keys), *keys, *args) for keys, args in calls
+        ]
         if wake:
-            pipe.publish(self._channel, "1")
-        replies = pipe.execute(raise_on_error=False)
-        missing = [calls[i] for i, reply in enumerate(replies[: len(calls)]) if isinstance(reply, NoScriptError)]
+            commands.append(("PUBLISH", self._channel, "1"))
+        replies = _round_trip(conn, commands)
+        missing = [commands[i] for i, reply in enumerate(replies[: len(calls)]) if isinstance(reply, NoScriptError)]
         if missing:  # the first publish on this server (or it restarted): load, then once more
-            client.script_load(self._enqueue.source)
-            pipe = client.pipeline(transaction=False)
-            for keys, args in missing:
-                pipe.execute_command("EVALSHA", self._enqueue.sha, len(keys), *keys, *args)
-            replies = pipe.execute(raise_on_error=False)
+            replies = _round_trip(conn, [("SCRIPT", "LOAD", self._enqueue.source), *missing])[1:]
         for reply in replies:
             if isinstance(reply, Exception):
                 logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", reply)
 
-    def _redis(self, url: str, cluster: bool) -> Any:
+    def _connection(self, url: str) -> Any:  # redis-py types a pool's connections partly
+        """The sender's connection to a single Redis node: its own, outside any pool (only the
+        sender thread uses it)."""
+        with self._lock:
+            if self._conn is None or self._conn[0] != os.getpid():
+                client = redis.Redis.from_url(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT)
+                self._conn = (os.getpid(), client.connection_pool.make_connection())
+            return self._conn[1]
+
+    def _cluster_client(self, url: str) -> Any:
+        """A client for a Redis Cluster (the wake-up goes through it)."""
         with self._lock:
             if self._client is None or self._client[0] != os.getpid():
-                timeouts = {"socket_timeout": _TIMEOUT, "socket_connect_timeout": _TIMEOUT}
-                client: Any = sync_cluster_client(url, **timeouts) if cluster else redis.Redis.from_url(url, **timeouts)
-                self._client = (os.getpid(), client)
+                self._client = (
+                    os.getpid(),
+                    sync_cluster_client(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT),
+                )
             return self._client[1]
+
+
+def _round_trip(conn: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Send ``commands`` in one write and read their replies (an error reply as its exception);
+    a connection that failed midway is dropped (the next round trip connects anew)."""
+    try:
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+
+
+#: session.info key: what each publisher is owed once the session's outermost transaction commits.
+_OWED = "durable_tasks.commit_publish"
+_OwedBy = dict[CommitPublisher, dict[SessionTransaction, _Owed]]
+_listening = False
+_listening_lock = threading.Lock()
+
+
+def _listen_to_sessions() -> None:
+    """Listen once, on the Session class (every session, sqlmodel's too), rather than on each
+    session that submits: three instance listeners cost a submit ~20 us to register, a class
+    listener costs a session that owes nothing a dict lookup per transaction end."""
+    global _listening
+    if _listening:
+        return
+    with _listening_lock:
+        if not _listening:
+            event.listen(Session, "after_commit", _session_committed)
+            event.listen(Session, "after_soft_rollback", _session_rolled_back)
+            event.listen(Session, "after_transaction_end", _session_transaction_ended)
+            _listening = True
+
+
+def _session_committed(session: Session) -> None:
+    if _OWED not in session.info:
+        return
+    root = session.get_transaction()
+    if root is not None and root.is_active:  # a savepoint released: its rows await the outermost
+        return
+    owed_by: _OwedBy = session.info.pop(_OWED)
+    for publisher, owed in owed_by.items():
+        if owed:
+            publisher._committed(owed)
+
+
+def _session_rolled_back(session: Session, previous_transaction: SessionTransaction) -> None:
+    owed_by: _OwedBy | None = session.info.get(_OWED)
+    for owed in (owed_by or {}).values():
+        for gone in [t for t in owed if _within(t, previous_transaction)]:
+            del owed[gone]
+
+
+def _session_transaction_ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost, committed (published) or not
+        session.info.pop(_OWED, None)
 
 
 class _Sender:

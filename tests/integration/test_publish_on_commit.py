@@ -6,12 +6,15 @@ and the dispatcher publishes. On every database."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from sqlmodel import Session
 
@@ -20,6 +23,7 @@ from durable_tasks.records import OutboxState
 from durable_tasks.transport.keys import QueueKeys
 from tests import helpers
 from tests.helpers import FAST, entries, keys, outbox_row, submit
+from tests.servers import private_redis
 
 pytestmark = [
     pytest.mark.anyio,
@@ -181,3 +185,37 @@ async def test_a_redis_out_of_reach_leaves_the_commit_alone_and_the_dispatcher_p
     assert app.get_task(task_id).state is TaskState.SUCCEEDED
     await app.aclose()
     await cut_off.aclose()
+
+
+async def test_a_new_or_restarted_server_gets_the_script_and_the_next_commit_publishes_again(
+    database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """A server that never ran the enqueue script (a new one, or one restarted: its scripts
+    are gone) answers NOSCRIPT: the sender loads the script and sends those calls once more. A
+    restart also cuts the sender's connection: the publish that finds it dead is the
+    dispatcher's, and the next commit's goes out on a new connection."""
+    with private_redis(tmp_path / "redis") as server:
+        app = App(database_url, server.url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
+        app.create_all()
+        helpers.doubling_app(lambda: app)
+        first = submit(app, "double", 1)
+        assert [f["t"] for _, f in await stream_entries(app)] == [first]  # loaded, then sent again
+
+        server.stop(signal.SIGKILL)
+        server.start()  # the same port, no scripts, no entries (no persistence)
+        lost = submit(app, "double", 2)  # its publish finds the old connection dead: left to the dispatcher
+        assert app.runtime.wakeups.flush()
+        stream = keys(app, "jobs").stream
+        reader = redis.Redis.from_url(server.url)  # the App's own clients were cut off too
+
+        def published() -> list[str]:
+            listed: Any = reader.xrange(stream)  # redis-py's types allow None here
+            return [fields[b"t"].decode() for _, fields in listed]
+
+        assert published() == []
+        assert outbox_row(app, lost).state == OutboxState.PENDING  # the dispatcher's to publish
+        second = submit(app, "double", 3)
+        assert app.runtime.wakeups.flush()
+        assert published() == [second]
+        reader.close()
+        await app.aclose()
