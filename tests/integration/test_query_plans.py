@@ -23,10 +23,12 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.store import recovery, sql
+from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
-from durable_tasks.store.postgres import PostgresStore
+from durable_tasks.store.postgres import PostgresStore, statements
 from durable_tasks.store.postgres.connections import AsyncConnections
 from durable_tasks.store.postgres.statements import OneStatement
+from durable_tasks.store.results import FinalWrite
 from tests.helpers import private_schema
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
@@ -362,13 +364,16 @@ def generic_plan(conn: sa.Connection, statement: str, params: dict[str, Any]) ->
     return dict(row[0][0]["Plan"])
 
 
-def test_a_row_by_row_plan_probes_each_row_by_its_key_not_against_the_whole_batch(empty_tables: App) -> None:
+def test_a_row_by_row_generic_plan_probes_each_row_by_its_key_not_against_the_whole_batch(
+    empty_tables: App,
+) -> None:
     """A prepared statement's generic plan guesses every array at ten elements, so it often
     joins a batch row by row (a nested loop). A probe that also tests ``key = ANY(ids)`` sorts
     and searches the whole array again for every row: the group commit closing 512 attempts
     that way took 100-130 ms instead of 4-8, a quarter of the worker's turnaround with 10,000
     tasks in flight. With nested loops the only join left (hash and merge joins priced out), the
-    generic plan of each hot statement probes each row by its own key alone."""
+    generic plan of each prepared hot statement probes each row by its own key alone; the group
+    commit, which finds its rows by the array, is never prepared (next test)."""
     app = empty_tables
     running, enqueued = stale_statistics(app, 2000, running=1500)
     ns, now = app.settings.namespace, app.clock()
@@ -376,19 +381,98 @@ def test_a_row_by_row_plan_probes_each_row_by_its_key_not_against_the_whole_batc
         conn.exec_driver_sql("SET LOCAL enable_hashjoin = off")
         conn.exec_driver_sql("SET LOCAL enable_mergejoin = off")
         for name, ids in {
-            "commit_results": running[:500],
             "claim_executions": enqueued[:500],
             "renew_leases": running[:500],
             "mark_sent": enqueued[:500],
         }.items():
             plan = generic_plan(conn, sql.postgres()[name], statement_params(name, ns, now, ids))
-            probes = [
-                child
-                for loop in nodes(plan)
-                if loop["Node Type"] == "Nested Loop"
-                for inner in loop["Plans"][1:]
-                for child in nodes(inner)
-            ]
-            whole_batch = [p for p in probes if "ANY" in p.get("Index Cond", "") + p.get("Recheck Cond", "")]
+            whole_batch = [probe for probe in row_by_row_probes(plan) if "ANY" in scan_conditions(probe)]
             assert not whole_batch, f"{name}: a per-row probe tests the whole array: {whole_batch}"
+        # the group commit's generic plan would: hence it is planned per call
+        plan = generic_plan(
+            conn, sql.postgres()["commit_results"], statement_params("commit_results", ns, now, running)
+        )
+        assert [probe for probe in row_by_row_probes(plan) if "ANY" in scan_conditions(probe)]
         conn.rollback()
+
+
+def row_by_row_probes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scans a nested loop runs once per outer row."""
+    return [
+        child
+        for loop in nodes(plan)
+        if loop["Node Type"] == "Nested Loop"
+        for inner in loop["Plans"][1:]
+        for child in nodes(inner)
+    ]
+
+
+def scan_conditions(node: dict[str, Any]) -> str:
+    return str(node.get("Index Cond", "")) + str(node.get("Recheck Cond", ""))
+
+
+@pytest.mark.anyio
+async def test_the_group_commit_is_planned_per_call_and_reads_each_table_by_the_array_once(empty_tables: App) -> None:
+    """The group commit runs unprepared on the loops' connections, where psycopg prepares every
+    other hot statement after a few runs: each call is planned knowing its arrays' length, and
+    finds the batch's task rows and attempts with one scan of each index for the whole array,
+    never one probe per row that tests the array again (planned as the runtime plans it, with
+    stale statistics: 1,500 of 2,000 tasks running)."""
+    app = empty_tables
+    running, _ = stale_statistics(app, 2000, running=1500)
+    ns, now = app.settings.namespace, app.clock()
+    with runtime_engine(app).connect() as conn, conn.begin():
+        conn.exec_driver_sql(
+            "INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at)"
+            " SELECT namespace, id, 0, 1, 0, 'w', now() FROM dt_tasks WHERE id = ANY(%(ids)s::text[])",
+            {"ids": running},
+        )
+        conn.exec_driver_sql("ANALYZE dt_attempts")
+        for size in (10, 500):
+            params = statement_params("commit_results", ns, now, running[:size])
+            (doc,) = conn.exec_driver_sql(
+                "EXPLAIN (FORMAT JSON) " + sql.postgres()["commit_results"], params
+            ).scalar_one()
+            plan = doc[0]["Plan"] if isinstance(doc, list) else doc["Plan"]
+            assert not [p for p in row_by_row_probes(plan) if "ANY" in scan_conditions(p)], (size, plan)
+        conn.rollback()
+
+    claim = ExecutionClaim(
+        namespace=ns, task_id="no-such-task", name="noop", queue="jobs", generation=0, attempt=1, delivery=0,
+        max_attempts=3, failures=0, payload_json="0", idempotency_key=None, traceparent=None, shadow=False,
+        created_at=now, enqueued_at=now, worker_id="w",
+    )  # fmt: skip
+    commit = statements.commit_results([FinalWrite(claim, "null")], now)
+    renew = statements.renew_leases([claim], now=now, lease=timedelta(seconds=30))
+    prepared = OneStatement("SELECT statement FROM pg_prepared_statements", {}, lambda rows: [r[0] for r in rows])
+    connections = AsyncConnections(app.engine, max_size=1, probe=ProbeSaying(Pooling.DIRECT))
+    try:
+        for _ in range(10):  # past psycopg's prepare_threshold (5)
+            await connections.run(commit)
+            await connections.run(renew)
+        texts = await connections.run(prepared)
+    finally:
+        connections.close()
+    assert any("SET lease_expires_at = $" in t for t in texts), texts  # prepared, as the others are
+    assert not [t for t in texts if "fenced AS MATERIALIZED" in t], texts
+
+
+def test_a_statement_planned_per_call_stays_unprepared_inside_a_transaction(make_app: Callable[..., App]) -> None:
+    """Inside a larger transaction (a group commit with hooks) the statement runs on a pooled
+    connection: it is not prepared there either, and the connection keeps its own threshold."""
+    app = make_app()
+    with app.engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        kept, driver.prepare_threshold = driver.prepare_threshold, 0  # 0: prepare on the first run
+        try:
+            for _ in range(3):
+                OneStatement("SELECT 1 AS per_call", {}, list, prepare=False).run_on(conn)
+                OneStatement("SELECT 2 AS prepared_as_usual", {}, list).run_on(conn)
+            assert driver.prepare_threshold == 0
+            texts = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+        finally:
+            driver.prepare_threshold = kept
+            conn.rollback()
+    assert [t for t in texts if "prepared_as_usual" in t], texts
+    assert not [t for t in texts if "per_call" in t], texts

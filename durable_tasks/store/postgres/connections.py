@@ -66,7 +66,7 @@ class AsyncConnections:
         try:
             if self._own_sessions:
                 async with conn.cursor() as cursor:
-                    await cursor.execute(statement.sql, statement.params)
+                    await cursor.execute(statement.sql, statement.params, prepare=statement.prepare)
                     rows: Rows = await cursor.fetchall() if cursor.description else []
             else:
                 # Behind a pooler: the setting travels with the statement, in one message (one

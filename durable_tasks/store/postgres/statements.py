@@ -10,13 +10,15 @@ Batches travel as parallel arrays, so the statement text never changes.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Generic, TypeVar
 
+import psycopg
 import sqlalchemy as sa
 
 from .. import sql
@@ -57,11 +59,31 @@ class OneStatement(Generic[R]):
     sql: str
     params: Mapping[str, Any]
     read: Callable[[Rows], R]
+    #: False: planned on every call with its parameters' values, never prepared (psycopg
+    #: prepares a statement after a few runs, and PostgreSQL then keeps one generic plan for
+    #: it); None: psycopg's threshold (``prepare_threshold``).
+    prepare: bool | None = None
 
     def run_on(self, conn: sa.Connection) -> R:
         """Run it inside ``conn``'s transaction (a pass or group that needs more statements)."""
-        result = conn.exec_driver_sql(self.sql, dict(self.params))
+        with _unprepared(conn) if self.prepare is False else contextlib.nullcontext():
+            result = conn.exec_driver_sql(self.sql, dict(self.params))
         return self.read([tuple(row) for row in result] if result.returns_rows else [])
+
+
+@contextlib.contextmanager
+def _unprepared(conn: sa.Connection) -> Iterator[None]:
+    """Statements sent meanwhile on ``conn`` are not prepared; its own threshold comes back after."""
+    driver = conn.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection) or driver.prepare_threshold is None:
+        yield
+        return
+    threshold = driver.prepare_threshold
+    driver.prepare_threshold = None
+    try:
+        yield
+    finally:
+        driver.prepare_threshold = threshold
 
 
 def claim_outbox(
@@ -142,7 +164,10 @@ def commit_results(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[
         "now": now,
     }
     return OneStatement(
-        sql.postgres()["commit_results"], params, lambda rows: set_outcomes(writes, {task_id for (task_id,) in rows})
+        sql.postgres()["commit_results"],
+        params,
+        lambda rows: set_outcomes(writes, {task_id for (task_id,) in rows}),
+        prepare=False,  # its plan needs the arrays' length: see the SQL
     )
 
 

@@ -58,11 +58,12 @@ SELECT * FROM claimed;
 -- Fenced final writes for a batch, and their attempts closed, in one statement: arrays ids,
 -- generations, attempts, results. A row is written only while it is RUNNING under the same
 -- (generation, attempt); its attempt ends 'succeeded', the others' 'fenced_out'. Returns
--- the ids written. The task rows and the attempts are joined on the batch's rows alone: with
--- sequential scans priced out (store/postgres/planner.py) each is a probe of a primary key or
--- of ix_dt_attempts_task. (A "task_id = ANY(ids)" beside the join is tested against the whole
--- array on every probe of a row-by-row plan, which a prepared statement's generic plan often
--- is: closing 512 attempts then took 100-130 ms instead of 4-8.)
+-- the ids written. Planned on every call, never prepared (statements.commit_results): the
+-- rows are found by key once (t.id / a.task_id = ANY(ids)) and joined to the batch, a plan
+-- that needs the array's length. A prepared statement's generic plan guesses ten elements and
+-- probes ix_dt_attempts_task row by row, each probe testing the whole array again: closing
+-- 512 attempts took 100-130 ms instead of 4-8. Joined on the batch alone, without the array,
+-- a plan made per call scans the whole index on tables of tens of thousands of rows.
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.attempt
     FROM dt_tasks AS c
@@ -85,14 +86,16 @@ WITH locked AS MATERIALIZED (
         finished_at = %(now)s,
         result = f.result
     FROM fenced AS f
-    WHERE t.id = f.id AND f.current
+    WHERE t.id = ANY(%(ids)b::text[])  -- by primary key: joined on f alone, the planner
+      AND t.id = f.id AND f.current    -- hashes a scan of the whole table
     RETURNING t.id
 ), closed AS (
     UPDATE dt_attempts AS a
     SET outcome = CASE WHEN f.current THEN 'succeeded' ELSE 'fenced_out' END,
         finished_at = %(now)s
     FROM fenced AS f
-    WHERE a.task_id = f.id AND a.generation = f.generation AND a.attempt = f.attempt
+    WHERE a.task_id = ANY(%(ids)b::text[])  -- by ix_dt_attempts_task, not a scan of the table
+      AND a.task_id = f.id AND a.generation = f.generation AND a.attempt = f.attempt
 )
 SELECT id FROM written;
 
