@@ -412,12 +412,16 @@ def scan_conditions(node: dict[str, Any]) -> str:
 
 
 @pytest.mark.anyio
-async def test_the_group_commit_is_planned_per_call_and_reads_each_table_by_the_array_once(empty_tables: App) -> None:
-    """The group commit runs unprepared on the loops' connections, where psycopg prepares every
-    other hot statement after a few runs: each call is planned knowing its arrays' length, and
-    finds the batch's task rows and attempts with one scan of each index for the whole array,
-    never one probe per row that tests the array again (planned as the runtime plans it, with
-    stale statistics: 1,500 of 2,000 tasks running)."""
+async def test_a_large_group_commit_is_planned_per_call_and_reads_each_table_by_the_array_once(
+    empty_tables: App,
+) -> None:
+    """A group commit of more than PREPARED_GROUP_MAX results runs unprepared on the loops'
+    connections, where psycopg prepares the hot statements after a few runs: each call is
+    planned knowing its arrays' length, and finds the batch's task rows and attempts with one
+    scan of each index for the whole array, never one probe per row that tests the array again
+    (planned as the runtime plans it, with stale statistics: 1,500 of 2,000 tasks running). A
+    small group is prepared as usual: its generic plan's cost is small, the parse and plan it
+    saves are not."""
     app = empty_tables
     running, _ = stale_statistics(app, 2000, running=1500)
     ns, now = app.settings.namespace, app.clock()
@@ -437,24 +441,28 @@ async def test_the_group_commit_is_planned_per_call_and_reads_each_table_by_the_
             assert not [p for p in row_by_row_probes(plan) if "ANY" in scan_conditions(p)], (size, plan)
         conn.rollback()
 
-    claim = ExecutionClaim(
-        namespace=ns, task_id="no-such-task", name="noop", queue="jobs", generation=0, attempt=1, delivery=0,
-        max_attempts=3, failures=0, payload_json="0", idempotency_key=None, traceparent=None, shadow=False,
-        created_at=now, enqueued_at=now, worker_id="w",
-    )  # fmt: skip
-    commit = statements.commit_results([FinalWrite(claim, "null")], now)
-    renew = statements.renew_leases([claim], now=now, lease=timedelta(seconds=30))
+    def claim(task_id: str) -> ExecutionClaim:
+        return ExecutionClaim(
+            namespace=ns, task_id=task_id, name="noop", queue="jobs", generation=0, attempt=1, delivery=0,
+            max_attempts=3, failures=0, payload_json="0", idempotency_key=None, traceparent=None, shadow=False,
+            created_at=now, enqueued_at=now, worker_id="w",
+        )  # fmt: skip
+
+    small = [FinalWrite(claim("no-such-task"), "null")] * statements.PREPARED_GROUP_MAX
+    large = [FinalWrite(claim(f"no-such-task-{i}"), "null") for i in range(statements.PREPARED_GROUP_MAX + 1)]
     prepared = OneStatement("SELECT statement FROM pg_prepared_statements", {}, lambda rows: [r[0] for r in rows])
     connections = AsyncConnections(app.engine, max_size=1, probe=ProbeSaying(Pooling.DIRECT))
     try:
         for _ in range(10):  # past psycopg's prepare_threshold (5)
-            await connections.run(commit)
-            await connections.run(renew)
-        texts = await connections.run(prepared)
+            await connections.run(statements.commit_results(large, now))
+        after_large = await connections.run(prepared)
+        for _ in range(10):
+            await connections.run(statements.commit_results(small, now))
+        after_small = await connections.run(prepared)
     finally:
         connections.close()
-    assert any("SET lease_expires_at = $" in t for t in texts), texts  # prepared, as the others are
-    assert not [t for t in texts if "fenced AS MATERIALIZED" in t], texts
+    assert not [t for t in after_large if "fenced AS MATERIALIZED" in t], after_large
+    assert [t for t in after_small if "fenced AS MATERIALIZED" in t], after_small  # a small group's is
 
 
 def test_a_statement_planned_per_call_stays_unprepared_inside_a_transaction(make_app: Callable[..., App]) -> None:

@@ -29,6 +29,7 @@ from ..submit import NewTask, task_row
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "PREPARED_GROUP_MAX",
     "OneStatement",
     "Rows",
     "claim_executions",
@@ -47,6 +48,11 @@ R = TypeVar("R")
 
 #: What a statement returns, as plain tuples in the SELECT/RETURNING order.
 Rows = list[tuple[Any, ...]]
+
+#: A group commit of at most this many results may run as a prepared statement (psycopg's
+#: threshold), whose generic plan tests the whole array once per row: 0.4 us x n^2, 0.1 ms at 16.
+#: A larger one is planned per call, knowing its length (0.1-0.4 ms of planning).
+PREPARED_GROUP_MAX = 16
 
 #: The channel a submit notifies on commit; the payload is the namespace.
 NOTIFY_CHANNEL = "durable_tasks"
@@ -167,7 +173,9 @@ def commit_results(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[
         sql.postgres()["commit_results"],
         params,
         lambda rows: set_outcomes(writes, {task_id for (task_id,) in rows}),
-        prepare=False,  # its plan needs the arrays' length: see the SQL
+        # A large group's plan needs the arrays' length (see the SQL); a small one's is cheap
+        # either way, and a prepared statement saves it the parse and plan (0.1 ms of 0.5).
+        prepare=None if len(writes) <= PREPARED_GROUP_MAX else False,
     )
 
 
