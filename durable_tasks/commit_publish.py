@@ -13,7 +13,8 @@ latency only: the dispatcher publishes.
 
 The commit does not wait for Redis: it hands what it owes to one daemon thread per process
 (:class:`_Sender`), which sends everything handed to it since its last round trip in one
-pipeline per App. A commit so costs a list append and a notify, whatever Redis does; a Redis
+write per App, on a connection of its own. A commit so costs a list append and a notify,
+whatever Redis does (the commit hook is one listener on the Session class); a Redis
 that is down or slow delays nothing but these entries (each round trip gives up after 0.25 s),
 and while one is outstanding at most ``_BACKLOG_LIMIT`` entries wait, the rest are left to the
 dispatcher. Entries still waiting when the process exits are the dispatcher's too.

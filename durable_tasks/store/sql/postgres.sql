@@ -60,10 +60,11 @@ SELECT * FROM claimed;
 -- (generation, attempt); its attempt ends 'succeeded', the others' 'fenced_out'. Returns
 -- the ids written. A group larger than statements.PREPARED_GROUP_MAX is planned on every
 -- call, never prepared: the rows are found by key once (t.id / a.task_id = ANY(ids)) and
--- joined to the batch, a plan that needs the array's length. A prepared statement's generic plan guesses ten elements and
--- probes ix_dt_attempts_task row by row, each probe testing the whole array again: closing
--- 512 attempts took 100-130 ms instead of 4-8. Joined on the batch alone, without the array,
--- a plan made per call scans the whole index on tables of tens of thousands of rows.
+-- joined to the batch, a plan that needs the array's length. A prepared statement's generic
+-- plan guesses ten elements and probes ix_dt_attempts_task row by row, each probe testing the
+-- whole array again: closing 512 attempts took 100-130 ms instead of 4-8. Joined on the batch
+-- alone, without the array, a plan made per call scans the whole index on tables of tens of
+-- thousands of rows.
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.attempt
     FROM dt_tasks AS c
