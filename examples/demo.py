@@ -213,11 +213,12 @@ def _kill_a_busy_worker(app: App, procs: Processes, subs: list[Submission], cons
     """SIGKILL a worker seen judging and start a replacement: (its pid, the submission it lost),
     or None when no worker is judging now or the kill missed (the next poll tries again)."""
     judging = [s for s in subs if s.task_id is not None and s.status == SubmissionStatus.JUDGING]
+    seen = [app.get_task(s.task_id) for s in judging if s.task_id is not None]  # one read each
     name = next(
         (
             n
             for n, proc in procs.procs.items()
-            if n.startswith("worker-") and any(_running_on(app, s, proc.pid) for s in judging)
+            if n.startswith("worker-") and any(_runs_on(info, proc.pid) for info in seen)
         ),
         None,
     )
@@ -240,7 +241,11 @@ def _kill_a_busy_worker(app: App, procs: Processes, subs: list[Submission], cons
 def _running_on(app: App, sub: Submission, pid: int) -> bool:
     """Whether the submission's judging runs now on the worker process ``pid``."""
     assert sub.task_id is not None
-    info = app.get_task(sub.task_id)
+    return _runs_on(app.get_task(sub.task_id), pid)
+
+
+def _runs_on(info: TaskInfo, pid: int) -> bool:
+    """Whether the task read as ``info`` was running on the worker process ``pid``."""
     return info.state == TaskState.RUNNING and bool(info.attempts) and f":{pid}:" in info.attempts[-1].worker_id
 
 
