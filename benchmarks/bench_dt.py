@@ -117,7 +117,8 @@ def seconds(d: datetime) -> float:
 
 @contextmanager
 def schema() -> Iterator[str]:
-    """A fresh Postgres schema or MySQL database (or the SQLite URL as is); yields the URL to use."""
+    """A fresh Postgres schema, MySQL database or SQLite file (an in-memory SQLite URL as is);
+    yields the URL to use."""
     url = sa.engine.make_url(DB)
     if url.get_backend_name() == "mysql":
         name = f"dt_bench_{uuid.uuid4().hex[:8]}"
@@ -130,6 +131,16 @@ def schema() -> Iterator[str]:
             with admin.begin() as conn:
                 conn.execute(sa.text(f"DROP DATABASE `{name}`"))
             admin.dispose()
+        return
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        # A file of its own beside the one named, as each Postgres case gets its own schema
+        # (a case that keeps several apps open would otherwise count the others' rows).
+        path = Path(url.database).with_name(f"dt_bench_{uuid.uuid4().hex[:8]}.db")
+        try:
+            yield url.set(database=str(path)).render_as_string(hide_password=False)
+        finally:
+            for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                leftover.unlink(missing_ok=True)
         return
     if url.get_backend_name() != "postgresql":
         yield DB

@@ -6,11 +6,12 @@ recovery, retention.
 Every case prints one JSON line per measurement and, at the end, a table of each target with
 its value and met/missed. ``--scale`` multiplies the sizes (history rows, tasks in flight,
 backlog) for a quick run: ``--scale 0.01`` runs in a few minutes; the full sizes (1 M and 10 M
-rows of history, 10,000 tasks in flight, a backlog of 1,000,000) take much longer. History,
-backlog and retention need PostgreSQL (their rows come from ``generate_series``, not from
-running tasks); payload, inflight and recovery run on SQLite too
-(``DT_BENCH_DATABASE_URL=sqlite:///...``). One in-process worker at the default settings unless
-a case says otherwise; every case has its own schema and namespace (bench_dt.bench_app).
+rows of history, 10,000 tasks in flight, a backlog of 1,000,000) take much longer. Every case
+runs on PostgreSQL (the default), SQLite (``DT_BENCH_DATABASE_URL=sqlite:////path/any.db``:
+each case gets its own file beside that one) and MySQL/MariaDB (``mysql+pymysql://...``: its
+own database); history, backlog and retention rows are made by SQL, not by running tasks
+(benchmarks/scale_fill.py). One in-process worker at the default settings unless a case says
+otherwise; every case has its own schema and namespace (bench_dt.bench_app).
 
     history   drain of N tasks with H finished tasks (+ their attempt and outbox rows) already
               in the tables, H = 0, 1 M, 10 M: within 10 % of H = 0
@@ -50,6 +51,7 @@ from sqlmodel import Session
 
 from benchmarks.bench_dt import REDIS, analyze, bench_app, dispatch_all, seconds
 from benchmarks.record import RAW
+from benchmarks.scale_fill import fill_backlog, fill_history
 from durable_tasks import App, TaskContext
 from durable_tasks.dispatcher import Dispatcher
 from durable_tasks.process import tune_gc
@@ -61,43 +63,6 @@ from durable_tasks.worker import Worker
 TARGETS: list[tuple[str, str, float | None, str, bool | None]] = []
 #: case -> [(size, tasks/s)] for the plots of cost against size
 SERIES: dict[str, list[tuple[float, float]]] = {}
-
-HISTORY_SQL = """
-INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
-    counted_losses, failures, max_attempts, worker_id, result, shadow, created_at, enqueued_at, started_at,
-    finished_at)
-SELECT md5(:ns || g)::uuid::text, :ns, 'scale.noop', 'scale', g::text, 'SUCCEEDED', 0, 1, 0, 0, 0, 0, 3,
-    'worker-' || (g % 4), g::text, false, t.created, t.created + interval '20 ms',
-    t.created + interval '30 ms', t.created + interval '40 ms'
-FROM generate_series(1, :rows) AS g,
-LATERAL (SELECT now() - interval '40 days' + g * (interval '30 days' / :rows) AS created) AS t
-"""
-HISTORY_ATTEMPTS_SQL = """
-INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, finished_at,
-    outcome)
-SELECT namespace, id, 0, 1, 0, worker_id, started_at, finished_at, 'succeeded' FROM dt_tasks WHERE namespace = :ns
-"""
-HISTORY_OUTBOX_SQL = """
-INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
-    stream_id, created_at, sent_at)
-SELECT namespace, id, queue, 0, 0, 'SENT', 1, created_at, false, '0-1', created_at, enqueued_at
-FROM dt_tasks WHERE namespace = :ns
-"""
-BACKLOG_SQL = """
-WITH made AS (
-    INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
-        counted_losses, failures, max_attempts, shadow, created_at)
-    SELECT overlay(overlay(overlay(md5(:ns || 'b' || g)  -- a UUIDv7 as submit makes it (store/ids.py)
-               placing lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint + g), 12, '0') from 1 for 12)
-               placing '7' from 13 for 1) placing '8' from 17 for 1)::uuid::text,
-        :ns, 'scale.noop', 'scale', g::text, 'PENDING', 0, 0, 0, 0, 0, 0, 3, false, now()
-    FROM generate_series(1, :rows) AS g
-    RETURNING id, namespace, queue, created_at
-)
-INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
-    created_at)
-SELECT namespace, id, queue, 0, 0, 'PENDING', 0, created_at, false, created_at FROM made
-"""
 
 
 def emit(**record: Any) -> None:
@@ -121,16 +86,6 @@ def register(app: App, sleep_s: float = 0.0) -> None:
         if ctx.attempt == 1:  # the worker that first runs it is SIGKILLed meanwhile
             await anyio.sleep(3600)
         return 1
-
-
-def fill(app: App, ns: str, sql: Sequence[str], rows: int) -> float:
-    started = time.monotonic()
-    with app.engine.begin() as conn:
-        for statement in sql:
-            conn.execute(sa.text(statement), {"ns": ns, "rows": rows})
-    with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(sa.text("VACUUM ANALYZE dt_tasks, dt_attempts, dt_outbox"))
-    return time.monotonic() - started
 
 
 def submit(app: App, n: int, payload: Any = 0) -> None:
@@ -175,7 +130,7 @@ def history(n: int, scale: float, rounds: int) -> None:
         for rows in sizes:
             app, _db, ns = stack.enter_context(bench_app())
             register(app)
-            filled = fill(app, ns, [HISTORY_SQL, HISTORY_ATTEMPTS_SQL, HISTORY_OUTBOX_SQL], rows) if rows else 0.0
+            filled = fill_history(app, ns, rows) if rows else 0.0
             emit(case="history", history_rows=rows, fill_s=round(filled, 1))
             apps[rows] = app
         for rnd in range(rounds):
@@ -199,7 +154,7 @@ def retention(n: int, scale: float) -> None:
     rows = int(10_000_000 * scale)
     with bench_app() as (app, _db, ns):
         register(app)
-        fill(app, ns, [HISTORY_SQL, HISTORY_ATTEMPTS_SQL, HISTORY_OUTBOX_SQL], rows)  # 10 to 40 days old
+        fill_history(app, ns, rows)  # 10 to 40 days old
         submit(app, n)
         anyio.run(dispatch_all, app)
         alone = anyio.run(drain, app, n)
@@ -346,7 +301,7 @@ def backlog(n_small: int, scale: float, rounds: int) -> None:
         for rows in (n_small, big) if rnd % 2 == 0 else (big, n_small):
             with bench_app(batch_size=500) as (app, _db, ns):
                 register(app)
-                fill(app, ns, [BACKLOG_SQL], rows)
+                fill_backlog(app, ns, rows)
                 rss: list[float] = []
                 rates[rows].append(anyio.run(drain_with_dispatcher, app, rows, rss))
                 emit(case="backlog", round=rnd + 1, rows=rows, rate=round(rates[rows][-1], 1),
@@ -463,10 +418,6 @@ def main(argv: list[str] | None = None) -> None:
     if a.cases == "_worker":
         worker_child()
         return
-    made_by_sql = {"history", "backlog", "retention"} & set(a.cases.split(","))
-    if os.environ.get("DT_BENCH_DATABASE_URL", "postgresql").startswith("sqlite") and made_by_sql:
-        raise SystemExit(f"{sorted(made_by_sql)} make rows with PostgreSQL's generate_series: on SQLite run "
-                         "--cases payload,inflight,recovery")  # fmt: skip
     tune_gc(Settings())
     for case in a.cases.split(","):
         if case == "history":

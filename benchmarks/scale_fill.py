@@ -1,0 +1,186 @@
+"""Rows made by SQL for bench_scale, in each dialect: a history of finished tasks (with their
+attempt and outbox rows) and a backlog of pending ones (with their outbox rows).
+
+The rows are what the runtime would have written, made by the database itself rather than by
+running tasks, so 10,000,000 of them take minutes, not hours: PostgreSQL's
+``generate_series``; SQLite's recursive CTE; on MySQL/MariaDB a cross join of digit tables
+(MySQL 8 caps recursive CTEs at 1,000 rows by default, and MariaDB's sequence tables are not
+MySQL's). SQLite and MySQL fill in chunks of :data:`CHUNK` rows, one transaction each, so no
+statement holds millions of rows of undo. A history spans 40 to 10 days ago (prune's default
+cut of 7 days keeps none of it) and its task ids are random, spread over the whole primary key
+(real ones would be older UUIDv7s, all before the new tasks'); a backlog's ids are UUIDv7-shaped,
+in the time order submit gives them (store/ids.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import sqlalchemy as sa
+
+from durable_tasks import App
+
+__all__ = ["CHUNK", "fill_backlog", "fill_history"]
+
+#: rows per statement on SQLite and MySQL
+CHUNK = 500_000
+
+_PG_HISTORY = """
+INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+    counted_losses, failures, max_attempts, worker_id, result, shadow, created_at, enqueued_at, started_at,
+    finished_at)
+SELECT md5(:ns || g)::uuid::text, :ns, 'scale.noop', 'scale', g::text, 'SUCCEEDED', 0, 1, 0, 0, 0, 0, 3,
+    'worker-' || (g % 4), g::text, false, t.created, t.created + interval '20 ms',
+    t.created + interval '30 ms', t.created + interval '40 ms'
+FROM generate_series(:lo + 1, :hi) AS g,
+LATERAL (SELECT now() - interval '40 days' + g * (interval '30 days' / :rows) AS created) AS t
+"""
+
+# SQLAlchemy keeps a SQLite timestamp as text, 'YYYY-MM-DD HH:MM:SS.ffffff' in UTC; strftime's
+# %f has milliseconds, so three zeros complete it.
+_SQLITE_HISTORY = """
+WITH RECURSIVE g(x) AS (SELECT :lo + 1 UNION ALL SELECT x + 1 FROM g WHERE x < :hi),
+r AS (SELECT x, lower(hex(randomblob(16))) AS h, x * 2592000.0 / :rows AS s FROM g)
+INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+    counted_losses, failures, max_attempts, worker_id, result, shadow, created_at, enqueued_at, started_at,
+    finished_at)
+SELECT substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-' || substr(h, 13, 4) || '-' || substr(h, 17, 4) || '-'
+        || substr(h, 21, 12),
+    :ns, 'scale.noop', 'scale', x, 'SUCCEEDED', 0, 1, 0, 0, 0, 0, 3, 'worker-' || (x % 4), x, 0,
+    strftime('%Y-%m-%d %H:%M:%f', 'now', '-40 days', printf('+%.3f seconds', s)) || '000',
+    strftime('%Y-%m-%d %H:%M:%f', 'now', '-40 days', printf('+%.3f seconds', s + 0.02)) || '000',
+    strftime('%Y-%m-%d %H:%M:%f', 'now', '-40 days', printf('+%.3f seconds', s + 0.03)) || '000',
+    strftime('%Y-%m-%d %H:%M:%f', 'now', '-40 days', printf('+%.3f seconds', s + 0.04)) || '000'
+FROM r
+"""
+
+
+def _mysql_numbers(count: int) -> str:
+    """A derived table ``n(g)`` of :lo + 1 .. :lo + 10^k, 10^k >= count: k digit tables cross-joined."""
+    digits = max(1, math.ceil(math.log10(max(count, 2))))
+    digit = "(SELECT 0 AS d UNION ALL " + " UNION ALL ".join(f"SELECT {i}" for i in range(1, 10)) + ")"
+    terms = " + ".join(f"{10**i} * d{i}.d" for i in range(digits))
+    joins = " CROSS JOIN ".join(f"{digit} AS d{i}" for i in range(digits))
+    return f"(SELECT :lo + {terms} + 1 AS g FROM {joins}) AS n"
+
+
+def _mysql_history(count: int) -> str:
+    return f"""
+INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+    counted_losses, failures, max_attempts, worker_id, result, shadow, created_at, enqueued_at, started_at,
+    finished_at)
+SELECT CONCAT_WS('-', SUBSTRING(h, 1, 8), SUBSTRING(h, 9, 4), SUBSTRING(h, 13, 4), SUBSTRING(h, 17, 4),
+        SUBSTRING(h, 21, 12)),
+    :ns, 'scale.noop', 'scale', g, 'SUCCEEDED', 0, 1, 0, 0, 0, 0, 3, CONCAT('worker-', g % 4), g, false,
+    created, created + INTERVAL 20000 MICROSECOND, created + INTERVAL 30000 MICROSECOND,
+    created + INTERVAL 40000 MICROSECOND
+FROM (SELECT g, MD5(CONCAT(:ns, g)) AS h,
+             UTC_TIMESTAMP(6) - INTERVAL 40 DAY + INTERVAL (g * 2592000000000 DIV :rows) MICROSECOND AS created
+      FROM {_mysql_numbers(count)} WHERE g <= :hi) AS t
+"""
+
+
+# The attempt and outbox rows of a history, from its tasks: the same SQL in every dialect.
+_HISTORY_ATTEMPTS = """
+INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, finished_at,
+    outcome)
+SELECT namespace, id, 0, 1, 0, worker_id, started_at, finished_at, 'succeeded' FROM dt_tasks WHERE namespace = :ns
+"""
+_HISTORY_OUTBOX = """
+INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
+    stream_id, created_at, sent_at)
+SELECT namespace, id, queue, 0, 0, 'SENT', 1, created_at, false, '0-1', created_at, enqueued_at
+FROM dt_tasks WHERE namespace = :ns
+"""
+
+_PG_BACKLOG = """
+INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+    counted_losses, failures, max_attempts, shadow, created_at)
+SELECT overlay(overlay(overlay(md5(:ns || 'b' || g)  -- a UUIDv7 as submit makes it (store/ids.py)
+           placing lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint + g), 12, '0') from 1 for 12)
+           placing '7' from 13 for 1) placing '8' from 17 for 1)::uuid::text,
+    :ns, 'scale.noop', 'scale', g::text, 'PENDING', 0, 0, 0, 0, 0, 0, 3, false, now()
+FROM generate_series(:lo + 1, :hi) AS g
+"""
+_SQLITE_BACKLOG = """
+WITH RECURSIVE g(x) AS (SELECT :lo + 1 UNION ALL SELECT x + 1 FROM g WHERE x < :hi),
+r AS (SELECT x, printf('%012x', CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + x) AS t,
+             lower(hex(randomblob(10))) AS h FROM g)
+INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+    counted_losses, failures, max_attempts, shadow, created_at)
+SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(h, 1, 3) || '-8' || substr(h, 4, 3) || '-'
+        || substr(h, 7, 12),
+    :ns, 'scale.noop', 'scale', x, 'PENDING', 0, 0, 0, 0, 0, 0, 3, 0,
+    strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'
+FROM r
+"""
+
+
+def _mysql_backlog(count: int) -> str:
+    return f"""
+INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
+    counted_losses, failures, max_attempts, shadow, created_at)
+SELECT CONCAT_WS('-', SUBSTRING(t, 1, 8), SUBSTRING(t, 9, 4), CONCAT('7', SUBSTRING(h, 1, 3)),
+        CONCAT('8', SUBSTRING(h, 4, 3)), SUBSTRING(h, 7, 12)),
+    :ns, 'scale.noop', 'scale', g, 'PENDING', 0, 0, 0, 0, 0, 0, 3, false, UTC_TIMESTAMP(6)
+FROM (SELECT g, LPAD(LOWER(HEX(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) + g)), 12, '0') AS t,
+             MD5(CONCAT(:ns, 'b', g)) AS h
+      FROM {_mysql_numbers(count)} WHERE g <= :hi) AS s
+"""
+
+
+_BACKLOG_OUTBOX = """
+INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
+    created_at)
+SELECT namespace, id, queue, 0, 0, 'PENDING', 0, created_at, false, created_at
+FROM dt_tasks WHERE namespace = :ns AND state = 'PENDING'
+"""
+
+
+def _tasks_sql(app: App, kind: str, count: int) -> str:
+    dialect = app.engine.dialect.name
+    if dialect == "postgresql":
+        return _PG_HISTORY if kind == "history" else _PG_BACKLOG
+    if dialect == "sqlite":
+        return _SQLITE_HISTORY if kind == "history" else _SQLITE_BACKLOG
+    if dialect in ("mysql", "mariadb"):
+        return _mysql_history(count) if kind == "history" else _mysql_backlog(count)
+    raise ValueError(f"no fill SQL for {dialect}")
+
+
+def _fill(app: App, ns: str, kind: str, rows: int, then: list[str]) -> float:
+    started = time.monotonic()
+    # PostgreSQL makes any number of rows in one statement; the others one chunk at a time.
+    chunk = rows if app.engine.dialect.name == "postgresql" else CHUNK
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
+        with app.engine.begin() as conn:
+            conn.execute(sa.text(_tasks_sql(app, kind, hi - lo)), {"ns": ns, "rows": rows, "lo": lo, "hi": hi})
+    with app.engine.begin() as conn:
+        for statement in then:
+            conn.execute(sa.text(statement), {"ns": ns})
+    _analyze(app)
+    return time.monotonic() - started
+
+
+def _analyze(app: App) -> None:
+    """Fresh statistics (and, on PostgreSQL, a vacuumed visibility map), as a live table has."""
+    dialect = app.engine.dialect.name
+    with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if dialect == "postgresql":
+            conn.execute(sa.text("VACUUM ANALYZE dt_tasks, dt_attempts, dt_outbox"))
+        elif dialect == "sqlite":
+            conn.execute(sa.text("ANALYZE"))
+        else:
+            conn.execute(sa.text("ANALYZE TABLE dt_tasks, dt_attempts, dt_outbox"))
+
+
+def fill_history(app: App, ns: str, rows: int) -> float:
+    """``rows`` finished tasks, each with its attempt and SENT outbox row; returns the seconds taken."""
+    return _fill(app, ns, "history", rows, [_HISTORY_ATTEMPTS, _HISTORY_OUTBOX])
+
+
+def fill_backlog(app: App, ns: str, rows: int) -> float:
+    """``rows`` PENDING tasks, each with its PENDING outbox row, due now; returns the seconds taken."""
+    return _fill(app, ns, "backlog", rows, [_BACKLOG_OUTBOX])

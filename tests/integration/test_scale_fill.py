@@ -1,0 +1,70 @@
+"""benchmarks/scale_fill: the rows bench_scale makes by SQL are rows the runtime reads as its own,
+on every backend (a history it prunes, a backlog it dispatches and drains), in chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from benchmarks import scale_fill
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.records import attempts_table, outbox_table, tasks_table
+
+pytestmark = pytest.mark.anyio
+
+
+def rows(app: App, table: sa.Table, *where: Any) -> list[Any]:
+    with app.runtime.store.read_engine.connect() as conn:
+        return list(conn.execute(sa.select(table).where(table.c.namespace == app.settings.namespace, *where)))
+
+
+def with_noop(app: App) -> App:
+    @app.task(name="scale.noop", queue="scale")
+    def noop(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    return app
+
+
+async def test_a_history_is_finished_work_the_runtime_reads_and_prunes(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scale_fill, "CHUNK", 100)  # three chunks and a part
+    app = with_noop(make_app())
+    scale_fill.fill_history(app, app.settings.namespace, 345)
+    tasks = rows(app, tasks_table)
+    assert len(tasks) == 345
+    assert len({t.id for t in tasks}) == 345
+    assert {t.state for t in tasks} == {TaskState.SUCCEEDED}
+    assert len(rows(app, attempts_table, attempts_table.c.outcome == "succeeded")) == 345
+    assert len(rows(app, outbox_table, outbox_table.c.state == "SENT")) == 345
+    one = app.get_task(tasks[0].id)  # read back through the runtime's own types
+    assert one.result == one.payload  # JSON the codec decodes
+    assert len(one.attempts) == 1
+    assert one.finished_at is not None
+    assert one.started_at is not None
+    assert one.started_at < one.finished_at
+    age = datetime.now(UTC) - one.finished_at
+    assert timedelta(days=10) - timedelta(minutes=5) <= age <= timedelta(days=40) + timedelta(minutes=5)
+    report = app.prune(timedelta(days=7), batch=100)
+    assert (report.tasks, report.attempts, report.outbox_rows) == (345, 345, 345)
+
+
+async def test_a_backlog_is_pending_work_the_runtime_dispatches_and_drains(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scale_fill, "CHUNK", 100)
+    app = with_noop(make_app())
+    scale_fill.fill_backlog(app, app.settings.namespace, 250)
+    tasks = rows(app, tasks_table)
+    assert len({t.id for t in tasks}) == 250
+    assert [t.id for t in sorted(tasks, key=lambda t: int(t.payload))] == sorted(t.id for t in tasks)  # time order
+    assert len(rows(app, outbox_table, outbox_table.c.state == "PENDING")) == 250
+    while await app.dispatch_once():
+        pass
+    assert await app.work(max_tasks=250, timeout=timedelta(seconds=60)) == 250
+    assert {t.state for t in rows(app, tasks_table)} == {TaskState.SUCCEEDED}
