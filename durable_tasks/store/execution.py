@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
+from .planning import filter_only
 
 __all__ = [
     "NOTHING_KNOWN",
@@ -213,11 +214,12 @@ def claim_rows(
     rows = conn.execute(
         sa.update(tasks_table)
         .where(
-            t.namespace == namespace,
+            t.id.in_([key[0] for key in keys]),  # the primary-key lookup; the rest filters (store.planning)
             sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
+            filter_only(t.namespace) == namespace,
             sa.or_(
-                t.state.in_(CLAIMABLE_STATES),
-                sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),
+                filter_only(t.state).in_(CLAIMABLE_STATES),
+                sa.and_(filter_only(t.state) == TaskState.RUNNING, t.lease_expires_at <= now),
             ),
         )
         .values(
@@ -321,7 +323,8 @@ def fenced_rows(claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
     """:meth:`ExecutionClaim.fence` for many executions at once (each row RUNNING under its own
     generation and attempt); ``claims`` share one namespace."""
     return sa.and_(
-        t.namespace == claims[0].namespace,
+        t.id.in_([c.task_id for c in claims]),  # the primary-key lookup; the rest filters (store.planning)
         sa.tuple_(t.id, t.generation, t.attempt).in_([(c.task_id, c.generation, c.attempt) for c in claims]),
-        t.state == TaskState.RUNNING,
+        filter_only(t.namespace) == claims[0].namespace,
+        filter_only(t.state) == TaskState.RUNNING,
     )

@@ -129,7 +129,10 @@ def finish_attempts(conn: sa.Connection, closed: Sequence[tuple[FinalWrite, str]
         tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w, o in closed if o == outcome]
         conn.execute(
             sa.update(attempts_table)
-            .where(sa.tuple_(a.task_id, a.generation, a.attempt).in_(tokens))
+            .where(
+                a.task_id.in_([task_id for task_id, _, _ in tokens]),  # by ix_dt_attempts_task
+                sa.tuple_(a.task_id, a.generation, a.attempt).in_(tokens),
+            )
             .values(outcome=outcome, finished_at=now)
         )
 

@@ -1,0 +1,51 @@
+"""What the portable statements tell the query planners.
+
+A batch statement finds its rows by primary key (``id IN (...)``) and then tests namespace and
+state on them. SQLite plans without statistics (the embedded default never runs ``ANALYZE``)
+and guesses that an equality on an index's first column narrows to about ten rows; against a
+list of hundreds of ids it then prefers ``ix_dt_tasks_created (namespace, ...)`` or
+``ix_dt_tasks_state (namespace, state, queue)`` and reads every task of the namespace, finished
+ones included: a claim of 256 tasks took 57 ms over 300,000 finished rows and the drain fell to
+a tenth over 1,000,000 (``python -m benchmarks.bench_scale --cases history`` on SQLite).
+:func:`filter_only` marks such a column as a filter, never an index to search by: SQLite's
+unary ``+`` (a no-op on any value) takes a term out of index selection; on the other dialects
+the column is as it is (PostgreSQL's hot statements are its own SQL, which tests these columns
+after locking the rows by key; MySQL estimates an IN list from the index itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.visitors import InternalTraversal
+
+__all__ = ["filter_only"]
+
+
+class _FilterOnly(sa.ColumnElement[Any]):
+    """A column tested by a statement, not one to find its rows by."""
+
+    inherit_cache = True
+    _traverse_internals = [("column", InternalTraversal.dp_clauseelement)]  # noqa: RUF012 - SQLAlchemy's name
+
+    def __init__(self, column: sa.ColumnElement[Any]) -> None:
+        self.column = column
+        self.type = column.type
+
+
+@compiles(_FilterOnly)
+def _as_is(element: _FilterOnly, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.column, **kw)
+
+
+@compiles(_FilterOnly, "sqlite")
+def _unary_plus(element: _FilterOnly, compiler: SQLCompiler, **kw: Any) -> str:
+    return "+" + compiler.process(element.column, **kw)
+
+
+def filter_only(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``column`` for a WHERE that must not pick an index by it (see the module's doc)."""
+    return _FilterOnly(column)
