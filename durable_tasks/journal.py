@@ -53,7 +53,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,6 +83,7 @@ __all__ = [
     "StepKind",
     "Suspended",
     "current_journal",
+    "end_journal_source",
     "journal_source",
     "signal_slot",
     "using_journal",
@@ -117,11 +118,18 @@ def current_journal() -> Journal | None:
     return current.journal()
 
 
-def journal_source(source: JournalSource) -> None:
-    """Make ``source``'s journal current in this asyncio task from now on (and in the tasks it
-    starts), made only if something asks for it: a worker's attempt, which runs in a task of
-    its own, ends with its task."""
-    _current.set(source)
+def journal_source(source: JournalSource) -> Token[Journal | JournalSource | None]:
+    """Make ``source``'s journal current in this asyncio task (and in the tasks it starts from
+    now on), made only if something asks for it; :func:`end_journal_source` with the token
+    returned ends that when the attempt ends."""
+    return _current.set(source)
+
+
+def end_journal_source(token: Token[Journal | JournalSource | None]) -> None:
+    """Undo :func:`journal_source`, in the same asyncio task. Until then the task's context holds
+    the source, and a worker's attempt (the source) holds its task: a reference cycle that only
+    the garbage collector would free, one per attempt."""
+    _current.reset(token)
 
 
 @dataclass(eq=False, slots=True)

@@ -16,7 +16,16 @@ from . import failpoints
 from .codec import encode_payload
 from .errors import JournalFencedOutError, UnknownTaskError
 from .handler_threads import HandlerThreads
-from .journal import Journal, PendingChild, PendingSignal, PreparedChild, RecordedStep, Suspended, journal_source
+from .journal import (
+    Journal,
+    PendingChild,
+    PendingSignal,
+    PreparedChild,
+    RecordedStep,
+    Suspended,
+    end_journal_source,
+    journal_source,
+)
 from .runtime import Runtime
 from .store.execution import ExecutionClaim
 from .store.journal import child_task
@@ -149,19 +158,22 @@ async def _run(
     if not task.is_async:
         return await task.run(ctx, limiter=limiter), None
     link.host = asyncio.current_task()
-    journal_source(link)  # current_journal() makes the journal when first asked, as ctx.journal does
+    token = journal_source(link)  # current_journal() makes the journal when first asked, as ctx.journal does
     try:
-        result = await task.run(ctx)
-    except asyncio.CancelledError:
-        if link._journal is None or not link._journal.took_back_cancellation():
-            raise  # cancelled from outside (a timeout, a stopping worker), not suspended
-        result = None
-    else:
-        if link._journal is not None:
-            link._journal.took_back_cancellation()  # the handler may have swallowed the watcher's
+        try:
+            result = await task.run(ctx)
+        except asyncio.CancelledError:
+            if link._journal is None or not link._journal.took_back_cancellation():
+                raise  # cancelled from outside (a timeout, a stopping worker), not suspended
+            result = None
+        else:
+            if link._journal is not None:
+                link._journal.took_back_cancellation()  # the handler may have swallowed the watcher's
+        finally:
+            if link._journal is not None:
+                link._journal.stop_watching()
+        if link._journal is None:
+            return result, None  # no journal, so no wait: nothing can have suspended the handler
+        return await link._journal.outcome(result)
     finally:
-        if link._journal is not None:
-            link._journal.stop_watching()
-    if link._journal is None:
-        return result, None  # no journal, so no wait: nothing can have suspended the handler
-    return await link._journal.outcome(result)
+        end_journal_source(token)

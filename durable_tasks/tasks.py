@@ -303,13 +303,19 @@ class Task(Generic[PayloadT, ResultT]):
         """Run the handler once (sync handlers in a worker thread: on ``limiter``'s threads when
         it is a :class:`~.handler_threads.HandlerThreads`, the worker's own, else in anyio's
         pool counted by ``limiter``; either way never on the threads its database calls use)."""
-        _current.set(ctx)  # this asyncio task's (and, copied, its worker thread's) current task
-        if self.is_async:
-            return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
-        sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
-        if isinstance(limiter, HandlerThreads):
-            return await limiter.run_sync(sync_fn, ctx, ctx.payload)
-        return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True, limiter=limiter)
+        # This asyncio task's (and, copied, its worker thread's) current task, for the run only:
+        # left set, the task's context would hold ctx, which (through its attempt) holds the task,
+        # a reference cycle only the garbage collector frees.
+        token = _current.set(ctx)
+        try:
+            if self.is_async:
+                return await cast("Awaitable[ResultT]", self.fn(ctx, ctx.payload))
+            sync_fn = cast("Callable[[TaskContext[PayloadT], PayloadT], ResultT]", self.fn)
+            if isinstance(limiter, HandlerThreads):
+                return await limiter.run_sync(sync_fn, ctx, ctx.payload)
+            return await anyio.to_thread.run_sync(sync_fn, ctx, ctx.payload, abandon_on_cancel=True, limiter=limiter)
+        finally:
+            _current.reset(token)
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"
