@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from durable_tasks import App
 from durable_tasks.clock import FrozenClock
+from tests.helpers import FAST, delete_namespace_keys
 
 
 @pytest.fixture(params=["sqlite", "postgres", "mysql"])
@@ -56,3 +58,14 @@ def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
 def clock() -> FrozenClock:
     """A clock that stands still until the test advances it (pass it as ``make_app(clock=...)``)."""
     return FrozenClock()
+
+
+@pytest.fixture
+def sqlite_app(tmp_path: Path, redis_url: str, namespace: str) -> Iterator[App]:
+    """An App on a SQLite file of its own, schema made, fast timings: for what only SQLite
+    shows (its planner) or what does not depend on the database (the attempts' own objects)."""
+    built = App(f"sqlite:///{tmp_path / 'dt.sqlite3'}", redis_url, namespace, **FAST)
+    built.create_all()
+    yield built
+    built.engine.dispose()
+    delete_namespace_keys(redis_url, namespace)

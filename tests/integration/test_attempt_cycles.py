@@ -9,24 +9,14 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from durable_tasks import App, TaskContext, current_task
 from durable_tasks.journaled import StoreJournal
-from tests.helpers import FAST, delete_namespace_keys, submit_all
+from tests.helpers import submit_all
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def app(tmp_path: Path, redis_url: str, namespace: str) -> Iterator[App]:
-    built = App(f"sqlite:///{tmp_path / 'dt.sqlite3'}", redis_url, namespace, **FAST)
-    built.create_all()
-    yield built
-    built.engine.dispose()
-    delete_namespace_keys(redis_url, namespace)
 
 
 @pytest.fixture
@@ -46,7 +36,10 @@ def collector_saving_garbage() -> Iterator[list[object]]:
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
-async def test_attempts_leave_no_reference_cycles(app: App, kind: str, collector_saving_garbage: list[object]) -> None:
+async def test_attempts_leave_no_reference_cycles(
+    sqlite_app: App, kind: str, collector_saving_garbage: list[object]
+) -> None:
+    app = sqlite_app
     if kind == "async":
 
         @app.task(name="job", queue="jobs")

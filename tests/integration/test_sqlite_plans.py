@@ -9,9 +9,7 @@ key: not by an index whose only bound column is the namespace."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,21 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from durable_tasks import App, TaskContext
-from tests.helpers import FAST, delete_namespace_keys, submit_all
+from tests.helpers import submit_all
 
 pytestmark = pytest.mark.anyio
 
 #: a plan step that reads more of a table than the rows the statement names
 _WALK = re.compile(r"^SCAN (dt_tasks|dt_attempts)\b|^SEARCH (dt_tasks|dt_attempts) USING .*\(namespace=\?\)$")
-
-
-@pytest.fixture
-def app(tmp_path: Path, redis_url: str, namespace: str) -> Iterator[App]:
-    built = App(f"sqlite:///{tmp_path / 'dt.sqlite3'}", redis_url, namespace, **FAST)
-    built.create_all()
-    yield built
-    built.engine.dispose()
-    delete_namespace_keys(redis_url, namespace)
 
 
 def plans(engine: sa.Engine, statements: list[tuple[str, Any]]) -> dict[str, list[str]]:
@@ -48,7 +37,9 @@ def plans(engine: sa.Engine, statements: list[tuple[str, Any]]) -> dict[str, lis
     return walks
 
 
-async def test_a_dispatch_and_a_drain_find_their_rows_by_key(app: App) -> None:
+async def test_a_dispatch_and_a_drain_find_their_rows_by_key(sqlite_app: App) -> None:
+    app = sqlite_app
+
     @app.task(name="job", queue="jobs")
     def job(ctx: TaskContext[int], n: int) -> int:
         return n
