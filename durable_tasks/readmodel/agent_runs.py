@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from ..records import metadata as runtime_metadata
 from ..records import tasks_table
+from ..store.planning import tasks_by_id
 from .paging import PAGE_SIZE, Page, decode_cursor, encode_cursor, utc
 
 __all__ = ["AgentRunDetail", "agent_run", "agent_runs"]
@@ -77,7 +78,7 @@ def agent_run(engine: sa.Engine, namespace: str, run_id: str) -> AgentRunDetail 
         if task_ids:
             for r in conn.execute(
                 sa.select(t.id, t.name, t.state, t.attempt, t.error_type, t.error_message).where(
-                    t.namespace == namespace, t.id.in_(task_ids)
+                    tasks_by_id(namespace, task_ids)
                 )
             ):
                 detail.task_states[r.id] = dict(r._mapping)

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
-from .planning import filter_only
+from .planning import filter_only, tasks_by_id
 
 __all__ = [
     "NOTHING_KNOWN",
@@ -194,11 +194,7 @@ def after_claim(conn: sa.Connection, namespace: str, follow_ups: FollowUps, now:
     workers left open), and which unclaimed task ids name an existing task (STALE, not NO_TASK)."""
     reruns, missing = follow_ups
     previous = _reopened(conn, reruns, now)
-    existing = (
-        set(conn.execute(sa.select(t.id).where(t.namespace == namespace, t.id.in_(missing))).scalars())
-        if missing
-        else set()
-    )
+    existing = set(conn.execute(sa.select(t.id).where(tasks_by_id(namespace, missing))).scalars()) if missing else set()
     return Known(previous, existing)
 
 
@@ -214,9 +210,8 @@ def claim_rows(
     rows = conn.execute(
         sa.update(tasks_table)
         .where(
-            t.id.in_([key[0] for key in keys]),  # the primary-key lookup; the rest filters (store.planning)
+            tasks_by_id(namespace, [key[0] for key in keys]),
             sa.tuple_(t.id, t.generation, t.delivery).in_(keys),
-            filter_only(t.namespace) == namespace,
             sa.or_(
                 filter_only(t.state).in_(CLAIMABLE_STATES),
                 sa.and_(filter_only(t.state) == TaskState.RUNNING, t.lease_expires_at <= now),
@@ -323,8 +318,7 @@ def fenced_rows(claims: Sequence[ExecutionClaim]) -> sa.ColumnElement[bool]:
     """:meth:`ExecutionClaim.fence` for many executions at once (each row RUNNING under its own
     generation and attempt); ``claims`` share one namespace."""
     return sa.and_(
-        t.id.in_([c.task_id for c in claims]),  # the primary-key lookup; the rest filters (store.planning)
+        tasks_by_id(claims[0].namespace, [c.task_id for c in claims]),
         sa.tuple_(t.id, t.generation, t.attempt).in_([(c.task_id, c.generation, c.attempt) for c in claims]),
-        filter_only(t.namespace) == claims[0].namespace,
         filter_only(t.state) == TaskState.RUNNING,
     )

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from ..outcome import TaskOutcome
 from ..records import TaskState, tasks_table
+from .planning import tasks_by_id
 
 __all__ = ["MAX_IDS_PER_READ", "read_identity", "read_outcomes"]
 
@@ -29,7 +30,7 @@ def read_outcomes(engine: sa.Engine, namespace: str, task_ids: Sequence[str]) ->
             chunk = list(task_ids[start : start + MAX_IDS_PER_READ])
             rows = conn.execute(
                 sa.select(t.id, t.generation, t.state, t.result, t.error_type, t.error_message).where(
-                    t.namespace == namespace, t.id.in_(chunk)
+                    tasks_by_id(namespace, chunk)
                 )
             )
             for task_id, generation, state, result, error_type, error_message in rows:

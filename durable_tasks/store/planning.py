@@ -7,7 +7,8 @@ list of hundreds of ids it then prefers ``ix_dt_tasks_created (namespace, ...)``
 ``ix_dt_tasks_state (namespace, state, queue)`` and reads every task of the namespace, finished
 ones included: a claim of 256 tasks took 57 ms over 300,000 finished rows and the drain fell to
 a tenth over 1,000,000 (``python -m benchmarks.bench_scale --cases history`` on SQLite).
-:func:`filter_only` marks such a column as a filter, never an index to search by: SQLite's
+:func:`tasks_by_id` is that lookup for every statement that reads or writes tasks by a list
+of ids; :func:`filter_only` marks a column as a filter, never an index to search by: SQLite's
 unary ``+`` (a no-op on any value) takes a term out of index selection; on the other dialects
 the column is as it is (PostgreSQL's hot statements are its own SQL, which tests these columns
 after locking the rows by key; MariaDB, which keeps statistics, drained as fast with 1,000,000
@@ -16,6 +17,7 @@ finished tasks as with none).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,7 +25,9 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.visitors import InternalTraversal
 
-__all__ = ["filter_only"]
+from ..records import tasks_table
+
+__all__ = ["filter_only", "tasks_by_id"]
 
 
 class _FilterOnly(sa.ColumnElement[Any]):
@@ -50,3 +54,10 @@ def _unary_plus(element: _FilterOnly, compiler: SQLCompiler, **kw: Any) -> str:
 def filter_only(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     """``column`` for a WHERE that must not pick an index by it (see the module's doc)."""
     return _FilterOnly(column)
+
+
+def tasks_by_id(namespace: str, ids: Collection[str]) -> sa.ColumnElement[bool]:
+    """The ``dt_tasks`` rows of ``ids`` in ``namespace``: found by primary key, the namespace
+    tested on them. Every lookup of tasks by a list of ids goes through here."""
+    t = tasks_table.c
+    return sa.and_(t.id.in_(ids), filter_only(t.namespace) == namespace)

@@ -27,6 +27,7 @@ from ..records import (
     tasks_table,
 )
 from .execution import close_open_attempts
+from .planning import tasks_by_id
 from .submit import outbox_row
 
 __all__ = [
@@ -63,7 +64,7 @@ def lease_views(conn: sa.Connection, namespace: str, task_ids: Iterable[str]) ->
             t.counted_losses,
             t.attempt,
             t.solo_attempt,
-        ).where(t.namespace == namespace, t.id.in_(ids))
+        ).where(tasks_by_id(namespace, ids))
     ).all()
     return {
         r.id: TaskLeaseView(

@@ -1,6 +1,7 @@
-"""On SQLite (the embedded default, which plans without statistics), every statement a dispatch
-and a drain run finds its task and attempt rows by key, never by walking the namespace: a walk
-costs in proportion to the finished history (durable_tasks.store.planning).
+"""On SQLite (the embedded default, which plans without statistics), every statement a dispatch,
+a drain, the reaper's read of a page of entries and a result wait run finds its task and
+attempt rows by key, never by walking the namespace: a walk costs in proportion to the
+finished history (durable_tasks.store.planning).
 
 Each statement the runtime executes is planned again with ``EXPLAIN QUERY PLAN`` and the same
 parameters; the plan may scan nothing of dt_tasks or dt_attempts, and may search them only by a
@@ -37,7 +38,7 @@ def plans(engine: sa.Engine, statements: list[tuple[str, Any]]) -> dict[str, lis
     return walks
 
 
-async def test_a_dispatch_and_a_drain_find_their_rows_by_key(sqlite_app: App) -> None:
+async def test_a_dispatch_a_drain_and_the_reads_by_id_find_their_rows_by_key(sqlite_app: App) -> None:
     app = sqlite_app
 
     @app.task(name="job", queue="jobs")
@@ -51,12 +52,15 @@ async def test_a_dispatch_and_a_drain_find_their_rows_by_key(sqlite_app: App) ->
         if reads_rows and re.search(r"\bdt_(tasks|attempts)\b", statement) and not many:
             seen.append((statement, params))
 
-    submit_all(app, "job", range(40))
+    ids = [handle.id for handle in submit_all(app, "job", range(40))]
+    ns = app.settings.namespace
     event.listen(app.engine, "before_cursor_execute", capture)
     try:
         while await app.dispatch_once():
             pass
         assert await app.work(max_tasks=40, timeout=timedelta(seconds=30)) == 40
+        assert len(await app.runtime.store.lease_views(ns, ids)) == 40  # the reaper's read of a PEL page
+        assert len(app.runtime.store.read_outcomes(ns, ids)) == 40  # result waits
     finally:
         event.remove(app.engine, "before_cursor_execute", capture)
     claims = [s for s, _ in seen if s.lstrip().startswith("UPDATE dt_tasks SET state=?, attempt=")]
