@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import json
 import os
 import statistics
@@ -54,7 +55,7 @@ from benchmarks.record import RAW
 from benchmarks.scale_fill import fill_backlog, fill_history
 from durable_tasks import App, TaskContext
 from durable_tasks.dispatcher import Dispatcher
-from durable_tasks.process import tune_gc
+from durable_tasks.process import gc_thresholds, tune_gc
 from durable_tasks.records import tasks_table
 from durable_tasks.settings import Settings
 from durable_tasks.store.execution import ExecutionClaim
@@ -225,6 +226,9 @@ def inflight(scale: float) -> None:
                 emit(case="inflight", renewed=len(claims), renew_ms=round(timings[-1] * 1000, 1))
 
         store.renew_leases = timed  # type: ignore[method-assign]
+        python_gc = gc.get_threshold()
+        if app.settings.gc_young_threshold:  # as the CLI's worker at this concurrency (durable_tasks.process)
+            gc.set_threshold(*gc_thresholds(app.settings.gc_young_threshold, conc, python_gc))
         try:
             submit(app, n)
             anyio.run(dispatch_all, app)
@@ -251,6 +255,7 @@ def inflight(scale: float) -> None:
             overall = anyio.run(run)
         finally:
             store.renew_leases = renew  # type: ignore[method-assign]
+            gc.set_threshold(*python_gc)
         sustained = slope(settled, 0.2 * n, 0.8 * n)
         peak = max(rss for *_, rss in settled)
         beat = app.settings.heartbeat_interval.total_seconds()

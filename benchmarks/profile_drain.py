@@ -185,7 +185,7 @@ def main() -> None:
     args = ap.parse_args()
     timed(PostgresStore, "claim_executions", lambda a: len(a[2]))  # (self, namespace, requests)
     timed(PostgresStore, "commit_results", lambda a: len(a[1]))  # (self, writes)
-    with bench_app(batch_size=500) as (app, _db, _ns):
+    with bench_app(batch_size=500, concurrency=args.concurrency) as (app, _db, _ns):
         with app.engine.begin() as conn:
             for statement in args.setup_sql:
                 conn.exec_driver_sql(statement)
@@ -203,8 +203,8 @@ def main() -> None:
         else:
             submit_many(app, args.n)
         anyio.run(dispatch_all, app)
-        worker = Worker(app.runtime, concurrency=args.concurrency)
-        tune_gc(app.settings)  # as the CLI's worker process does (DT_GC_YOUNG_THRESHOLD=0: Python's defaults)
+        worker = Worker(app.runtime)
+        tune_gc(app.settings)  # as the CLI's worker at this concurrency (DT_GC_YOUNG_THRESHOLD=0: Python's)
 
         async def drain() -> int:
             return await worker.run(max_tasks=args.n)

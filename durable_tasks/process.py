@@ -15,6 +15,15 @@ no collection walks them again) made a full collection take ~3 ms; a young thres
 let most in-flight objects die before a collection (collections 0.5-0.7 ms each, ~60 ms of
 collector time per 20,000 tasks against ~170 ms at 700). docs/performance-design.md has the
 effect on the drain.
+
+A worker with thousands of tasks in flight keeps each task's objects alive for as long as the
+task runs (an agent's tool call awaits seconds), so they outlive the middle generation too, pass
+to the oldest and trigger full collections. The middle generation is collected every
+``concurrency // 100`` young collections (Python's 10 up to a concurrency of 1,000; 100 at
+10,000): a task that ends within that time is freed from the middle generation. With 10,000
+tasks awaiting 1 s: collector time 383-431 against 611-683 ms per 50,000 tasks, no full
+collection. At the default concurrency nothing changes: collecting the middle generation ten
+times less often there raised submit->start p99 at 200 tasks/s (12.7-16.8 against 9.2-13.3 ms).
 """
 
 from __future__ import annotations
@@ -23,16 +32,23 @@ import gc
 
 from .settings import Settings
 
-__all__ = ["tune_gc"]
+__all__ = ["gc_thresholds", "tune_gc"]
+
+
+def gc_thresholds(young: int, concurrency: int, python: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The collector's thresholds for a process running ``concurrency`` tasks at once, from
+    Python's (``python``): ``young`` for the young generation, the middle one's scaled with
+    the tasks in flight (never below Python's), the oldest one's as it was."""
+    _, middle, oldest = python
+    return young, max(middle, concurrency // 100), oldest
 
 
 def tune_gc(settings: Settings) -> None:
-    """Freeze what startup left and set the young generation's threshold to
-    ``settings.gc_young_threshold`` (the older generations keep theirs); 0 changes nothing."""
-    threshold = settings.gc_young_threshold
-    if not threshold:
+    """Freeze what startup left and set the thresholds of :func:`gc_thresholds` for
+    ``settings.gc_young_threshold`` and ``settings.concurrency``; a young threshold of 0
+    changes nothing."""
+    if not settings.gc_young_threshold:
         return
     gc.collect()
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(threshold, older, oldest)
+    gc.set_threshold(*gc_thresholds(settings.gc_young_threshold, settings.concurrency, gc.get_threshold()))

@@ -11,7 +11,7 @@ import pytest
 
 from durable_tasks import App, ConfigurationError
 from durable_tasks.cli import serve as serve_module
-from durable_tasks.process import tune_gc
+from durable_tasks.process import gc_thresholds, tune_gc
 from durable_tasks.settings import Settings
 
 
@@ -31,6 +31,23 @@ def test_tune_gc_freezes_what_startup_left_and_raises_only_the_young_threshold(
     tune_gc(Settings(gc_young_threshold=4321))
     assert gc.get_threshold() == (4321, *pristine_gc[1:])
     assert gc.get_freeze_count() > 1000  # the modules, classes and functions loaded so far
+
+
+def test_a_worker_with_thousands_in_flight_collects_the_middle_generation_less_often(
+    pristine_gc: tuple[int, int, int],
+) -> None:
+    tune_gc(Settings(gc_young_threshold=4321, concurrency=10_000))
+    assert gc.get_threshold() == (4321, 100, pristine_gc[2])
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "middle"), [(1, 10), (512, 10), (1_000, 10), (1_999, 19), (5_000, 50), (10_000, 100)]
+)
+def test_the_middle_threshold_scales_with_concurrency_and_never_drops_below_pythons(
+    concurrency: int, middle: int
+) -> None:
+    assert gc_thresholds(5_000, concurrency, (700, 10, 10)) == (5_000, middle, 10)
+    assert gc_thresholds(5_000, concurrency, (700, 200, 7)) == (5_000, 200, 7)
 
 
 def test_zero_leaves_the_collector_as_it_was(pristine_gc: tuple[int, int, int]) -> None:
