@@ -57,6 +57,7 @@ import anyio
 import sqlalchemy as sa
 from sqlmodel import Session
 
+from benchmarks.proc_cpu import server_cpu, server_cpu_since
 from durable_tasks import App, TaskContext
 from durable_tasks.process import tune_gc
 from durable_tasks.records import outbox_table, tasks_table
@@ -725,6 +726,9 @@ def submit_overhead(n: int, block: int = 100) -> None:
     bare_notify: the same + pg_notify (what a hand-rolled outbox needs to wake its relay)
     dt:          INSERT business row + app.submit() (task row + outbox row + NOTIFY), COMMIT
     dt_only:     app.submit() alone, COMMIT (the number to compare with peers' enqueue rate)
+
+    Each block also reads where its CPU went: the submitting thread, the process's other threads
+    (the publish at commit's sender), the local PostgreSQL backends and Redis (from /proc).
     """
     meta = sa.MetaData()
     orders = sa.Table(
@@ -774,6 +778,7 @@ def submit_overhead(n: int, block: int = 100) -> None:
             "dt_only": dt_only,
         }
         times: dict[str, list[float]] = {m: [] for m in modes}
+        cpu: dict[str, list[float]] = {m: [0.0] * 4 for m in modes}  # thread, other threads, postgres, redis
         order = list(modes)
         for warm in range(20):  # connections, statement caches
             for fn in modes.values():
@@ -784,12 +789,19 @@ def submit_overhead(n: int, block: int = 100) -> None:
             order = order[1:] + order[:1]  # rotate which mode goes first
             for m in order:
                 fn = modes[m]
+                servers, process, thread = server_cpu(), time.process_time(), time.thread_time()
                 for i in range(b * block, min(n, (b + 1) * block)):
                     t0 = time.perf_counter()
                     with Session(app.engine) as s:
                         fn(s, i)
                         s.commit()
                     times[m].append(time.perf_counter() - t0)
+                thread = time.thread_time() - thread
+                process = time.process_time() - process
+                used = server_cpu_since(servers)
+                redis = sum(v for role, v in used.items() if role.startswith(("redis", "valkey")))
+                for k, v in enumerate((thread, process - thread, used.get("postgres backend", 0.0), redis)):
+                    cpu[m][k] += v
         for m, xs in times.items():
             ms = [x * 1000 for x in xs]
             record(
@@ -801,6 +813,15 @@ def submit_overhead(n: int, block: int = 100) -> None:
                 p50_ms=round(statistics.median(ms), 3),
                 p99_ms=round(pct(ms, 99), 3),
             )
+        per_txn = {m: [round(v / len(times[m]) * 1e6, 1) for v in cpu[m]] for m in modes}
+        record(
+            "submit CPU per transaction: submitting thread, other threads, PostgreSQL backends, Redis",
+            None,
+            "us",
+            metric="submit_cpu_per_txn",
+            modes=per_txn,
+            dt_minus_bare=[round(a - b, 1) for a, b in zip(per_txn["dt"], per_txn["bare"], strict=True)],
+        )
         bare_mean, dt_mean = statistics.fmean(times["bare"]), statistics.fmean(times["dt"])
         record(
             "submit overhead: (business + submit) / (business + bare outbox row), mean txn time",

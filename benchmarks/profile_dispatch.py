@@ -31,7 +31,8 @@ import anyio
 from sqlmodel import Session
 
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
-from benchmarks.profile_drain import CALLS, machine_busy, server_cpu, server_cpu_since, timed
+from benchmarks.proc_cpu import machine_busy, server_cpu, server_cpu_since
+from benchmarks.profile_drain import CALLS, timed
 from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.transport.streams import RedisStreamsTransport
 

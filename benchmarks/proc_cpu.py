@@ -1,0 +1,65 @@
+"""CPU time of this machine and of its local servers, read from /proc: what a benchmark run
+cost the PostgreSQL and Redis processes it talks to, beside its own process's CPU."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+__all__ = ["machine_busy", "server_cpu", "server_cpu_since"]
+
+
+def _role(pid: str, server: str) -> str:
+    """A postgres process's role from its title ("backend", "walwriter", "autovacuum", ...)."""
+    if server != "postgres":
+        return ""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().decode(errors="replace").replace("\0", " ").strip()
+    except OSError:
+        return "?"
+    if not title.startswith("postgres: "):
+        return "postmaster"
+    rest = title.removeprefix("postgres: ")
+    if rest.split()[0].endswith(":"):  # cluster_name
+        rest = rest.split(None, 1)[1]
+    if "(" in rest:
+        return "backend"
+    return rest.split()[0]
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def server_cpu() -> dict[tuple[str, str], float]:
+    """CPU seconds (user + system) used so far by every local postgres and redis/valkey
+    process, by (role, pid)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[tuple[str, str], float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        for server in ("postgres", "redis", "valkey"):
+            if name.startswith(server):
+                used[(f"{server} {_role(pid, server)}".strip(), pid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
+def server_cpu_since(before: dict[tuple[str, str], float]) -> dict[str, float]:
+    """CPU seconds each role used since ``before``, summed over the processes alive now (a
+    process that exited meanwhile, e.g. a connection of an earlier event loop, is left out
+    rather than subtracted)."""
+    used: dict[str, float] = defaultdict(float)
+    for (role, pid), seconds in server_cpu().items():
+        used[role] += seconds - before.get((role, pid), 0.0)
+    return used
