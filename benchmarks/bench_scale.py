@@ -149,12 +149,16 @@ def history(n: int, scale: float, rounds: int) -> None:
         target(f"history {rows:,} rows: drain / empty", ">= 0.9", ratio, "x", ratio >= 0.9)
 
 
-def retention(n: int, scale: float) -> None:
+def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = None) -> None:
     """Prune H old finished tasks (10 M at scale 1) while a worker drains n tasks at full speed:
-    the drain against the same drain before the prune, and the prune's rows/s to the end."""
+    the drain against the same drain before the prune, and the prune's rows/s to the end.
+    ``batch`` rows per prune transaction; ``duty`` replaces the store's ``prune_duty`` (the
+    share of the time its batches may hold the database) for a trial of another pace."""
     rows = int(10_000_000 * scale)
     with bench_app() as (app, _db, ns):
         register(app)
+        if duty is not None:
+            app.runtime.store.prune_duty = duty  # type: ignore[attr-defined]  # this App's store only
         fill_history(app, ns, rows)  # 10 to 40 days old
         submit(app, n)
         anyio.run(dispatch_all, app)
@@ -165,7 +169,7 @@ def retention(n: int, scale: float) -> None:
 
         def prune_all() -> None:
             while True:
-                report = app.prune(timedelta(days=7), batch=1000, max_batches=10)
+                report = app.prune(timedelta(days=7), batch=batch, max_batches=10)
                 pruned[0] += report.tasks
                 if report.tasks == 0:
                     ended[0] = time.perf_counter()
@@ -419,6 +423,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=5000, help="tasks per drain (history, payload)")
     ap.add_argument("--rounds", type=int, default=3, help="history, backlog: drains per size, alternating sizes")
     ap.add_argument("--plots", type=Path, default=RAW, help="where the scale-<case>.png plots go")
+    ap.add_argument("--prune-batch", type=int, default=1000, help="retention: rows per prune transaction")
+    ap.add_argument("--prune-duty", type=float, help="retention: the store's prune_duty for this run (0 < d <= 1)")
     a = ap.parse_args(argv)
     if a.cases == "_worker":
         worker_child()
@@ -432,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         elif case == "inflight":
             inflight(a.scale)
         elif case == "retention":
-            retention(a.n, a.scale)
+            retention(a.n, a.scale, batch=a.prune_batch, duty=a.prune_duty)
         elif case == "recovery":
             recovery(a.scale)
         elif case == "backlog":

@@ -54,6 +54,9 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
 
     #: Dispatchers poll (the runtime adds a wake-up on Redis); PostgreSQL's store NOTIFYs.
     notifies_dispatchers = False
+    #: The share of the time a prune's transactions may hold the database (retention.prune):
+    #: all of it where writers do not wait for each other's whole transaction.
+    prune_duty = 1.0
 
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
@@ -116,8 +119,10 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
             return queries.load_task(conn, namespace, task_id)
 
     def prune(self, namespace: str, *, before: datetime, batch: int, max_batches: int) -> PruneReport:
-        """Delete settled outbox rows and old final tasks, in batches."""
-        return retention.prune(self._engine, namespace, before=before, batch=batch, max_batches=max_batches)
+        """Delete settled outbox rows and old final tasks, in batches (paced by ``prune_duty``)."""
+        return retention.prune(
+            self._engine, namespace, before=before, batch=batch, max_batches=max_batches, duty=self.prune_duty
+        )
 
     async def facts(self) -> DatabaseFacts:
         """The server's clock and the runtime's indexes the database lacks."""

@@ -3,10 +3,18 @@
 Sent or dead outbox rows and finished tasks (with their attempts) older than a cutoff go, a
 batch per transaction so a large backlog never holds long locks. Tasks that are not final, and
 outbox rows still PENDING, are never touched.
+
+Where writers are serialized (SQLite: one write lock per file), a prune that starts its next
+batch the moment the last commits keeps the lock from the workers: a writer that found it
+taken sleeps in SQLite's busy handler (steps of 1 to 100 ms) and the prune takes it again
+first. A store there gives a ``duty`` below 1: after each batch the prune waits so that its
+transactions hold at most that share of the time (:func:`pause_after`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -14,7 +22,7 @@ import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
 
-__all__ = ["PruneReport", "prune"]
+__all__ = ["PruneReport", "pause_after", "prune"]
 
 t = tasks_table.c
 o = outbox_table.c
@@ -31,10 +39,27 @@ class PruneReport:
     batches: int = 0
 
 
-def prune(engine: sa.Engine, namespace: str, *, before: datetime, batch: int, max_batches: int) -> PruneReport:
-    """Delete settled outbox rows and final tasks finished before ``before``."""
+def pause_after(held: float, duty: float) -> float:
+    """Seconds to wait after a batch whose transaction took ``held`` seconds, so that batches
+    hold the database ``duty`` (0 < duty <= 1) of the time: none at 1."""
+    return held * (1.0 - duty) / duty
+
+
+def prune(
+    engine: sa.Engine,
+    namespace: str,
+    *,
+    before: datetime,
+    batch: int,
+    max_batches: int,
+    duty: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> PruneReport:
+    """Delete settled outbox rows and final tasks finished before ``before``, ``batch`` of each
+    per transaction, at most ``max_batches`` transactions, pausing between them for ``duty``."""
     report = PruneReport()
     while report.batches < max_batches:
+        began = time.perf_counter()
         with engine.begin() as conn:
             outbox_ids = (
                 conn.execute(
@@ -69,4 +94,6 @@ def prune(engine: sa.Engine, namespace: str, *, before: datetime, batch: int, ma
         report.batches += 1
         if len(outbox_ids) < batch and len(task_ids) < batch:
             break
+        if duty < 1.0 and report.batches < max_batches:
+            sleep(pause_after(time.perf_counter() - began, duty))
     return report

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks.records import attempts_table, outbox_table, tasks_table
+from durable_tasks.store import retention
 from tests.helpers import submit, submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -72,3 +73,38 @@ async def test_with_retention_set_the_reaper_prunes_by_itself(make_app: Callable
     assert app.get_task(recent).state == TaskState.SUCCEEDED
     assert app.get_task(pending).state == TaskState.PENDING
     assert count(app, attempts_table) == 1
+
+
+async def test_a_paced_prune_pauses_between_batches_for_its_duty(make_app: Callable[..., App]) -> None:
+    clock = FrozenClock()
+    app = make_app(clock=clock)
+
+    @app.task(name="job", queue="jobs")
+    def job(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    submit_all(app, "job", range(5))
+    await app.dispatch_once()
+    await app.work(max_tasks=5, timeout=timedelta(seconds=10))
+    clock.advance(timedelta(days=8))
+    pauses: list[float] = []
+    before = clock() - timedelta(days=7)
+    engine, ns = app.runtime.store.engine, app.settings.namespace
+    report = retention.prune(engine, ns, before=before, batch=2, max_batches=100, duty=0.25, sleep=pauses.append)
+    assert report.tasks == 5
+    assert len(pauses) == report.batches - 1  # between batches, none after the last
+    assert all(pause > 0 for pause in pauses)
+    unpaced: list[float] = []
+    submit_all(app, "job", range(3))
+    await app.dispatch_once()
+    await app.work(max_tasks=3, timeout=timedelta(seconds=10))
+    clock.advance(timedelta(days=8))
+    before = clock() - timedelta(days=7)
+    assert retention.prune(engine, ns, before=before, batch=1, max_batches=100, sleep=unpaced.append).tasks == 3
+    assert unpaced == []
+
+
+def test_the_pause_gives_a_batch_its_share_of_the_time() -> None:
+    assert retention.pause_after(0.2, 1.0) == 0.0
+    held, pause = 0.2, retention.pause_after(0.2, 0.25)
+    assert held / (held + pause) == pytest.approx(0.25)
