@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -24,18 +25,29 @@ def count(app: App, table: sa.Table) -> int:
         )
 
 
-async def test_prune_removes_old_finished_work_only(make_app: Callable[..., App]) -> None:
+def job_app(make_app: Callable[..., App], **settings: Any) -> tuple[App, FrozenClock]:
+    """An App on a frozen clock with one task, ``job``."""
     clock = FrozenClock()
-    app = make_app(clock=clock)
+    app = make_app(clock=clock, **settings)
 
     @app.task(name="job", queue="jobs")
     def job(ctx: TaskContext[int], n: int) -> int:
         return n
 
-    submit_all(app, "job", range(5))
+    return app, clock
+
+
+async def finish_jobs(app: App, clock: FrozenClock, n: int, *, then: timedelta = timedelta(days=8)) -> None:
+    """Run ``n`` jobs to success, then move the clock ``then`` on."""
+    submit_all(app, "job", range(n))
     await app.dispatch_once()
-    await app.work(max_tasks=5, timeout=timedelta(seconds=10))
-    clock.advance(timedelta(days=8))
+    await app.work(max_tasks=n, timeout=timedelta(seconds=10))
+    clock.advance(then)
+
+
+async def test_prune_removes_old_finished_work_only(make_app: Callable[..., App]) -> None:
+    app, clock = job_app(make_app)
+    await finish_jobs(app, clock, 5)
     pending = submit(app, "job", 99)  # new and not yet dispatched: must survive
     report = app.prune(timedelta(days=7), batch=2)
     assert (report.tasks, report.attempts, report.outbox_rows) == (5, 5, 5)
@@ -48,18 +60,9 @@ async def test_prune_removes_old_finished_work_only(make_app: Callable[..., App]
 
 
 async def test_with_retention_set_the_reaper_prunes_by_itself(make_app: Callable[..., App]) -> None:
-    clock = FrozenClock()
-    app = make_app(clock=clock, retention="7d", reaper_interval=timedelta(milliseconds=50))
+    app, clock = job_app(make_app, retention="7d", reaper_interval=timedelta(milliseconds=50))
     assert app.settings.retention == timedelta(days=7)
-
-    @app.task(name="job", queue="jobs")
-    def job(ctx: TaskContext[int], n: int) -> int:
-        return n
-
-    submit_all(app, "job", range(3))
-    await app.dispatch_once()
-    await app.work(max_tasks=3, timeout=timedelta(seconds=10))
-    clock.advance(timedelta(days=6))
+    await finish_jobs(app, clock, 3, then=timedelta(days=6))
     recent = submit(app, "job", 98)  # finished one day before the cutoff: kept
     await app.dispatch_once()
     await app.work(max_tasks=1, timeout=timedelta(seconds=10))
@@ -76,17 +79,8 @@ async def test_with_retention_set_the_reaper_prunes_by_itself(make_app: Callable
 
 
 async def test_a_paced_prune_pauses_between_batches_for_its_duty(make_app: Callable[..., App]) -> None:
-    clock = FrozenClock()
-    app = make_app(clock=clock)
-
-    @app.task(name="job", queue="jobs")
-    def job(ctx: TaskContext[int], n: int) -> int:
-        return n
-
-    submit_all(app, "job", range(5))
-    await app.dispatch_once()
-    await app.work(max_tasks=5, timeout=timedelta(seconds=10))
-    clock.advance(timedelta(days=8))
+    app, clock = job_app(make_app)
+    await finish_jobs(app, clock, 5)
     pauses: list[float] = []
     before = clock() - timedelta(days=7)
     engine, ns = app.runtime.store.engine, app.settings.namespace
@@ -95,10 +89,7 @@ async def test_a_paced_prune_pauses_between_batches_for_its_duty(make_app: Calla
     assert len(pauses) == report.batches - 1  # between batches, none after the last
     assert all(pause > 0 for pause in pauses)
     unpaced: list[float] = []
-    submit_all(app, "job", range(3))
-    await app.dispatch_once()
-    await app.work(max_tasks=3, timeout=timedelta(seconds=10))
-    clock.advance(timedelta(days=8))
+    await finish_jobs(app, clock, 3)
     before = clock() - timedelta(days=7)
     assert retention.prune(engine, ns, before=before, batch=1, max_batches=100, sleep=unpaced.append).tasks == 3
     assert unpaced == []
