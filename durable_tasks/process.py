@@ -21,9 +21,10 @@ task runs (an agent's tool call awaits seconds), so they outlive the middle gene
 to the oldest and trigger full collections. The middle generation is collected every
 ``concurrency // 100`` young collections (Python's 10 up to a concurrency of 1,000; 100 at
 10,000): a task that ends within that time is freed from the middle generation. With 10,000
-tasks awaiting 1 s: collector time 383-431 against 611-683 ms per 50,000 tasks, no full
-collection. At the default concurrency nothing changes: collecting the middle generation ten
-times less often there raised submit->start p99 at 200 tasks/s (12.7-16.8 against 9.2-13.3 ms).
+tasks awaiting 1 s: collector time 0.30 against 0.51 s per 50,000 tasks, no full collection
+(``python -m benchmarks.profile_drain --n 50000 --concurrency 10000 --sleep 1``). At the
+default concurrency nothing changes: collecting the middle generation ten times less often
+there raised submit->start p99 at 200 tasks/s (12.7-16.8 against 9.2-13.3 ms).
 """
 
 from __future__ import annotations

@@ -61,10 +61,20 @@ def test_a_negative_threshold_is_a_configuration_error(tmp_path: Path) -> None:
         App(f"sqlite:///{tmp_path / 'x.db'}", "redis://127.0.0.1:6379/0", gc_young_threshold=-1)
 
 
+@pytest.mark.parametrize(
+    ("settings", "young", "middle"),
+    [({"gc_young_threshold": 2345}, 2345, None), ({"concurrency": 5_000}, 5_000, 50)],
+    ids=["young threshold", "a worker's concurrency"],
+)
 def test_the_cli_tunes_the_process_before_it_starts_the_runtime(
-    pristine_gc: tuple[int, int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: dict[str, Any],
+    young: int,
+    middle: int | None,
+    pristine_gc: tuple[int, int, int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    app = App(f"sqlite:///{tmp_path / 'x.db'}", "redis://127.0.0.1:6379/0", gc_young_threshold=2345)
+    app = App(f"sqlite:///{tmp_path / 'x.db'}", "redis://127.0.0.1:6379/0", **settings)
     seen: list[tuple[int, int, int]] = []
 
     def runtime_would_start(func: Callable[[], Any]) -> None:
@@ -72,17 +82,7 @@ def test_the_cli_tunes_the_process_before_it_starts_the_runtime(
 
     monkeypatch.setattr("durable_tasks.cli.serve.anyio.run", runtime_would_start)
     serve_module.serve(app, ["worker"])
-    assert seen == [(2345, *pristine_gc[1:])]
-
-
-def test_the_cli_workers_concurrency_sets_the_middle_threshold(
-    pristine_gc: tuple[int, int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    app = App(f"sqlite:///{tmp_path / 'x.db'}", "redis://127.0.0.1:6379/0", concurrency=5_000)
-    seen: list[tuple[int, int, int]] = []
-    monkeypatch.setattr("durable_tasks.cli.serve.anyio.run", lambda func: seen.append(gc.get_threshold()))
-    serve_module.serve(app, ["worker"])
-    assert seen == [(5_000, 50, pristine_gc[2])]
+    assert seen == [(young, pristine_gc[1] if middle is None else middle, pristine_gc[2])]
 
 
 def test_building_an_app_does_not_touch_the_collector(pristine_gc: tuple[int, int, int], tmp_path: Path) -> None:
