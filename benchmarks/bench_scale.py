@@ -158,7 +158,7 @@ def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = N
     with bench_app() as (app, _db, ns):
         register(app)
         if duty is not None:
-            app.runtime.store.prune_duty = duty  # type: ignore[attr-defined]  # this App's store only
+            app.runtime.store.prune_duty = duty  # this App's store only
         fill_history(app, ns, rows)  # 10 to 40 days old
         submit(app, n)
         anyio.run(dispatch_all, app)

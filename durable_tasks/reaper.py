@@ -8,6 +8,7 @@ database first (a new outbox row), then the old entry is acknowledged.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from .records import TaskState
 from .runtime import Runtime
 from .stats import queue_stats
 from .store.recovery import DeadTask, ReconcileCursor, UnconfirmedDelivery
-from .store.retention import PruneReport
+from .store.retention import PruneReport, pause_after
 from .tasks import TaskContext, session_hooks
 from .transport.announce import announce_outcomes
 from .transport.messages import Delivery, MalformedEntryError
@@ -337,20 +338,30 @@ class Reaper:
 
     async def prune_once(self) -> PruneReport:
         """Delete finished work older than the ``retention`` setting, up to a bounded number of
-        batches (nothing when it is off)."""
+        batches (nothing when it is off). One batch per thread hop, and the store's pace
+        (``prune_duty``) kept by an async pause after each full one: a reaper that is stopped
+        waits for the batch in progress, never for a pause."""
         runtime, s = self.runtime, self.runtime.settings
+        report = PruneReport()
         if s.retention is None:
-            return PruneReport()
+            return report
         before = runtime.clock() - s.retention
-        prune = partial(runtime.store.prune, s.namespace, before=before, batch=_PRUNE_BATCH, max_batches=_PRUNE_BATCHES)
-        return await anyio.to_thread.run_sync(prune)
+        store = runtime.store
+        batch = partial(store.prune, s.namespace, before=before, batch=_PRUNE_BATCH, max_batches=1, paced=False)
+        while report.batches < _PRUNE_BATCHES:
+            began = time.perf_counter()
+            report.add(await anyio.to_thread.run_sync(batch))
+            if not report.more:
+                break
+            await anyio.sleep(pause_after(time.perf_counter() - began, store.prune_duty))
+        return report
 
     async def _retain(self) -> None:
         """Prune beside the reaping (a long prune never delays a reclaim); while a pass leaves
         more behind, the next starts at once."""
         while True:
             try:
-                caught_up = (await self.prune_once()).batches < _PRUNE_BATCHES
+                caught_up = not (await self.prune_once()).more
             except Exception:
                 logger.exception("retention pass failed; trying again next interval")
                 caught_up = True

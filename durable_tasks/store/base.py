@@ -118,11 +118,13 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
         with self._read_engine.connect() as conn:
             return queries.load_task(conn, namespace, task_id)
 
-    def prune(self, namespace: str, *, before: datetime, batch: int, max_batches: int) -> PruneReport:
-        """Delete settled outbox rows and old final tasks, in batches (paced by ``prune_duty``)."""
-        return retention.prune(
-            self._engine, namespace, before=before, batch=batch, max_batches=max_batches, duty=self.prune_duty
-        )
+    def prune(
+        self, namespace: str, *, before: datetime, batch: int, max_batches: int, paced: bool = True
+    ) -> PruneReport:
+        """Delete settled outbox rows and old final tasks, in batches (paced by ``prune_duty``
+        unless not ``paced``)."""
+        duty = self.prune_duty if paced else 1.0
+        return retention.prune(self._engine, namespace, before=before, batch=batch, max_batches=max_batches, duty=duty)
 
     async def facts(self) -> DatabaseFacts:
         """The server's clock and the runtime's indexes the database lacks."""

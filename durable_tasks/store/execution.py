@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
-from .planning import filter_only, tasks_by_id
+from .planning import attempts_by_task, filter_only, tasks_by_id
 
 __all__ = [
     "NOTHING_KNOWN",
@@ -268,11 +268,11 @@ def _reopened(conn: sa.Connection, rows: Sequence[ClaimedRow], now: datetime) ->
     earlier = sa.tuple_(a.task_id, a.generation, a.attempt).not_in([(r.id, r.generation, r.attempt) for r in rows])
     latest: dict[str, str | None] = {}
     for task_id, traceparent in conn.execute(
-        sa.select(a.task_id, a.traceparent).where(a.task_id.in_(ids), earlier).order_by(a.id)
+        attempts_by_task(sa.select(a.task_id, a.traceparent)).where(a.task_id.in_(ids), earlier).order_by(a.id)
     ):
         latest[task_id] = traceparent
     conn.execute(
-        sa.update(attempts_table)
+        attempts_by_task(sa.update(attempts_table))
         .where(a.task_id.in_(ids), a.outcome.is_(None), earlier)
         .values(outcome=AttemptOutcome.LOST, finished_at=now, retry_reason="lease expired: worker lost")
     )

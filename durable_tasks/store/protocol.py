@@ -97,6 +97,9 @@ class Store(Protocol):
     #: Whether the database itself wakes dispatchers at a submit's commit (PostgreSQL's
     #: NOTIFY); elsewhere the runtime publishes a wake-up on Redis (durable_tasks.wakeup).
     notifies_dispatchers: bool
+    #: The share of the time a paced prune's transactions may hold the database (below 1
+    #: where writers share one lock: SQLite); a reaper's retention pass keeps to it too.
+    prune_duty: float
 
     # -- the App's own ---------------------------------------------------------------------
 
@@ -108,8 +111,12 @@ class Store(Protocol):
         """The task row and its attempts (oldest first); None if there is no such task."""
         ...
 
-    def prune(self, namespace: str, *, before: datetime, batch: int, max_batches: int) -> PruneReport:
-        """Delete settled outbox rows and final tasks finished before ``before``, in batches."""
+    def prune(
+        self, namespace: str, *, before: datetime, batch: int, max_batches: int, paced: bool = True
+    ) -> PruneReport:
+        """Delete settled outbox rows and final tasks finished before ``before``, in batches;
+        where writers share one lock (SQLite) ``paced`` pauses between batches to leave the
+        workers their share."""
         ...
 
     async def facts(self) -> DatabaseFacts:

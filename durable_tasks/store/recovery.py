@@ -27,7 +27,7 @@ from ..records import (
     tasks_table,
 )
 from .execution import close_open_attempts
-from .planning import tasks_by_id
+from .planning import attempts_by_task, tasks_by_id
 from .submit import outbox_row
 
 __all__ = [
@@ -224,7 +224,7 @@ def _supersede(
     )
     # Attempts still open (their worker vanished) end as lost, in the current generation only.
     conn.execute(
-        sa.update(attempts_table)
+        attempts_by_task(sa.update(attempts_table))
         .where(
             a.task_id.in_(ids),  # by ix_dt_attempts_task
             sa.tuple_(a.task_id, a.generation).in_([(row.id, row.generation) for row in taken]),

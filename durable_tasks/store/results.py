@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
 from .execution import ExecutionClaim, fenced_rows
+from .planning import attempts_by_task
 from .submit import insert_outbox
 
 __all__ = [
@@ -128,7 +129,7 @@ def finish_attempts(conn: sa.Connection, closed: Sequence[tuple[FinalWrite, str]
     for outcome in {outcome for _, outcome in closed}:
         tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w, o in closed if o == outcome]
         conn.execute(
-            sa.update(attempts_table)
+            attempts_by_task(sa.update(attempts_table))
             .where(
                 a.task_id.in_([task_id for task_id, _, _ in tokens]),  # by ix_dt_attempts_task
                 sa.tuple_(a.task_id, a.generation, a.attempt).in_(tokens),

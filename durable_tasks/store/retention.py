@@ -37,6 +37,16 @@ class PruneReport:
     tasks: int = 0
     attempts: int = 0
     batches: int = 0
+    #: The last batch was full: old rows may remain.
+    more: bool = False
+
+    def add(self, other: PruneReport) -> None:
+        """Count ``other``, a later prune's report, in this one."""
+        self.outbox_rows += other.outbox_rows
+        self.tasks += other.tasks
+        self.attempts += other.attempts
+        self.batches += other.batches
+        self.more = other.more
 
 
 def pause_after(held: float, duty: float) -> float:
@@ -92,7 +102,8 @@ def prune(
                 report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.task_id.in_(task_ids))).rowcount
                 report.tasks += conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
         report.batches += 1
-        if len(outbox_ids) < batch and len(task_ids) < batch:
+        report.more = len(outbox_ids) == batch or len(task_ids) == batch
+        if not report.more:
             break
         if duty < 1.0 and report.batches < max_batches:
             sleep(pause_after(time.perf_counter() - began, duty))

@@ -11,6 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
+from durable_tasks import reaper as reaper_module
+from durable_tasks.reaper import Reaper
 from durable_tasks.records import attempts_table, outbox_table, tasks_table
 from durable_tasks.store import retention
 from tests.helpers import submit, submit_all, wait_until
@@ -93,6 +95,53 @@ async def test_a_paced_prune_pauses_between_batches_for_its_duty(make_app: Calla
     before = clock() - timedelta(days=7)
     assert retention.prune(engine, ns, before=before, batch=1, max_batches=100, sleep=unpaced.append).tasks == 3
     assert unpaced == []
+
+
+@pytest.mark.parametrize("paced", [True, False])
+async def test_an_unpaced_prune_runs_its_batches_back_to_back(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch, paced: bool
+) -> None:
+    """``durable-tasks prune --no-pause`` (``paced=False``): for an operator who knows no worker
+    runs; the store's own pace (a quarter of the time on SQLite, none elsewhere) otherwise."""
+    app, clock = job_app(make_app)
+    await finish_jobs(app, clock, 3)
+    duties: list[float] = []
+    real = retention.prune
+
+    def recorded(*args: Any, duty: float = 1.0, **kwargs: Any) -> retention.PruneReport:
+        duties.append(duty)
+        return real(*args, duty=duty, **kwargs)
+
+    monkeypatch.setattr(retention, "prune", recorded)
+    assert app.prune(timedelta(days=7), batch=1, paced=paced).tasks == 3
+    store_duty = app.runtime.store.prune_duty
+    assert duties == [store_duty if paced else 1.0]
+
+
+async def test_a_stopped_reaper_waits_for_its_batch_in_progress_not_for_the_pass(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retention pass runs a batch per thread hop: cancelled (the reaper stopping) while a
+    batch runs, it ends when that batch commits; the batches it had left do not run."""
+    app, clock = job_app(make_app, retention="7d")
+    await finish_jobs(app, clock, 6)
+    monkeypatch.setattr(reaper_module, "_PRUNE_BATCH", 2)
+    store = app.runtime.store
+    real = store.prune
+    first_done = anyio.Event()
+
+    def batch(*args: Any, **kwargs: Any) -> retention.PruneReport:
+        report = real(*args, **kwargs)
+        anyio.from_thread.run_sync(first_done.set)
+        return report
+
+    monkeypatch.setattr(store, "prune", batch)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(Reaper(app.runtime).prune_once)
+        await first_done.wait()
+        tg.cancel_scope.cancel()
+    assert count(app, tasks_table) == 4  # one batch of two; a pass of 20 would have taken all six
+    assert (await Reaper(app.runtime).prune_once()).tasks == 4  # the next pass takes the rest
 
 
 def test_the_pause_gives_a_batch_its_share_of_the_time() -> None:

@@ -1,0 +1,103 @@
+"""On MySQL/MariaDB the group commit closes its attempts through ix_dt_attempts_task, whatever
+the statistics say (durable_tasks.store.planning).
+
+Past ``eq_range_index_dive_limit`` (200) ids an IN list is estimated from the statistics, not
+by looking in the index. ``dt_attempts`` grows by every claim, faster than its statistics
+follow, and MariaDB planned the close of 512 attempts as a full scan of the primary key: a
+1,000,000-task backlog drained at half its pace while the table grew. Here the statistics are
+made to mislead on purpose (MariaDB's engine-independent statistics, which its optimizer
+prefers: each task id appears to have a thousand attempts) and the statement the runtime
+executes is planned again with ``EXPLAIN`` and the same parameters.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from durable_tasks import App
+from durable_tasks.records import attempts_table
+from durable_tasks.store import results
+from durable_tasks.store.execution import ExecutionClaim
+from durable_tasks.store.ids import new_task_id
+from durable_tasks.store.results import FinalWrite
+
+pytestmark = pytest.mark.parametrize("database_url", ["mysql"], indirect=True)
+
+#: More ids than MariaDB and MySQL look up in the index to estimate an IN list (200).
+CLOSED = 300
+
+
+def claim_of(namespace: str, task_id: str, now: datetime) -> ExecutionClaim:
+    return ExecutionClaim(
+        namespace=namespace,
+        task_id=task_id,
+        name="job",
+        queue="jobs",
+        generation=0,
+        attempt=1,
+        delivery=0,
+        max_attempts=3,
+        failures=0,
+        payload_json="1",
+        idempotency_key=None,
+        traceparent=None,
+        shadow=False,
+        created_at=now,
+        enqueued_at=now,
+        worker_id="w",
+    )
+
+
+def mislead_statistics(engine: sa.Engine) -> None:
+    """Statistics by which each task id has a thousand attempts: scanning the table looks cheaper
+    than looking the ids up. Skipped on a MySQL server (these statistics are MariaDB's)."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        version = str(conn.execute(sa.text("SELECT VERSION()")).scalar_one())
+        if "mariadb" not in version.lower():
+            pytest.skip(f"engine-independent statistics are MariaDB's; this server is {version}")
+        conn.execute(sa.text("ANALYZE TABLE dt_attempts PERSISTENT FOR ALL")).all()
+        conn.execute(
+            sa.text(
+                "UPDATE mysql.index_stats SET avg_frequency = 1000 "
+                "WHERE db_name = DATABASE() AND table_name = 'dt_attempts' AND index_name = 'ix_dt_attempts_task'"
+            )
+        )
+        conn.execute(sa.text("FLUSH TABLES dt_attempts"))
+
+
+def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics_say(
+    make_app: Any,
+) -> None:
+    app: App = make_app()
+    engine, ns, now = app.engine, app.settings.namespace, datetime.now(UTC)
+    task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
+    row = {"namespace": ns, "generation": 0, "attempt": 1, "delivery": 0, "worker_id": "w", "started_at": now}
+    with engine.begin() as conn:
+        conn.execute(sa.insert(attempts_table), [row | {"task_id": task_id} for task_id in task_ids])
+    mislead_statistics(engine)
+
+    seen: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        if statement.startswith("UPDATE dt_attempts"):
+            seen.append((statement, params))
+
+    writes = [(FinalWrite(claim_of(ns, task_id, now), "1"), "succeeded") for task_id in task_ids[:CLOSED]]
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        with engine.begin() as conn:
+            results.finish_attempts(conn, writes, now)
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    [(statement, params)] = seen
+    with engine.connect() as conn:
+        plan = conn.exec_driver_sql(f"EXPLAIN {statement}", params).mappings().one()
+    assert (plan["type"], plan["key"]) == ("range", "ix_dt_attempts_task"), dict(plan)
+    with engine.connect() as conn:
+        closed = conn.execute(sa.select(sa.func.count()).where(attempts_table.c.outcome == "succeeded")).scalar_one()
+    assert closed == CLOSED
