@@ -85,7 +85,7 @@ class MySqlStore(SqlStore):
 
     def _mark_sent(self, conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> int:
         self._lock_tasks(conn, sorted({row.task_id for row, _, _ in sent}))
-        return outbox.mark_sent(conn, sent, now=now)
+        return outbox.mark_sent_at_once(conn, sent, now=now)
 
     def _commit_plain(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> list[FinalWrite]:
         locked = _lock_running(conn, [w.claim for w in writes])

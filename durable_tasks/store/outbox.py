@@ -31,6 +31,7 @@ __all__ = [
     "deliveries",
     "mark_dead",
     "mark_sent",
+    "mark_sent_at_once",
     "next_due",
     "release",
     "schedule_retry",
@@ -204,6 +205,38 @@ def mark_sent(conn: sa.Connection, sent: Sequence[Sent], *, now: datetime) -> in
         ),
         [{**_fenced(row), "b_stream": stream_id, "b_partition": partition} for row, stream_id, partition in sent],
     ).rowcount
+    _enqueued(conn, sent, now)
+    return int(marked)
+
+
+def mark_sent_at_once(conn: sa.Connection, sent: Sequence[Sent], *, now: datetime) -> int:
+    """:func:`mark_sent` with the outbox rows in one statement, each row's entry id, partition
+    and fencing token picked by its id: for a server where every statement of an executemany
+    is a round trip of its own (MySQL/MariaDB: 500 statements for a batch of 500)."""
+    if not sent:
+        return 0
+    by_id = {row.outbox_id: (row.claim_token, stream_id, partition) for row, stream_id, partition in sent}
+    marked = conn.execute(
+        sa.update(outbox_table)
+        .where(
+            o.id.in_(list(by_id)),
+            o.claim_token == sa.case({i: token for i, (token, _, _) in by_id.items()}, value=o.id),
+            o.state == OutboxState.PENDING,
+        )
+        .values(
+            state=OutboxState.SENT,
+            stream_id=sa.case({i: stream for i, (_, stream, _) in by_id.items()}, value=o.id),
+            partition=sa.case({i: part for i, (_, _, part) in by_id.items()}, value=o.id),
+            sent_at=now,
+            lease_expires_at=None,
+        )
+    ).rowcount
+    _enqueued(conn, sent, now)
+    return int(marked)
+
+
+def _enqueued(conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> None:
+    """The published rows' tasks become ENQUEUED, if still waiting in that delivery."""
     conn.execute(
         sa.update(tasks_table)
         .where(
@@ -213,7 +246,6 @@ def mark_sent(conn: sa.Connection, sent: Sequence[Sent], *, now: datetime) -> in
         )
         .values(state=TaskState.ENQUEUED, enqueued_at=now)
     )
-    return int(marked)
 
 
 def mark_dead(conn: sa.Connection, rows: Sequence[Dead], *, now: datetime) -> None:

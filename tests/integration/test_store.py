@@ -6,6 +6,7 @@ so a dialect's store that means something else than the others fails here first.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -143,6 +144,27 @@ async def test_the_usual_pass_marks_every_row_sent_in_one_go(app: App) -> None:
     sent = [(row, f"{i}-0", None) for i, row in enumerate(rows)]
     assert await app.runtime.store.settle_outbox(sent=sent, dead=[], retry=[], held=[], now=now, release_at=now) == 3
     assert {app.get_task(i).state for i in ids} == {TaskState.ENQUEUED}
+
+
+async def test_each_row_of_a_pass_is_fenced_by_its_own_token_and_gets_its_own_entry_id(app: App) -> None:
+    ids = submit(app, 3)
+    rows = await lease(app)
+    stale = dataclasses.replace(rows[1], claim_token="an earlier lease's")
+    now = app.clock()
+    sent = [(row, f"{i}-7", i) for i, row in enumerate([rows[0], stale, rows[2]])]
+    assert await app.runtime.store.settle_outbox(sent=sent, dead=[], retry=[], held=[], now=now, release_at=now) == 2
+    o = outbox_table.c
+    with app.runtime.store.read_engine.connect() as conn:
+        mine = sa.select(o).where(o.namespace == app.settings.namespace)
+        marks = {r.task_id: (r.state, r.stream_id, r.partition) for r in conn.execute(mine)}
+    assert set(marks) == set(ids)
+    assert [marks[row.task_id] for row in rows] == [
+        (OutboxState.SENT, "0-7", 0),
+        (OutboxState.PENDING, None, None),
+        (OutboxState.SENT, "2-7", 2),
+    ]
+    # Each task was published all the same (one entry per delivery, deduplicated): ENQUEUED.
+    assert {app.get_task(task_id).state for task_id in ids} == {TaskState.ENQUEUED}
 
 
 async def test_a_claim_is_the_execution_fence(app: App, clock: FrozenClock) -> None:
