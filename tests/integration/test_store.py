@@ -155,7 +155,7 @@ async def test_each_row_of_a_pass_is_fenced_by_its_own_token_and_gets_its_own_en
     assert await app.runtime.store.settle_outbox(sent=sent, dead=[], retry=[], held=[], now=now, release_at=now) == 2
     o = outbox_table.c
     with app.runtime.store.read_engine.connect() as conn:
-        mine = sa.select(o).where(o.namespace == app.settings.namespace)
+        mine = sa.select(outbox_table).where(o.namespace == app.settings.namespace)
         marks = {r.task_id: (r.state, r.stream_id, r.partition) for r in conn.execute(mine)}
     assert set(marks) == set(ids)
     assert [marks[row.task_id] for row in rows] == [
