@@ -29,7 +29,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, FrozenClock, Task, TaskContext, TaskHandle
 from durable_tasks.clock import system_clock
-from durable_tasks.records import outbox_table, tasks_table
+from durable_tasks.records import attempts_table, outbox_table, steps_table, tasks_table
 from durable_tasks.store.engine import read_only
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
@@ -264,6 +264,33 @@ async def run_until_quiet(app: App, timeout: float = 60) -> None:
                 busy = any(s.outbox_backlog or s.pel_size or s.stream_lag or s.queue_delay_s for s in stats)
                 quiet = 0 if busy else quiet + 1
             stop.set()
+
+
+async def run_tree(app: App, run_id: str) -> str:
+    """What a test that expected a run to finish prints when it did not: the run and its
+    children (state, generation, delivery, attempts), the run's journal, every outbox row of
+    them, and the queues' statistics now. For a failure seen only in full runs."""
+    t, s, o, a = tasks_table.c, steps_table.c, outbox_table.c, attempts_table.c
+    with app.runtime.store.read_engine.connect() as conn:
+        ids = [run_id, *conn.execute(sa.select(t.id).where(t.parent_id == run_id).order_by(t.created_at)).scalars()]
+        lines = [
+            f"task {r.id} {r.name} {r.state} g{r.generation} d{r.delivery} a{r.attempt} enq={r.enqueued_at}"
+            for r in conn.execute(sa.select(tasks_table).where(t.id.in_(ids)).order_by(t.created_at))
+        ]
+        lines += [
+            f"step g{r.generation} {r.slot} done={r.done} child={r.child_task_id} state={r.child_state}"
+            for r in conn.execute(sa.select(steps_table).where(s.task_id == run_id).order_by(s.id))
+        ]
+        lines += [
+            f"outbox {r.task_id} g{r.generation} d{r.delivery} {r.state} due={r.next_attempt_at} sent={r.sent_at}"
+            for r in conn.execute(sa.select(outbox_table).where(o.task_id.in_(ids)).order_by(o.id))
+        ]
+        lines += [
+            f"attempt {r.task_id} g{r.generation} a{r.attempt} {r.outcome} {r.retry_reason or ''}"
+            for r in conn.execute(sa.select(attempts_table).where(a.task_id.in_(ids)).order_by(a.id))
+        ]
+    lines += [f"stats {queue}: {stats}" for queue, stats in (await app.stats()).items()]
+    return "\n".join(lines)
 
 
 @contextmanager

@@ -24,7 +24,7 @@ pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installe
 from durable_tasks import App, TaskInfo, TaskState
 from examples.agent.app import AGENT_NAME, CALL_LOG_ENV, EXPECTED_ANSWER, QUESTION, SLOW_SECONDS_ENV, Assistant, build
 from examples.agent.run import main as run_main
-from tests.helpers import child_env_of, run_until_quiet
+from tests.helpers import child_env_of, run_tree, run_until_quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -110,7 +110,7 @@ async def test_the_scripted_run_answers_from_every_tool_result(
     await run_until_quiet(assistant.app)
 
     run = assistant.app.get_task(run_id)
-    assert (run.state, run.result) == (TaskState.SUCCEEDED, EXPECTED_ANSWER)
+    assert (run.state, run.result) == (TaskState.SUCCEEDED, EXPECTED_ANSWER), await run_tree(assistant.app, run_id)
     assert [json.loads(line)["turn"] for line in call_log.read_text().splitlines()] == [0, 1, 2]
     by_call = tool_tasks(assistant.app, run_id)
     assert sorted(by_call) == ["call_calc", "call_kv", "call_report", "call_search"]

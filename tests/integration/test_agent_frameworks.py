@@ -30,7 +30,16 @@ from durable_tasks import App, Task, TaskState
 from durable_tasks.cli import cli
 from durable_tasks.transport.messages import parse_delivery
 from tests.apps.agent_frameworks import ANSWER, QUESTION, build, effects_table
-from tests.helpers import FULL, aturns_true, child_env_of, die_running_alone, run_until_quiet, submit, wait_until
+from tests.helpers import (
+    FULL,
+    aturns_true,
+    child_env_of,
+    die_running_alone,
+    run_tree,
+    run_until_quiet,
+    submit,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -224,7 +233,7 @@ async def test_a_rerun_fences_the_superseded_branchs_late_tool_results_out(
     await run_until_quiet(app)
 
     run = app.get_task(run_id)
-    assert (run.state, run.generation, run.result) == (TaskState.SUCCEEDED, 1, ANSWER)
+    assert (run.state, run.generation, run.result) == (TaskState.SUCCEEDED, 1, ANSWER), await run_tree(app, run_id)
     assert {app.get_task(t).state for t in old_tools} == {TaskState.CANCELLED}  # never ran, or fenced out
     assert turns(call_log, framework) == [0, 0, 1, 2]  # turn 0 once per generation
     assert effects(app, framework) == EXPECTED_EFFECTS  # generation 1's tools only
