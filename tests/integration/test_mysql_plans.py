@@ -12,6 +12,8 @@ executes is planned again with ``EXPLAIN`` and the same parameters.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,9 +55,11 @@ def claim_of(namespace: str, task_id: str, now: datetime) -> ExecutionClaim:
     )
 
 
-def mislead_statistics(engine: sa.Engine) -> None:
+@contextmanager
+def misleading_statistics(engine: sa.Engine) -> Iterator[None]:
     """Statistics by which each task id has a thousand attempts: scanning the table looks cheaper
-    than looking the ids up. Skipped on a MySQL server (these statistics are MariaDB's)."""
+    than looking the ids up. Removed after (the database is shared by the tests that follow).
+    Skipped on a MySQL server (these statistics are MariaDB's)."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         version = str(conn.execute(sa.text("SELECT VERSION()")).scalar_one())
         if "mariadb" not in version.lower():
@@ -68,6 +72,14 @@ def mislead_statistics(engine: sa.Engine) -> None:
             )
         )
         conn.execute(sa.text("FLUSH TABLES dt_attempts"))
+        try:
+            yield
+        finally:
+            for table in ("table_stats", "column_stats", "index_stats"):
+                conn.execute(
+                    sa.text(f"DELETE FROM mysql.{table} WHERE db_name = DATABASE() AND table_name = 'dt_attempts'")
+                )
+            conn.execute(sa.text("FLUSH TABLES dt_attempts"))
 
 
 def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics_say(
@@ -79,8 +91,6 @@ def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics
     row = {"namespace": ns, "generation": 0, "attempt": 1, "delivery": 0, "worker_id": "w", "started_at": now}
     with engine.begin() as conn:
         conn.execute(sa.insert(attempts_table), [row | {"task_id": task_id} for task_id in task_ids])
-    mislead_statistics(engine)
-
     seen: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
@@ -88,15 +98,16 @@ def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics
             seen.append((statement, params))
 
     writes = [(FinalWrite(claim_of(ns, task_id, now), "1"), "succeeded") for task_id in task_ids[:CLOSED]]
-    event.listen(engine, "before_cursor_execute", capture)
-    try:
-        with engine.begin() as conn:
-            results.finish_attempts(conn, writes, now)
-    finally:
-        event.remove(engine, "before_cursor_execute", capture)
-    [(statement, params)] = seen
-    with engine.connect() as conn:
-        plan = conn.exec_driver_sql(f"EXPLAIN {statement}", params).mappings().one()
+    with misleading_statistics(engine):
+        event.listen(engine, "before_cursor_execute", capture)
+        try:
+            with engine.begin() as conn:
+                results.finish_attempts(conn, writes, now)
+        finally:
+            event.remove(engine, "before_cursor_execute", capture)
+        [(statement, params)] = seen
+        with engine.connect() as conn:
+            plan = conn.exec_driver_sql(f"EXPLAIN {statement}", params).mappings().one()
     assert (plan["type"], plan["key"]) == ("range", "ix_dt_attempts_task"), dict(plan)
     with engine.connect() as conn:
         closed = conn.execute(
