@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from durable_tasks import App
 
-__all__ = ["CHUNK", "fill_backlog", "fill_history"]
+__all__ = ["CHUNK", "fill_backlog", "fill_history", "fill_tasks"]
 
 #: rows per statement on SQLite and MySQL
 CHUNK = 500_000
@@ -76,7 +76,7 @@ SELECT CONCAT_WS('-', SUBSTRING(h, 1, 8), SUBSTRING(h, 9, 4), SUBSTRING(h, 13, 4
     created, created + INTERVAL 20000 MICROSECOND, created + INTERVAL 30000 MICROSECOND,
     created + INTERVAL 40000 MICROSECOND
 FROM (SELECT g, MD5(CONCAT(:ns, g)) AS h,
-             UTC_TIMESTAMP(6) - INTERVAL 40 DAY + INTERVAL (g * 2592000000000 DIV :rows) MICROSECOND AS created
+             UTC_TIMESTAMP(6) - INTERVAL 40 DAY + INTERVAL (g * (2592000000000 DIV :rows)) MICROSECOND AS created
       FROM {_mysql_numbers(count)} WHERE g <= :hi) AS t
 """
 
@@ -149,14 +149,19 @@ def _tasks_sql(app: App, kind: str, count: int) -> str:
     raise ValueError(f"no fill SQL for {dialect}")
 
 
+def fill_tasks(app: App, ns: str, kind: str, rows: int, lo: int, hi: int) -> None:
+    """Tasks ``lo + 1`` to ``hi`` of a ``rows``-task history or backlog (``kind``), in one
+    transaction; a task's place in the whole sets its time."""
+    with app.engine.begin() as conn:
+        conn.execute(sa.text(_tasks_sql(app, kind, hi - lo)), {"ns": ns, "rows": rows, "lo": lo, "hi": hi})
+
+
 def _fill(app: App, ns: str, kind: str, rows: int, then: list[str]) -> float:
     started = time.monotonic()
     # PostgreSQL makes any number of rows in one statement; the others one chunk at a time.
     chunk = rows if app.engine.dialect.name == "postgresql" else CHUNK
     for lo in range(0, rows, chunk):
-        hi = min(rows, lo + chunk)
-        with app.engine.begin() as conn:
-            conn.execute(sa.text(_tasks_sql(app, kind, hi - lo)), {"ns": ns, "rows": rows, "lo": lo, "hi": hi})
+        fill_tasks(app, ns, kind, rows, lo, min(rows, lo + chunk))
     with app.engine.begin() as conn:
         for statement in then:
             conn.execute(sa.text(statement), {"ns": ns})

@@ -54,6 +54,18 @@ async def test_a_history_is_finished_work_the_runtime_reads_and_prunes(
     assert (report.tasks, report.attempts, report.outbox_rows) == (345, 345, 345)
 
 
+def test_the_last_tasks_of_a_10_000_000_task_history_are_ten_days_old(make_app: Callable[..., App]) -> None:
+    """Each task's time comes from its place in the whole history: on MySQL that product once
+    overflowed a BIGINT past 3.5 million rows, so the 10,000,000-row case could not be filled."""
+    app = make_app()
+    scale_fill.fill_tasks(app, app.settings.namespace, "history", 10_000_000, 9_999_990, 10_000_000)
+    tasks = rows(app, tasks_table)
+    assert sorted(int(t.payload) for t in tasks) == list(range(9_999_991, 10_000_001))
+    newest = max(t.created_at for t in tasks)
+    age = datetime.now(UTC) - (newest if newest.tzinfo else newest.replace(tzinfo=UTC))
+    assert timedelta(days=10) - timedelta(minutes=5) <= age <= timedelta(days=10) + timedelta(minutes=5)
+
+
 async def test_a_backlog_is_pending_work_the_runtime_dispatches_and_drains(
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
