@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -264,6 +264,18 @@ async def run_until_quiet(app: App, timeout: float = 60) -> None:
                 busy = any(s.outbox_backlog or s.pel_size or s.stream_lag or s.queue_delay_s for s in stats)
                 quiet = 0 if busy else quiet + 1
             stop.set()
+
+
+def first_attempt(
+    namespace: str, task_id: str, now: datetime, *, name: str = "noop", queue: str = "jobs"
+) -> ExecutionClaim:
+    """The claim of a task's first attempt (generation 0, delivery 0) as a worker holds it, for
+    calling a store's statements directly."""
+    return ExecutionClaim(
+        namespace=namespace, task_id=task_id, name=name, queue=queue, generation=0, attempt=1, delivery=0,
+        max_attempts=3, failures=0, payload_json="0", idempotency_key=None, traceparent=None, shadow=False,
+        created_at=now, enqueued_at=now, worker_id="w",
+    )  # fmt: skip
 
 
 async def run_tree(app: App, run_id: str) -> str:

@@ -24,35 +24,14 @@ from sqlalchemy import event
 from durable_tasks import App
 from durable_tasks.records import attempts_table
 from durable_tasks.store import results
-from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.ids import new_task_id
 from durable_tasks.store.results import FinalWrite
+from tests.helpers import first_attempt
 
 pytestmark = pytest.mark.parametrize("database_url", ["mysql"], indirect=True)
 
 #: More ids than MariaDB and MySQL look up in the index to estimate an IN list (200).
 CLOSED = 300
-
-
-def claim_of(namespace: str, task_id: str, now: datetime) -> ExecutionClaim:
-    return ExecutionClaim(
-        namespace=namespace,
-        task_id=task_id,
-        name="job",
-        queue="jobs",
-        generation=0,
-        attempt=1,
-        delivery=0,
-        max_attempts=3,
-        failures=0,
-        payload_json="1",
-        idempotency_key=None,
-        traceparent=None,
-        shadow=False,
-        created_at=now,
-        enqueued_at=now,
-        worker_id="w",
-    )
 
 
 @contextmanager
@@ -97,7 +76,7 @@ def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics
         if statement.startswith("UPDATE dt_attempts"):
             seen.append((statement, params))
 
-    writes = [(FinalWrite(claim_of(ns, task_id, now), "1"), "succeeded") for task_id in task_ids[:CLOSED]]
+    writes = [(FinalWrite(first_attempt(ns, task_id, now), "1"), "succeeded") for task_id in task_ids[:CLOSED]]
     with misleading_statistics(engine):
         event.listen(engine, "before_cursor_execute", capture)
         try:

@@ -23,13 +23,12 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
 from durable_tasks.store import recovery, sql
-from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
 from durable_tasks.store.postgres import PostgresStore, statements
 from durable_tasks.store.postgres.connections import AsyncConnections
 from durable_tasks.store.postgres.statements import OneStatement
 from durable_tasks.store.results import FinalWrite
-from tests.helpers import private_schema
+from tests.helpers import first_attempt, private_schema
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -441,15 +440,11 @@ async def test_a_large_group_commit_is_planned_per_call_and_reads_each_table_by_
             assert not [p for p in row_by_row_probes(plan) if "ANY" in scan_conditions(p)], (size, plan)
         conn.rollback()
 
-    def claim(task_id: str) -> ExecutionClaim:
-        return ExecutionClaim(
-            namespace=ns, task_id=task_id, name="noop", queue="jobs", generation=0, attempt=1, delivery=0,
-            max_attempts=3, failures=0, payload_json="0", idempotency_key=None, traceparent=None, shadow=False,
-            created_at=now, enqueued_at=now, worker_id="w",
-        )  # fmt: skip
-
-    small = [FinalWrite(claim("no-such-task"), "null")] * statements.PREPARED_GROUP_MAX
-    large = [FinalWrite(claim(f"no-such-task-{i}"), "null") for i in range(statements.PREPARED_GROUP_MAX + 1)]
+    small = [FinalWrite(first_attempt(ns, "no-such-task", now), "null")] * statements.PREPARED_GROUP_MAX
+    large = [
+        FinalWrite(first_attempt(ns, f"no-such-task-{i}", now), "null")
+        for i in range(statements.PREPARED_GROUP_MAX + 1)
+    ]
     prepared = OneStatement("SELECT statement FROM pg_prepared_statements", {}, lambda rows: [r[0] for r in rows])
     connections = AsyncConnections(app.engine, max_size=1, probe=ProbeSaying(Pooling.DIRECT))
     try:
