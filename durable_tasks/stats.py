@@ -14,14 +14,25 @@ __all__ = ["queue_stats"]
 
 async def queue_stats(runtime: Runtime) -> dict[str, QueueStats]:
     """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,
-    stream lag, DLQ length. Raises SQLAlchemy's or redis' errors when a server is unreachable."""
+    stream lag, DLQ length. Raises SQLAlchemy's or redis' errors when a server is unreachable.
+
+    Redis is read before the database, so that work moving between the two while they are
+    read is counted at least once: a worker commits what a task leads to (a retry, a child, a
+    parent's resume) before it acknowledges the entry, so an entry gone from the PEL by the
+    time Redis is read has its consequences committed by the time the database is read. Read
+    the other way round, a task could finish between the two reads and its follow-up be in
+    neither, and a caller waiting for every count to reach zero would stop too early. (A
+    queue known only from the database, registered by no task here, is read after it.)"""
     now = runtime.clock()
-    backlogs = await runtime.store.queue_backlogs(runtime.settings.namespace)
+    now_ms = int(now.timestamp() * 1000)
     transport = runtime.transport()
+    snaps = {queue: await transport.snapshot(queue, now_ms=now_ms) for queue in sorted(set(runtime.queues()))}
+    backlogs = await runtime.store.queue_backlogs(runtime.settings.namespace)
+    for queue in sorted(set(backlogs) - set(snaps)):
+        snaps[queue] = await transport.snapshot(queue, now_ms=now_ms)
     out: dict[str, QueueStats] = {}
-    for queue in sorted(set(runtime.queues()) | set(backlogs)):
-        b = backlogs.get(queue)
-        snap = await transport.snapshot(queue, now_ms=int(now.timestamp() * 1000))
+    for queue in sorted(snaps):
+        b, snap = backlogs.get(queue), snaps[queue]
         out[queue] = QueueStats(
             outbox_backlog=b.outbox_backlog if b else 0,
             outbox_oldest_age_s=(now - b.outbox_oldest).total_seconds() if b and b.outbox_oldest else 0.0,

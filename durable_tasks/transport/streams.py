@@ -314,18 +314,21 @@ class RedisStreamsTransport:
 
     async def snapshot(self, queue: str, *, now_ms: int | None = None) -> QueueSnapshot:
         """PEL size, oldest pending age, DLQ and stream length of a queue (all partitions and,
-        on a prioritized queue, all levels)."""
+        on a prioritized queue, all levels).
+
+        Each stream's lag is read before its PEL: an entry that a worker reads in between is
+        then counted in the lag, where the other order would find it in neither."""
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
         pel_size, oldest_age, lag, stream_length = 0, 0.0, 0, 0
         for stream in (s for s, shadow, _ in self.streams(queue) if not shadow):
             try:
+                for group in await self.client.xinfo_groups(stream):
+                    if str(group["name"]) == CONSUMER_GROUP and group.get("lag") is not None:
+                        lag += int(group["lag"])  # entries not yet read by the group (Redis 7+)
                 summary = await self.client.xpending(stream, CONSUMER_GROUP)
                 pel_size += int(summary["pending"])
                 if summary["pending"]:
                     oldest_age = max(oldest_age, (now_ms - _entry_ms(str(summary["min"]))) / 1000)
-                for group in await self.client.xinfo_groups(stream):
-                    if str(group["name"]) == CONSUMER_GROUP and group.get("lag") is not None:
-                        lag += int(group["lag"])  # entries not yet read by the group (Redis 7+)
             except ResponseError:
                 pass  # no stream or group yet: nothing pending
             stream_length += int(await self.client.xlen(stream))
