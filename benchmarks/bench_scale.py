@@ -10,8 +10,10 @@ rows of history, 10,000 tasks in flight, a backlog of 1,000,000) take much longe
 runs on PostgreSQL (the default), SQLite (``DT_BENCH_DATABASE_URL=sqlite:////path/any.db``:
 each case gets its own file beside that one) and MySQL/MariaDB (``mysql+pymysql://...``: its
 own database); history, backlog and retention rows are made by SQL, not by running tasks
-(benchmarks/scale_fill.py). One in-process worker at the default settings unless a case says
-otherwise; every case has its own schema and namespace (bench_dt.bench_app).
+(benchmarks/scale_fill.py); a history's task ids are in time order as submit makes them
+(``--history-ids random`` spreads them over the key instead). One in-process worker at the
+default settings unless a case says otherwise; every case has its own schema and namespace
+(bench_dt.bench_app).
 
     history   drain of N tasks with H finished tasks (+ their attempt and outbox rows) already
               in the tables, H = 0, 1 M, 10 M: within 10 % of H = 0
@@ -121,7 +123,7 @@ def rss_mb() -> tuple[float, float]:
 # -- cases -----------------------------------------------------------------------------------
 
 
-def history(n: int, scale: float, rounds: int) -> None:
+def history(n: int, scale: float, rounds: int, *, random_ids: bool = False) -> None:
     """One schema per history size, all kept while the rounds alternate between them (the
     machine's drift hits every size alike); medians over rounds."""
     sizes = (0, int(1_000_000 * scale), int(10_000_000 * scale))
@@ -131,8 +133,8 @@ def history(n: int, scale: float, rounds: int) -> None:
         for rows in sizes:
             app, _db, ns = stack.enter_context(bench_app())
             register(app)
-            filled = fill_history(app, ns, rows) if rows else 0.0
-            emit(case="history", history_rows=rows, fill_s=round(filled, 1))
+            filled = fill_history(app, ns, rows, random_ids=random_ids) if rows else 0.0
+            emit(case="history", history_rows=rows, random_ids=random_ids, fill_s=round(filled, 1))
             apps[rows] = app
         for rnd in range(rounds):
             order = sizes[rnd % len(sizes) :] + sizes[: rnd % len(sizes)]
@@ -149,7 +151,7 @@ def history(n: int, scale: float, rounds: int) -> None:
         target(f"history {rows:,} rows: drain / empty", ">= 0.9", ratio, "x", ratio >= 0.9)
 
 
-def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = None) -> None:
+def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = None, random_ids: bool = False) -> None:
     """Prune H old finished tasks (10 M at scale 1) while a worker drains n tasks at full speed:
     the drain against the same drain before the prune, and the prune's rows/s to the end.
     ``batch`` rows per prune transaction; ``duty`` replaces the store's ``prune_duty`` (the
@@ -159,7 +161,7 @@ def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = N
         register(app)
         if duty is not None:
             app.runtime.store.prune_duty = duty  # this App's store only
-        fill_history(app, ns, rows)  # 10 to 40 days old
+        fill_history(app, ns, rows, random_ids=random_ids)  # 10 to 40 days old
         submit(app, n)
         anyio.run(dispatch_all, app)
         alone = anyio.run(drain, app, n)
@@ -182,7 +184,7 @@ def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = N
         during = anyio.run(drain, app, n)
         pruner.join(3600)
         prune_rate = pruned[0] / ((ended[0] or time.perf_counter()) - began)
-        emit(case="retention", history_rows=rows, n=n, drain_alone=round(alone, 1),
+        emit(case="retention", history_rows=rows, random_ids=random_ids, n=n, drain_alone=round(alone, 1),
              drain_while_pruning=round(during, 1), pruned=pruned[0], prune_rows_per_s=round(prune_rate, 1),
              finished=done.is_set())  # fmt: skip
         ratio = during / alone
@@ -425,6 +427,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plots", type=Path, default=RAW, help="where the scale-<case>.png plots go")
     ap.add_argument("--prune-batch", type=int, default=1000, help="retention: rows per prune transaction")
     ap.add_argument("--prune-duty", type=float, help="retention: the store's prune_duty for this run (0 < d <= 1)")
+    ap.add_argument(
+        "--history-ids",
+        choices=("time", "random"),
+        default="time",
+        help="history, retention: the finished tasks' ids in time order, as submit makes them, or random",
+    )
     a = ap.parse_args(argv)
     if a.cases == "_worker":
         worker_child()
@@ -432,13 +440,13 @@ def main(argv: list[str] | None = None) -> None:
     tune_gc(Settings())
     for case in a.cases.split(","):
         if case == "history":
-            history(a.n, a.scale, a.rounds)
+            history(a.n, a.scale, a.rounds, random_ids=a.history_ids == "random")
         elif case == "payload":
             payload(a.n)
         elif case == "inflight":
             inflight(a.scale)
         elif case == "retention":
-            retention(a.n, a.scale, batch=a.prune_batch, duty=a.prune_duty)
+            retention(a.n, a.scale, batch=a.prune_batch, duty=a.prune_duty, random_ids=a.history_ids == "random")
         elif case == "recovery":
             recovery(a.scale)
         elif case == "backlog":

@@ -3,6 +3,7 @@ on every backend (a history it prunes, a backlog it dispatches and drains), in c
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +14,7 @@ import sqlalchemy as sa
 from benchmarks import scale_fill
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.records import attempts_table, outbox_table, tasks_table
+from durable_tasks.store.ids import new_task_id
 
 pytestmark = pytest.mark.anyio
 
@@ -52,6 +54,27 @@ async def test_a_history_is_finished_work_the_runtime_reads_and_prunes(
     assert timedelta(days=10) - timedelta(minutes=5) <= age <= timedelta(days=40) + timedelta(minutes=5)
     report = app.prune(timedelta(days=7), batch=100)
     assert (report.tasks, report.attempts, report.outbox_rows) == (345, 345, 345)
+
+
+@pytest.mark.parametrize("random_ids", [False, True])
+def test_a_historys_ids_are_uuidv7s_in_time_order_or_random_on_request(
+    make_app: Callable[..., App], random_ids: bool
+) -> None:
+    """Time-ordered ids are what submit writes (store/ids.py): a prune of the oldest tasks then
+    finds them together at the low end of the key. Random ones are the harder case, on request."""
+    app = make_app()
+    scale_fill.fill_history(app, app.settings.namespace, 200, random_ids=random_ids)
+    tasks = rows(app, tasks_table)
+    by_time = [t.id for t in sorted(tasks, key=lambda t: t.created_at)]
+    assert len(set(by_time)) == 200
+    assert (by_time == sorted(by_time)) is not random_ids
+    assert all(uuid.UUID(i).version == 7 for i in by_time) is not random_ids
+    if not random_ids:  # the id's timestamp is the creation time, to the millisecond
+        first = min(tasks, key=lambda t: t.created_at)
+        created = first.created_at if first.created_at.tzinfo else first.created_at.replace(tzinfo=UTC)
+        id_ms = uuid.UUID(first.id).int >> 80
+        assert abs(id_ms - created.timestamp() * 1000) <= 2
+        assert by_time[-1] < new_task_id()  # older than any task submitted now
 
 
 def test_the_last_tasks_of_a_10_000_000_task_history_are_ten_days_old(make_app: Callable[..., App]) -> None:
