@@ -97,8 +97,9 @@ class Store(Protocol):
     #: Whether the database itself wakes dispatchers at a submit's commit (PostgreSQL's
     #: NOTIFY); elsewhere the runtime publishes a wake-up on Redis (durable_tasks.wakeup).
     notifies_dispatchers: bool
-    #: The share of the time a paced prune's transactions may hold the database (below 1
-    #: where writers share one lock: SQLite); a reaper's retention pass keeps to it too.
+    #: The share of the time a paced prune's transactions may hold the database (below 1: a
+    #: prune leaves the workers the lock, on SQLite, and their CPU); a reaper's retention
+    #: pass keeps to it too.
     prune_duty: float
 
     # -- the App's own ---------------------------------------------------------------------
@@ -115,8 +116,7 @@ class Store(Protocol):
         self, namespace: str, *, before: datetime, batch: int, max_batches: int, paced: bool = True
     ) -> PruneReport:
         """Delete settled outbox rows and final tasks finished before ``before``, in batches;
-        where writers share one lock (SQLite) ``paced`` pauses between batches to leave the
-        workers their share."""
+        ``paced`` pauses between batches (``prune_duty``) to leave the workers their share."""
         ...
 
     async def facts(self) -> DatabaseFacts:

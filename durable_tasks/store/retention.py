@@ -4,10 +4,12 @@ Sent or dead outbox rows and finished tasks (with their attempts) older than a c
 batch per transaction so a large backlog never holds long locks. Tasks that are not final, and
 outbox rows still PENDING, are never touched.
 
-Where writers are serialized (SQLite: one write lock per file), a prune that starts its next
-batch the moment the last commits keeps the lock from the workers: a writer that found it
-taken sleeps in SQLite's busy handler (steps of 1 to 100 ms) and the prune takes it again
-first. A store there gives a ``duty`` below 1: after each batch the prune waits so that its
+A prune that starts its next batch the moment the last commits takes what the workers need.
+Where writers are serialized (SQLite: one write lock per file) it keeps the lock from them: a
+writer that found it taken sleeps in SQLite's busy handler (steps of 1 to 100 ms) and the
+prune takes it again first. Elsewhere it takes CPU: old tasks with time-ordered ids lie
+together, and an unpaced prune deletes them many times faster than workers finish new ones.
+So the store gives a ``duty`` below 1: after each batch the prune waits so that its
 transactions hold at most that share of the time (:func:`pause_after`).
 """
 

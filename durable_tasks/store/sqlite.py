@@ -26,10 +26,6 @@ __all__ = ["SqliteStore"]
 class SqliteStore(SqlStore):
     """:class:`~.protocol.Store` on a SQLite file."""
 
-    #: One write lock for the file: a prune that never paused held it from the workers
-    #: (store.retention).
-    prune_duty = 0.25
-
     @classmethod
     def open(cls, url: sa.URL) -> SqliteStore:
         """A store on the SQLite database at ``url`` (its directory must exist)."""
