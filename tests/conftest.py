@@ -10,6 +10,7 @@ the keys of the test's namespace.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 
 from durable_tasks import App
 from durable_tasks.transport.cluster_url import sync_cluster_client
-from tests.helpers import FAST, delete_namespace_keys, private_schema
+from tests.helpers import FAST, delete_keys_of, delete_namespace_keys, private_schema
 from tests.servers import server_home
 
 TESTS = Path(__file__).resolve().parent
@@ -147,9 +149,24 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
+#: Every namespace a test of this process was given: what is left of them in Redis at the end
+#: of the session goes (a worker or publisher of an App that a test did not close may write
+#: after the test's own clean-up; the server is shared by every run on the machine).
+_NAMESPACES: set[str] = set()
+
+
 @pytest.fixture
 def namespace() -> str:
-    return f"t{uuid.uuid4().hex[:12]}"
+    name = f"t{uuid.uuid4().hex[:12]}"
+    _NAMESPACES.add(name)
+    return name
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    url = os.environ.get("DT_TEST_REDIS_URL")  # without it the session's own Valkey is gone already
+    if url and "+cluster://" not in url and _NAMESPACES:
+        with contextlib.suppress(redis.RedisError):
+            delete_keys_of(url, _NAMESPACES)
 
 
 @pytest.fixture

@@ -186,6 +186,22 @@ def delete_namespace_keys(redis_url: str, namespace: str) -> None:
         client.close()
 
 
+def delete_keys_of(redis_url: str, namespaces: Iterable[str]) -> int:
+    """Delete the Redis keys of all ``namespaces`` in one walk of the server's test keys; how
+    many went."""
+    wanted = {f"dt:{{{namespace}:" for namespace in namespaces}
+    client = redis.Redis.from_url(redis_url)
+    deleted = 0
+    try:
+        for key in client.scan_iter(match="dt:{t*", count=1000):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            if name[: name.find(":", 4) + 1] in wanted:
+                deleted += int(client.delete(key))
+    finally:
+        client.close()
+    return deleted
+
+
 def submit(app: App, task: Task[Any, Any] | str, payload: Any, **options: Any) -> str:
     """Submit one ``task`` in a transaction of its own, committed; its id. ``options`` are
     :meth:`App.submit`'s."""

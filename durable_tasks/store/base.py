@@ -54,12 +54,10 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
 
     #: Dispatchers poll (the runtime adds a wake-up on Redis); PostgreSQL's store NOTIFYs.
     notifies_dispatchers = False
-    #: The share of the time a paced prune's transactions may hold the database
-    #: (retention.prune): a quarter. On SQLite a prune's transaction holds the file's one write
-    #: lock. Where rows are locked instead, an unpaced prune of old tasks (time-ordered ids: they
-    #: lie together) deletes 15,000-30,000 tasks/s and takes that much CPU from the workers,
-    #: the database's and the interpreter's of the process it runs in: a drain beside it fell to
-    #: 0.68-0.72x on PostgreSQL and MariaDB; paced, 0.86x and 0.90x (docs/performance.md).
+    #: The share of the time a paced prune's transactions may hold the database: a quarter. On
+    #: SQLite they hold the file's write lock; elsewhere, unpaced, they took the workers' CPU
+    #: (a drain beside them 0.68-0.72x on PostgreSQL and MariaDB, paced 0.86x and 0.90x:
+    #: store/retention.py, docs/performance.md#a-paced-prune).
     prune_duty = 0.25
 
     def __init__(self, engine: sa.Engine) -> None:
