@@ -18,7 +18,7 @@ def test_the_session_clean_up_deletes_its_namespaces_keys_and_no_other(redis_url
         for key in [f"dt:{{{mine}:jobs}}:stream", f"dt:{{{mine}:cli}}:dedup:a:0:0", *kept]:
             client.set(key, "1")
         assert delete_keys_of(redis_url, [mine]) == 2
-        assert sorted(k.decode() for k in client.keys(f"dt:{{{mine}*")) == sorted(kept[1:])
+        assert sorted(client.scan_iter(match=f"dt:{{{mine}*")) == sorted(k.encode() for k in kept[1:])
         assert client.exists(kept[0]) == 1
     finally:
         client.delete(*kept)
