@@ -438,15 +438,16 @@ def main(argv: list[str] | None = None) -> None:
         worker_child()
         return
     tune_gc(Settings())
+    random_ids = a.history_ids == "random"
     for case in a.cases.split(","):
         if case == "history":
-            history(a.n, a.scale, a.rounds, random_ids=a.history_ids == "random")
+            history(a.n, a.scale, a.rounds, random_ids=random_ids)
         elif case == "payload":
             payload(a.n)
         elif case == "inflight":
             inflight(a.scale)
         elif case == "retention":
-            retention(a.n, a.scale, batch=a.prune_batch, duty=a.prune_duty, random_ids=a.history_ids == "random")
+            retention(a.n, a.scale, batch=a.prune_batch, duty=a.prune_duty, random_ids=random_ids)
         elif case == "recovery":
             recovery(a.scale)
         elif case == "backlog":

@@ -161,19 +161,26 @@ FROM dt_tasks WHERE namespace = :ns AND state = 'PENDING'
 """
 
 
+#: A history task's id in each dialect: (spread over the key, in time order as submit makes it).
+_HISTORY_IDS = {
+    "postgresql": (_PG_RANDOM_ID, _PG_TIME_ID),
+    "sqlite": (_SQLITE_RANDOM_ID, _SQLITE_TIME_ID),
+    "mysql": (_MYSQL_RANDOM_ID, _MYSQL_TIME_ID),
+}
+
+
 def _tasks_sql(app: App, kind: str, count: int, random_ids: bool) -> str:
-    dialect = app.engine.dialect.name
+    dialect = "mysql" if app.engine.dialect.name == "mariadb" else app.engine.dialect.name
+    if dialect not in _HISTORY_IDS:
+        raise ValueError(f"no fill SQL for {dialect}")
+    random_id, time_id = _HISTORY_IDS[dialect]
+    task_id = random_id if random_ids else time_id
+    history = kind == "history"
     if dialect == "postgresql":
-        return _PG_HISTORY.format(id=_PG_RANDOM_ID if random_ids else _PG_TIME_ID) if kind == "history" else _PG_BACKLOG
+        return _PG_HISTORY.format(id=task_id) if history else _PG_BACKLOG
     if dialect == "sqlite":
-        if kind == "history":
-            return _SQLITE_HISTORY.format(id=_SQLITE_RANDOM_ID if random_ids else _SQLITE_TIME_ID)
-        return _SQLITE_BACKLOG
-    if dialect in ("mysql", "mariadb"):
-        if kind == "history":
-            return _mysql_history(count, _MYSQL_RANDOM_ID if random_ids else _MYSQL_TIME_ID)
-        return _mysql_backlog(count)
-    raise ValueError(f"no fill SQL for {dialect}")
+        return _SQLITE_HISTORY.format(id=task_id) if history else _SQLITE_BACKLOG
+    return _mysql_history(count, task_id) if history else _mysql_backlog(count)
 
 
 def fill_tasks(app: App, ns: str, kind: str, rows: int, lo: int, hi: int, *, random_ids: bool = False) -> None:

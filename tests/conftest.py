@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from durable_tasks import App
 from durable_tasks.transport.cluster_url import sync_cluster_client
-from tests.helpers import FAST, delete_keys_of, delete_namespace_keys, private_schema
+from tests.helpers import FAST, delete_namespace_keys, private_schema
 from tests.servers import server_home
 
 TESTS = Path(__file__).resolve().parent
@@ -166,7 +166,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     url = os.environ.get("DT_TEST_REDIS_URL")  # without it the session's own Valkey is gone already
     if url and "+cluster://" not in url and _NAMESPACES:
         with contextlib.suppress(redis.RedisError):
-            delete_keys_of(url, _NAMESPACES)
+            delete_namespace_keys(url, *_NAMESPACES)
 
 
 @pytest.fixture

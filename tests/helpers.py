@@ -176,24 +176,17 @@ def private_schema(postgres_url: str, prefix: str = "dt_test") -> Iterator[str]:
         admin.dispose()
 
 
-def delete_namespace_keys(redis_url: str, namespace: str) -> None:
-    """Delete the Redis keys of ``namespace`` (and nothing else: the server is shared)."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for key in client.scan_iter(match=f"dt:{{{namespace}:*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
-
-
-def delete_keys_of(redis_url: str, namespaces: Iterable[str]) -> int:
-    """Delete the Redis keys of all ``namespaces`` in one walk of the server's test keys; how
-    many went."""
+def delete_namespace_keys(redis_url: str, *namespaces: str) -> int:
+    """Delete the Redis keys of ``namespaces`` (and nothing else: the server is shared) in one
+    walk of the server's keys; how many went."""
     wanted = {f"dt:{{{namespace}:" for namespace in namespaces}
+    if not wanted:
+        return 0
+    match = f"{next(iter(wanted))}*" if len(wanted) == 1 else "dt:{*"  # one: Redis filters
     client = redis.Redis.from_url(redis_url)
     deleted = 0
     try:
-        for key in client.scan_iter(match="dt:{t*", count=1000):
+        for key in client.scan_iter(match=match, count=1000):
             name = key.decode() if isinstance(key, bytes) else str(key)
             if name[: name.find(":", 4) + 1] in wanted:
                 deleted += int(client.delete(key))
