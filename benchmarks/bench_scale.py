@@ -151,13 +151,22 @@ def history(n: int, scale: float, rounds: int, *, random_ids: bool = False) -> N
         target(f"history {rows:,} rows: drain / empty", ">= 0.9", ratio, "x", ratio >= 0.9)
 
 
-def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = None, random_ids: bool = False) -> None:
+def retention(
+    n: int,
+    scale: float,
+    *,
+    batch: int = 1000,
+    duty: float | None = None,
+    min_rate: float | None = None,
+    random_ids: bool = False,
+) -> None:
     """Prune H old finished tasks (10 M at scale 1) while a worker drains n tasks at full speed:
     the drain against the same drain before the prune, and the prune's rows/s to the end.
     ``batch`` rows per prune transaction; ``duty`` replaces the store's ``prune_duty`` (the
-    share of the time its batches may hold the database) for a trial of another pace."""
+    share of the time its batches may hold the database) and ``min_rate`` the
+    ``retention_min_rate`` setting, for a trial of another pace."""
     rows = int(10_000_000 * scale)
-    with bench_app() as (app, _db, ns):
+    with bench_app(**({} if min_rate is None else {"retention_min_rate": min_rate})) as (app, _db, ns):
         register(app)
         if duty is not None:
             app.runtime.store.prune_duty = duty  # this App's store only
@@ -184,7 +193,8 @@ def retention(n: int, scale: float, *, batch: int = 1000, duty: float | None = N
         during = anyio.run(drain, app, n)
         pruner.join(3600)
         prune_rate = pruned[0] / ((ended[0] or time.perf_counter()) - began)
-        emit(case="retention", history_rows=rows, random_ids=random_ids, n=n, drain_alone=round(alone, 1),
+        emit(case="retention", history_rows=rows, random_ids=random_ids, n=n,
+             min_rate=app.settings.retention_min_rate, drain_alone=round(alone, 1),
              drain_while_pruning=round(during, 1), pruned=pruned[0], prune_rows_per_s=round(prune_rate, 1),
              finished=done.is_set())  # fmt: skip
         ratio = during / alone
@@ -427,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plots", type=Path, default=RAW, help="where the scale-<case>.png plots go")
     ap.add_argument("--prune-batch", type=int, default=1000, help="retention: rows per prune transaction")
     ap.add_argument("--prune-duty", type=float, help="retention: the store's prune_duty for this run (0 < d <= 1)")
+    ap.add_argument("--prune-min-rate", type=float, help="retention: the retention_min_rate setting for this run")
     ap.add_argument(
         "--history-ids",
         choices=("time", "random"),
@@ -447,7 +458,9 @@ def main(argv: list[str] | None = None) -> None:
         elif case == "inflight":
             inflight(a.scale)
         elif case == "retention":
-            retention(a.n, a.scale, batch=a.prune_batch, duty=a.prune_duty, random_ids=random_ids)
+            retention(
+                a.n, a.scale, batch=a.prune_batch, duty=a.prune_duty, min_rate=a.prune_min_rate, random_ids=random_ids
+            )
         elif case == "recovery":
             recovery(a.scale)
         elif case == "backlog":

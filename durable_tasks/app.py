@@ -311,13 +311,19 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
         self, older_than: timedelta, *, batch: int = 1000, max_batches: int = 1000, paced: bool = True
     ) -> PruneReport:
         """Delete sent outbox rows and final tasks (with attempts) older than ``older_than``,
-        ``batch`` rows per transaction. Pending work is never touched. On SQLite a prune pauses
-        after each batch so that running workers keep the file's write lock most of the time;
-        ``paced=False`` drops the pauses (about 4x faster when no worker runs)."""
+        ``batch`` rows per transaction. Pending work is never touched. A prune pauses after each
+        batch so that running workers keep most of the database (SQLite's write lock, the
+        server's CPU), but never below ``retention_min_rate`` tasks a second; ``paced=False``
+        drops the pauses (about 4x faster when no worker runs)."""
         before = self.clock() - older_than
         with self._database_errors():
             return self.runtime.store.prune(
-                self.settings.namespace, before=before, batch=batch, max_batches=max_batches, paced=paced
+                self.settings.namespace,
+                before=before,
+                batch=batch,
+                max_batches=max_batches,
+                paced=paced,
+                min_rate=self.settings.retention_min_rate,
             )
 
     # -- Redis ---------------------------------------------------------------------------

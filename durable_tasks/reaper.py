@@ -339,8 +339,8 @@ class Reaper:
     async def prune_once(self) -> PruneReport:
         """Delete finished work older than the ``retention`` setting, up to a bounded number of
         batches (nothing when it is off). One batch per thread hop, and the store's pace
-        (``prune_duty``) kept by an async pause after each full one: a reaper that is stopped
-        waits for the batch in progress, never for a pause."""
+        (``prune_duty``, down to ``retention_min_rate``) kept by an async pause after each full
+        one: a reaper that is stopped waits for the batch in progress, never for a pause."""
         runtime, s = self.runtime, self.runtime.settings
         report = PruneReport()
         if s.retention is None:
@@ -353,7 +353,8 @@ class Reaper:
             report.add(await anyio.to_thread.run_sync(batch))
             if not report.more:
                 break
-            await anyio.sleep(pause_after(time.perf_counter() - began, store.prune_duty))
+            held = time.perf_counter() - began
+            await anyio.sleep(pause_after(held, store.prune_duty, rows=report.last_rows, min_rate=s.retention_min_rate))
         return report
 
     async def _retain(self) -> None:

@@ -195,6 +195,13 @@ class Settings(BaseSettings):
         description="Finished tasks (with their attempts and outbox rows) older than this are deleted by the "
         "reaper, as `durable-tasks prune` does, e.g. 7d; off (the default) keeps them until a prune.",
     )
+    retention_min_rate: float = Field(
+        default=2000.0,
+        ge=0,
+        description="Tasks a second below which a paced prune (the reaper's, `durable-tasks prune`) never slows "
+        "itself to leave the workers their share: it keeps up with an intake this fast where the database "
+        "deletes slowly; 0 paces by share of time alone.",
+    )
 
     # scheduler (periodic tasks)
     scheduler_grace: Duration = Field(
@@ -313,6 +320,7 @@ class SettingsOverrides(TypedDict, total=False):
     reaper_batch: int
     reconcile_grace: timedelta
     retention: timedelta | None
+    retention_min_rate: float
     scheduler_grace: timedelta
     scheduler_refresh: timedelta
     result_poll_initial: timedelta

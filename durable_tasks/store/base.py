@@ -54,10 +54,8 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
 
     #: Dispatchers poll (the runtime adds a wake-up on Redis); PostgreSQL's store NOTIFYs.
     notifies_dispatchers = False
-    #: The share of the time a paced prune's transactions may hold the database: a quarter. On
-    #: SQLite they hold the file's write lock; elsewhere, unpaced, they took the workers' CPU
-    #: (a drain beside them 0.68-0.72x on PostgreSQL and MariaDB, paced 0.86x and 0.90x:
-    #: store/retention.py, docs/performance.md#a-paced-prune).
+    #: The share of the time a paced prune's transactions may hold the database: a quarter
+    #: (store/retention.py; why, and what it costs: docs/performance.md#a-paced-prune).
     prune_duty = 0.25
 
     def __init__(self, engine: sa.Engine) -> None:
@@ -77,8 +75,7 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
     @property
     def runtime_engine(self) -> sa.Engine:
         """The engine of the runtime's own periodic transactions that run no application code
-        (heartbeats, the reaper's reads): the application's engine unless a dialect plans them
-        apart."""
+        (heartbeats, the reaper's reads): the application's unless a dialect plans them apart."""
         return self._engine
 
     # -- what dialects do differently --------------------------------------------------------
@@ -121,12 +118,21 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
             return queries.load_task(conn, namespace, task_id)
 
     def prune(
-        self, namespace: str, *, before: datetime, batch: int, max_batches: int, paced: bool = True
+        self,
+        namespace: str,
+        *,
+        before: datetime,
+        batch: int,
+        max_batches: int,
+        paced: bool = True,
+        min_rate: float = 0.0,
     ) -> PruneReport:
         """Delete settled outbox rows and old final tasks, in batches (paced by ``prune_duty``
-        unless not ``paced``)."""
+        down to ``min_rate`` tasks a second, unless not ``paced``)."""
         duty = self.prune_duty if paced else 1.0
-        return retention.prune(self._engine, namespace, before=before, batch=batch, max_batches=max_batches, duty=duty)
+        return retention.prune(
+            self._engine, namespace, before=before, batch=batch, max_batches=max_batches, duty=duty, min_rate=min_rate
+        )
 
     async def facts(self) -> DatabaseFacts:
         """The server's clock and the runtime's indexes the database lacks."""
@@ -276,13 +282,7 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
     # -- the worker --------------------------------------------------------------------------
 
     async def claim_executions(
-        self,
-        namespace: str,
-        requests: Sequence[ClaimRequest],
-        *,
-        worker_id: str,
-        now: datetime,
-        lease: timedelta,
+        self, namespace: str, requests: Sequence[ClaimRequest], *, worker_id: str, now: datetime, lease: timedelta
     ) -> list[ExecutionClaim | ClaimRefused]:
         """Take the execution fence for a read batch in one transaction."""
         if not requests:

@@ -113,10 +113,18 @@ class Store(Protocol):
         ...
 
     def prune(
-        self, namespace: str, *, before: datetime, batch: int, max_batches: int, paced: bool = True
+        self,
+        namespace: str,
+        *,
+        before: datetime,
+        batch: int,
+        max_batches: int,
+        paced: bool = True,
+        min_rate: float = 0.0,
     ) -> PruneReport:
         """Delete settled outbox rows and final tasks finished before ``before``, in batches;
-        ``paced`` pauses between batches (``prune_duty``) to leave the workers their share."""
+        ``paced`` pauses between batches (``prune_duty``) to leave the workers their share, but
+        never below ``min_rate`` tasks a second."""
         ...
 
     async def facts(self) -> DatabaseFacts:

@@ -148,3 +148,37 @@ def test_the_pause_gives_a_batch_its_share_of_the_time() -> None:
     assert retention.pause_after(0.2, 1.0) == 0.0
     held, pause = 0.2, retention.pause_after(0.2, 0.25)
     assert held / (held + pause) == pytest.approx(0.25)
+
+
+def test_the_pause_never_brings_the_prune_below_its_minimum_rate() -> None:
+    """A quarter of the time alone would hold a batch of 1,000 that took 0.4 s to 625 rows/s; the
+    floor of 2,000 rows/s shortens the pause to 0.1 s. A batch that is fast enough keeps its
+    share's pause, and one slower than the floor gets none."""
+    assert retention.pause_after(0.4, 0.25, rows=1000, min_rate=2000) == pytest.approx(0.1)
+    assert retention.pause_after(0.4, 0.25, rows=1000) == pytest.approx(1.2)  # no floor
+    assert retention.pause_after(0.1, 0.25, rows=1000, min_rate=2000) == pytest.approx(0.3)
+    assert retention.pause_after(0.6, 0.25, rows=1000, min_rate=2000) == 0.0
+
+
+async def test_a_paced_prune_keeps_to_the_minimum_rate_setting(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``App.prune`` and the reaper's retention pass both pace with ``retention_min_rate``, and
+    count each batch's tasks."""
+    app, clock = job_app(make_app, retention="7d", retention_min_rate=1234.0)
+    await finish_jobs(app, clock, 6)
+    asked: list[tuple[int, float]] = []
+    real = retention.pause_after
+
+    def recorded(held: float, duty: float, *, rows: int = 0, min_rate: float = 0.0) -> float:
+        asked.append((rows, min_rate))
+        return real(held, duty, rows=rows, min_rate=min_rate)
+
+    monkeypatch.setattr(retention, "pause_after", recorded)
+    monkeypatch.setattr(reaper_module, "pause_after", recorded)
+    assert app.prune(timedelta(days=7), batch=2, max_batches=2).tasks == 4
+    assert asked == [(2, 1234.0)]  # one pause, between the two batches
+    asked.clear()
+    monkeypatch.setattr(reaper_module, "_PRUNE_BATCH", 1)
+    assert (await Reaper(app.runtime).prune_once()).tasks == 2
+    assert asked == [(1, 1234.0)] * 2  # after each full batch; the third found nothing
