@@ -26,7 +26,12 @@ def prune(
     app_option: AppOpt = None,
     older_than: Annotated[float, typer.Option(help="Age in hours of what may go")] = 24 * 7,
     batch: Annotated[int, typer.Option(help="Rows per transaction")] = 1000,
-    pause: Annotated[bool, typer.Option(help="Pause between batches so running workers keep their pace")] = True,
+    pause: Annotated[
+        bool,
+        typer.Option(
+            help="Pause between batches so running workers keep their pace (never below DT_RETENTION_MIN_RATE tasks/s)"
+        ),
+    ] = True,
 ) -> None:
     """Delete sent outbox rows and finished tasks older than --older-than, in bounded batches."""
     the_app = load_app(app_spec(app, app_option))
