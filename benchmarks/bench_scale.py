@@ -151,6 +151,28 @@ def history(n: int, scale: float, rounds: int, *, random_ids: bool = False) -> N
         target(f"history {rows:,} rows: drain / empty", ">= 0.9", ratio, "x", ratio >= 0.9)
 
 
+#: Pages the database read while a case ran: (from its own cache, from outside it), by dialect.
+#: PostgreSQL counts its database's (blks_read are reads from the OS, which may have them
+#: cached); MariaDB its server's (Innodb_buffer_pool_reads go to the disk: InnoDB reads around
+#: the OS's cache).
+_PAGE_READS = {
+    "postgresql": "SELECT blks_hit, blks_read FROM pg_stat_database WHERE datname = current_database()",
+    "mysql": "SELECT max(CASE WHEN variable_name = 'INNODB_BUFFER_POOL_READ_REQUESTS' THEN variable_value END), "
+    "max(CASE WHEN variable_name = 'INNODB_BUFFER_POOL_READS' THEN variable_value END) "
+    "FROM information_schema.global_status",
+}
+
+
+def page_reads(app: App) -> tuple[int, int] | None:
+    """The database's page-read counters now: (from its cache, from outside it); None on SQLite."""
+    sql = _PAGE_READS.get(app.engine.dialect.name)
+    if sql is None:
+        return None
+    with app.engine.connect() as conn:
+        row = conn.exec_driver_sql(sql).one()
+    return int(row[0]), int(row[1])
+
+
 def retention(
     n: int,
     scale: float,
@@ -187,16 +209,24 @@ def retention(
                     done.set()
                     return
 
+        reads_before = page_reads(app)
         began = time.perf_counter()
         pruner = threading.Thread(target=prune_all, daemon=True)
         pruner.start()
         during = anyio.run(drain, app, n)
         pruner.join(3600)
         prune_rate = pruned[0] / ((ended[0] or time.perf_counter()) - began)
+        reads_after = page_reads(app)
+        per_task = {}  # pages read per task pruned (the drain's reads, n tasks, included)
+        if reads_before and reads_after and pruned[0]:
+            per_task = {
+                "pages_from_cache_per_task": round((reads_after[0] - reads_before[0]) / pruned[0], 1),
+                "pages_from_outside_per_task": round((reads_after[1] - reads_before[1]) / pruned[0], 2),
+            }
         emit(case="retention", history_rows=rows, random_ids=random_ids, n=n,
              min_rate=app.settings.retention_min_rate, drain_alone=round(alone, 1),
              drain_while_pruning=round(during, 1), pruned=pruned[0], prune_rows_per_s=round(prune_rate, 1),
-             finished=done.is_set())  # fmt: skip
+             finished=done.is_set(), **per_task)  # fmt: skip
         ratio = during / alone
         target("drain while pruning / drain alone", ">= 0.8", ratio, "x", ratio >= 0.8)
         target(f"prune of {rows:,} finished tasks", ">= 2,000", prune_rate, "tasks/s", prune_rate >= 2000)
