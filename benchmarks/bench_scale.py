@@ -24,7 +24,8 @@ default settings unless a case says otherwise; every case has its own schema and
     recovery  SIGKILL of a worker holding 5,000 running tasks: all redelivered and finished within
               2 x the lease timeout + 5 s (kill to first and last restart reported)
     retention prune of 10 M old finished tasks while a worker drains at full speed: the drain
-              drops <= 20 %, the prune deletes >= 2,000 tasks/s (ahead of that intake)
+              drops <= 20 %, the prune deletes >= 2,000 tasks/s (ahead of that intake); the
+              pages the database read per task pruned, from its cache and from outside it
     backlog   1,000,000 tasks pending in the outbox, then a dispatcher and a worker start: the
               rate over the backlog within 10 % of a 10,000-task backlog's (medians over
               --rounds, the sizes alternating)
