@@ -62,7 +62,6 @@ from durable_tasks import App, TaskContext
 from durable_tasks.process import tune_gc
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.settings import Settings
-from durable_tasks.store.results import FinalWrite
 
 DB = os.environ.get("DT_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("DT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -344,26 +343,32 @@ def run_child(app: App, *, dispatcher: bool = True, worker: bool = True) -> None
 
 def worker_main() -> None:
     app = child_app(concurrency=int(os.environ.get("DT_BENCH_CONC", str(DRAIN_CONCURRENCY))))
+    store_class = type(app.runtime.store)
+    # When a stage ends that no column stamps: the group commit returned (the latency run's
+    # "result commit": finished_at is stamped before the transaction starts), and the claim
+    # returned (started_at is stamped before it is sent).
     if log := os.environ.get("DT_BENCH_COMMIT_LOG"):
-        log_result_commits(Path(log), type(app.runtime.store))
+        log_returns(Path(log), store_class, "commit_results", lambda writes: [w.claim.task_id for w in writes])
+    if log := os.environ.get("DT_BENCH_CLAIM_LOG"):
+        log_returns(Path(log), store_class, "claim_executions", lambda _ns, requests: [r.task_id for r in requests])
     run_child(app, dispatcher=False)
 
 
-def log_result_commits(path: Path, store_class: type[Any]) -> None:
-    """Append "task_id epoch_seconds" when each group commit of ``store_class`` returns (the
-    latency run's "result committed"; the finished_at column is stamped before the transaction
-    starts)."""
-    commit = store_class.commit_results
+def log_returns(path: Path, store_class: type[Any], method: str, task_ids: Callable[..., Sequence[str]]) -> None:
+    """Append "task_id epoch_seconds" to ``path`` each time ``store_class.<method>`` returns, one
+    line per task id that ``task_ids`` reads from the call's positional arguments."""
+    original = getattr(store_class, method)
     out = path.open("a", encoding="ascii")
 
-    @functools.wraps(commit)
-    async def logged(self: Any, writes: Sequence[FinalWrite], *, now: datetime) -> None:
-        await commit(self, writes, now=now)
+    @functools.wraps(original)
+    async def logged(self: Any, *args: Any, **kwargs: Any) -> Any:
+        returned = await original(self, *args, **kwargs)
         done = time.time()
-        out.writelines(f"{w.claim.task_id} {done:.6f}\n" for w in writes)
+        out.writelines(f"{task_id} {done:.6f}\n" for task_id in task_ids(*args))
         out.flush()
+        return returned
 
-    store_class.commit_results = logged
+    setattr(store_class, method, logged)
 
 
 def dispatcher_main() -> None:
@@ -552,9 +557,16 @@ def pipeline(
 def latency(
     n: int, rate: float, producers: int = 1, timeout: float = 120, concurrency: int = DEFAULT_CONCURRENCY
 ) -> None:
-    commit_log = Path(tempfile.mkdtemp(prefix="dt-bench-latency-")) / "result-commits.log"
+    logs = Path(tempfile.mkdtemp(prefix="dt-bench-latency-"))
+    commit_log, claim_log = logs / "result-commits.log", logs / "claim-returns.log"
     with bench_app() as (app, db, ns):
-        with Children(db, ns, DT_BENCH_CONC=str(concurrency), DT_BENCH_COMMIT_LOG=str(commit_log)) as kids:
+        with Children(
+            db,
+            ns,
+            DT_BENCH_CONC=str(concurrency),
+            DT_BENCH_COMMIT_LOG=str(commit_log),
+            DT_BENCH_CLAIM_LOG=str(claim_log),
+        ) as kids:
             kids.spawn("worker")  # kids.procs[0]
             kids.spawn("dispatcher")  # kids.procs[1]
             kids.wait_ready()
@@ -611,7 +623,8 @@ def latency(
                 .where(t.namespace == ns)
             ).all()
         committed = dict(line.split() for line in commit_log.read_text(encoding="ascii").splitlines())
-        shutil.rmtree(commit_log.parent, ignore_errors=True)
+        claim_returned = dict(line.split() for line in claim_log.read_text(encoding="ascii").splitlines())
+        shutil.rmtree(logs, ignore_errors=True)
         # (submit time, ms) pairs: the time orders them into quarters of the run
         commit_pairs = [(at, (float(committed[i]) - at) * 1000) for i, at in submitted.items() if i in committed]
         commit_to_commit = [ms for _, ms in commit_pairs]
@@ -621,6 +634,8 @@ def latency(
             "submit": [],  # the submit call and its transaction's commit, as the peers' figures start
             "submit commit->claimed": [],  # the publish at commit, the worker's read; claimed = claim sent
             "claimed->handler": [],  # the claim statement, then the attempt's start
+            "claimed->claim returned": [],  # the store's claim alone
+            "claim returned->handler": [],  # the attempt's start
             "handler->committed": [],  # the handler, up to when its group commit was sent
             "committed->result commit": [],  # the group commit statement
             "submit commit->dispatcher sent": [],  # off the path: the dispatcher's publish (a dedup hit)
@@ -640,6 +655,10 @@ def latency(
                 if sent is not None:  # the dispatcher may mark the row after the task finished
                     stages["submit commit->dispatcher sent"].append((ts, (seconds(sent) - at) * 1000))
             stages["claimed->handler"].append((ts, (ran - seconds(claimed)) * 1000))
+            if task_id in claim_returned:
+                returned = float(claim_returned[task_id])
+                stages["claimed->claim returned"].append((ts, (returned - seconds(claimed)) * 1000))
+                stages["claim returned->handler"].append((ts, (ran - returned) * 1000))
             stages["handler->committed"].append((ts, (seconds(finished) - ran) * 1000))
         extra = {
             "n": len(start),
@@ -680,8 +699,9 @@ def latency(
             **extra,
         )
         record(
-            "latency stages p50/p99 (claimed = worker's claim sent; committed = group commit sent; "
-            "result commit = it returned; dispatcher sent = its mark of the row, off the path)",
+            "latency stages p50/p99 (claimed = worker's claim sent; claim returned = the store's claim "
+            "returned; committed = group commit sent; result commit = it returned; dispatcher sent = its "
+            "mark of the row, off the path)",
             None,
             "ms",
             metric="latency_stages",

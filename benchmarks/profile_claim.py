@@ -42,6 +42,12 @@ KINDS = ("SELECT 1", "store claim", "claim statement", "claim statement, no WAL 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=300, help="claims of each kind")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds to sleep before each call (0.005: a claim every 5 ms, as at 200/s)",
+    )
     a = ap.parse_args(argv)
     with bench_app(publish_on_commit=False) as (app, _db, ns):
         store = app.runtime.store
@@ -51,14 +57,16 @@ def main(argv: list[str] | None = None) -> None:
         t = tasks_table.c
         with app.engine.connect() as conn:
             keys = conn.execute(sa.select(t.id, t.generation, t.delivery).where(t.namespace == ns).order_by(t.id)).all()
-        wall = anyio.run(claim_each, store, ns, [ClaimRequest(*k) for k in keys], a.n)
+        wall = anyio.run(claim_each, store, ns, [ClaimRequest(*k) for k in keys], a.n, a.gap)
     warm = a.n // 10  # the first claims open connections and prepare the statement
     print(f"one delivery per claim, medians of {a.n - warm} calls each (ms):")
     for kind in KINDS:
         print(f"  {kind:<40} {statistics.median(wall[kind][warm:]) * 1000:7.3f}")
 
 
-async def claim_each(store: PostgresStore, ns: str, requests: list[ClaimRequest], n: int) -> dict[str, list[float]]:
+async def claim_each(
+    store: PostgresStore, ns: str, requests: list[ClaimRequest], n: int, gap: float
+) -> dict[str, list[float]]:
     conns = store.connections
     select_1 = statements.OneStatement("SELECT 1", {}, lambda rows: rows)
 
@@ -79,6 +87,8 @@ async def claim_each(store: PostgresStore, ns: str, requests: list[ClaimRequest]
     pending = iter(requests)
     for _ in range(n):
         for kind, call in calls.items():
+            if gap:
+                await anyio.sleep(gap)
             began = time.perf_counter()
             await call(next(pending))
             wall[kind].append(time.perf_counter() - began)
