@@ -166,7 +166,8 @@ _PAGE_READS = {
 
 def page_reads(app: App) -> tuple[int, int] | None:
     """The database's page-read counters now: (from its cache, from outside it); None on SQLite."""
-    sql = _PAGE_READS.get(app.engine.dialect.name)
+    dialect = app.engine.dialect.name
+    sql = _PAGE_READS.get("mysql" if dialect == "mariadb" else dialect)  # a mariadb+ URL: the same counters
     if sql is None:
         return None
     with app.engine.connect() as conn:

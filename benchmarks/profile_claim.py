@@ -36,6 +36,8 @@ LEASE = timedelta(seconds=30)
 #: The claim statement's WHERE gains this to commit without waiting for the WAL flush (the
 #: dispatcher's mark-SENT does the same: durable_tasks/store/sql/postgres.sql).
 NO_FLUSH = "      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'\n), claimed AS ("
+#: Where that goes: the end of the statement's ``claimable`` CTE.
+AFTER_CLAIMABLE = "), claimed AS ("
 KINDS = ("SELECT 1", "store claim", "claim statement", "claim statement, no WAL flush wait")
 
 
@@ -75,7 +77,9 @@ async def claim_each(
 
     def no_flush(request: ClaimRequest) -> statements.OneStatement[Any]:
         claim = statement(request)
-        return replace(claim, sql=claim.sql.replace("), claimed AS (", NO_FLUSH, 1))
+        if AFTER_CLAIMABLE not in claim.sql:  # else this kind would time the flushed claim again
+            raise SystemExit("the claim statement changed: profile_claim cannot place its no-flush clause")
+        return replace(claim, sql=claim.sql.replace(AFTER_CLAIMABLE, NO_FLUSH, 1))
 
     calls: dict[str, Callable[[ClaimRequest], Coroutine[Any, Any, Any]]] = {
         KINDS[0]: lambda _: conns.run(select_1),
