@@ -11,12 +11,15 @@ import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from redis.exceptions import ResponseError
 from sqlalchemy.exc import SQLAlchemyError
 
 from .migrations import SchemaReport, schema_report
+from .readmodel.tasks import oldest_final
 from .settings import Settings
 from .store import DatabaseProblem
 from .store.pooler import Pooling, PoolingReport
@@ -31,6 +34,9 @@ __all__ = ["MIN_REDIS_VERSION", "Facts", "Finding", "Level", "diagnose", "gather
 #: XAUTOCLAIM's deleted-id reply, XINFO lag and Lua semantics we rely on arrived in 7.0.
 MIN_REDIS_VERSION = (7, 0, 0)
 MAX_CLOCK_SKEW = timedelta(seconds=2)
+#: How far past DT_RETENTION the oldest final task may be before doctor warns: a reaper that
+#: keeps up prunes every DT_REAPER_INTERVAL, so it is seconds past it, never an hour.
+RETENTION_SLACK = timedelta(hours=1)
 
 
 class Level(Enum):
@@ -76,6 +82,8 @@ class Facts:
     schema: SchemaReport | None = None
     #: Per queue, outbox rows held because a dispatcher does not register their task's name.
     unknown_held: dict[str, int] = field(default_factory=dict)
+    #: When the oldest final task finished (None: none, or the tables cannot be read).
+    oldest_final: datetime | None = None
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -279,6 +287,29 @@ def check_unknown_tasks(f: Facts) -> Finding:
     return Finding(Level.OK, "unknown-tasks", "every pending task's name is registered")
 
 
+def check_retention(f: Facts) -> Finding:
+    """With DT_RETENTION set, every reaper pass prunes the final tasks past it: one left far
+    past it means that no reaper prunes, or that its prune is slower than tasks finish."""
+    s = f.settings
+    age = f.host_now - f.oldest_final if f.oldest_final is not None else timedelta(0)
+    if s.retention is None:
+        return Finding(Level.OK, "retention", f"DT_RETENTION is off; the oldest final task is {_hours(age)} old")
+    behind = age - s.retention
+    if behind > max(RETENTION_SLACK, 2 * s.reaper_interval):
+        return Finding(
+            Level.WARNING,
+            "retention",
+            f"the oldest final task finished {_hours(behind)} past DT_RETENTION ({s.retention}): run a reaper "
+            "with DT_RETENTION set; if one runs, its prune is slower than tasks finish: raise "
+            f"DT_RETENTION_MIN_RATE ({s.retention_min_rate:g} tasks/s).",
+        )
+    return Finding(Level.OK, "retention", f"final tasks are pruned {s.retention} after they finish")
+
+
+def _hours(span: timedelta) -> str:
+    return f"{span.total_seconds() / 3600:.1f} h"
+
+
 CHECKS = (
     check_eviction,
     check_persistence,
@@ -294,6 +325,7 @@ CHECKS = (
     check_database,
     check_schema,
     check_unknown_tasks,
+    check_retention,
 )
 
 
@@ -333,6 +365,7 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         if length - outstanding > untrimmed_threshold:
             untrimmed[stream] = length
     timeouts = {t.name: t.timeout for t in runtime.registry.values() if t.timeout is not None}
+    unknown_held, oldest = await _read_tables(app)
     return Facts(
         app.settings,
         info,
@@ -348,22 +381,18 @@ async def gather_facts(app: App, *, untrimmed_threshold: int = 10_000) -> Facts:
         database.listen_reaches,
         database.problems,
         schema=schema_report(app.engine),
-        unknown_held=await _unknown_held(app),
+        unknown_held=unknown_held,
+        oldest_final=oldest,
     )
 
 
-async def _unknown_held(app: App) -> dict[str, int]:
-    """Rows held for an unknown task name, per queue; nothing when the tables cannot be read
-    (the schema check says why)."""
+async def _read_tables(app: App) -> tuple[dict[str, int], datetime | None]:
+    """Per queue, rows held for an unknown task name; and when the oldest final task finished.
+    Nothing when the tables cannot be read (the schema check says why)."""
+    namespace = app.settings.namespace
     try:
-        backlogs = await app.runtime.store.queue_backlogs(app.settings.namespace)
+        backlogs = await app.runtime.store.queue_backlogs(namespace)
+        oldest = await anyio.to_thread.run_sync(partial(oldest_final, app.runtime.store.read_engine, namespace))
     except SQLAlchemyError:
-        return {}
-    return {queue: b.unknown_held for queue, b in backlogs.items() if b.unknown_held}
-
-
-async def gather_pooling(app: App) -> tuple[PoolingReport | None, bool | None]:
-    """What sits between the runtime and its database, and whether a test NOTIFY sent through
-    the application's URL reaches a LISTEN on the listener's (None, None: no such thing here)."""
-    database = await app.runtime.store.facts()
-    return database.pooling, database.listen_reaches
+        return {}, None
+    return {queue: b.unknown_held for queue, b in backlogs.items() if b.unknown_held}, oldest

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..errors import InvalidQueryError
-from ..records import TaskState, tasks_table
+from ..records import TERMINAL_STATES, TaskState, tasks_table
 from ..store.queries import task_rows
 from .paging import COUNT_CAP, MAX_NAMES, PAGE_SIZE, Page, decode_cursor, encode_cursor, utc
 
@@ -23,6 +23,7 @@ __all__ = [
     "finished_after",
     "list_finished",
     "list_tasks",
+    "oldest_final",
     "state_counts",
     "task_detail",
     "task_names",
@@ -270,3 +271,16 @@ def finished_after(
             .limit(limit)
         ).all()
     return [FinishedRow(r.id, r.queue, r.state, utc(r.created_at), utc(r.finished_at)) for r in rows]  # type: ignore[arg-type]
+
+
+def oldest_final(engine: sa.Engine, namespace: str) -> datetime | None:
+    """When the oldest final task finished (None: there is none): the first task a prune
+    deletes, found as the prune finds it (final state, ``finished_at``; ix_dt_tasks_finished)."""
+    with engine.connect() as conn:
+        at = conn.execute(
+            sa.select(t.finished_at)
+            .where(t.namespace == namespace, t.finished_at.is_not(None), t.state.in_(list(TERMINAL_STATES)))
+            .order_by(t.finished_at)
+            .limit(1)
+        ).scalar()
+    return utc(at)

@@ -21,15 +21,22 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
-from durable_tasks.doctor import Facts, Level, check_listen, check_pooler, gather_pooling
+from durable_tasks.doctor import Facts, Level, check_listen, check_pooler
 from durable_tasks.errors import ConfigurationError
-from durable_tasks.store.pooler import Pooling, conninfo
+from durable_tasks.store.pooler import Pooling, PoolingReport, conninfo
 from durable_tasks.store.postgres.notify import PostgresNotifyWaiter
 from tests.helpers import FAST, turns_true, wait_until
 from tests.pgbouncer import MISSING, PgBouncer, pgbouncer, pgbouncer_binary, scratch_database
 from tests.servers import server_home
 
 pytestmark = pytest.mark.anyio
+
+
+async def pooling_of(app: App) -> tuple[PoolingReport | None, bool | None]:
+    """What doctor reads of the pooler: what sits between the runtime and PostgreSQL, and
+    whether a test NOTIFY sent through the application's URL reaches a LISTEN on the listener's."""
+    facts = await app.runtime.store.facts()
+    return facts.pooling, facts.listen_reaches
 
 
 @pytest.fixture(scope="module")
@@ -139,12 +146,12 @@ async def test_doctor_tells_a_transaction_pooler_and_a_lost_notify_apart_from_a_
     pooled_app: Callable[..., App], direct_url: str
 ) -> None:
     pooled = pooled_app()
-    pooling, reaches = await gather_pooling(pooled)
+    pooling, reaches = await pooling_of(pooled)
     assert pooling is not None
     assert pooling.pooling is Pooling.TRANSACTION, pooling
     assert reaches is False
     with_listener = pooled_app(listen_database_url=direct_url)
-    pooling, reaches = await gather_pooling(with_listener)
+    pooling, reaches = await pooling_of(with_listener)
     assert pooling is not None
     assert pooling.pooling is Pooling.TRANSACTION
     assert reaches is True
@@ -167,7 +174,7 @@ async def test_on_a_direct_connection_doctor_sees_no_pooler_and_notify_arrives(
     make_app: Callable[..., App], caplog: pytest.LogCaptureFixture
 ) -> None:
     app = make_app()
-    pooling, reaches = await gather_pooling(app)
+    pooling, reaches = await pooling_of(app)
     assert pooling is not None
     assert pooling.pooling is Pooling.DIRECT, pooling
     assert reaches is True

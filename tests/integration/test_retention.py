@@ -1,4 +1,5 @@
-"""durable-tasks prune: old settled rows go in bounded batches; pending work never does."""
+"""durable-tasks prune: old settled rows go in bounded batches; pending work never does; doctor
+warns while final tasks outlive DT_RETENTION."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sqlalchemy as sa
 
 from durable_tasks import App, FrozenClock, TaskContext, TaskState
 from durable_tasks import reaper as reaper_module
+from durable_tasks.doctor import Facts, Finding, Level, check_retention, diagnose, gather_facts
 from durable_tasks.reaper import Reaper
 from durable_tasks.records import attempts_table, outbox_table, tasks_table
 from durable_tasks.store import retention
@@ -182,3 +184,46 @@ async def test_a_paced_prune_keeps_to_the_minimum_rate_setting(
     monkeypatch.setattr(reaper_module, "_PRUNE_BATCH", 1)
     assert (await Reaper(app.runtime).prune_once()).tasks == 2
     assert asked == [(1, 1234.0)] * 2  # after each full batch; the third found nothing
+
+
+async def retention_finding(app: App) -> Finding:
+    return {f.check: f for f in diagnose(await gather_facts(app))}["retention"]
+
+
+async def test_doctor_warns_while_final_tasks_outlive_the_retention(make_app: Callable[..., App]) -> None:
+    """Final tasks left more than an hour past DT_RETENTION mean that no reaper prunes, or that
+    its prune is slower than tasks finish: doctor warns, naming the setting to raise, until a
+    prune deletes them. Pending work and recent final tasks never make it warn."""
+    app, clock = job_app(make_app, retention="7d")
+    submit(app, "job", 99)  # pending, created now: never counted
+    assert (await retention_finding(app)).level is Level.OK  # no final task yet
+    await finish_jobs(app, clock, 3, then=timedelta(days=7, minutes=30))
+    assert (await retention_finding(app)).level is Level.OK  # half an hour past: a reaper's pass away
+    clock.advance(timedelta(hours=1, minutes=30))
+    behind = await retention_finding(app)
+    assert behind.level is Level.WARNING
+    assert "2.0 h past DT_RETENTION" in behind.message
+    assert "DT_RETENTION_MIN_RATE (2000 tasks/s)" in behind.message
+    assert app.prune(timedelta(days=7)).tasks == 3
+    assert (await retention_finding(app)).level is Level.OK
+
+
+async def test_doctor_says_how_old_final_tasks_are_with_retention_off(make_app: Callable[..., App]) -> None:
+    app, clock = job_app(make_app)
+    await finish_jobs(app, clock, 1, then=timedelta(days=30))
+    off = await retention_finding(app)
+    assert off.level is Level.OK
+    assert off.message == "DT_RETENTION is off; the oldest final task is 720.0 h old"
+
+
+def test_a_reaper_interval_over_half_an_hour_widens_what_doctor_allows(make_app: Callable[..., App]) -> None:
+    """A reaper prunes once an interval: doctor allows two of them past DT_RETENTION, at least an hour."""
+    app = make_app(retention="1d", reaper_interval=timedelta(hours=2))
+    now = app.clock()
+
+    def level(finished_ago: timedelta) -> Level:
+        return check_retention(Facts(app.settings, {}, {}, now, now, None, oldest_final=now - finished_ago)).level
+
+    assert level(timedelta(days=1, hours=3)) is Level.OK
+    assert level(timedelta(days=1, hours=5)) is Level.WARNING
+    assert check_retention(Facts(app.settings, {}, {}, now, now, None)).level is Level.OK  # no final task
