@@ -69,10 +69,10 @@ class MySqlStore(SqlStore):
     def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
         row = task_row(task, task_id, now)
         if task.idempotency_key is None:  # NULL keys never conflict
-            conn.execute(sa.insert(tasks_table).values(row))
+            conn.execute(_INSERT_TASK, row)
         else:  # a duplicate key waits for the other transaction, then changes nothing
             # "id = dt_tasks.id": a no-op on the existing row (VALUES(id) would rename it).
-            conn.execute(mysql.insert(tasks_table).values(row).on_duplicate_key_update(id=t.id))
+            conn.execute(_INSERT_TASK_KEYED, row)
             found = find_by_key(conn, task)
             if found is None or found.task_id != task_id:
                 return False
@@ -216,6 +216,10 @@ class MySqlStore(SqlStore):
         return facts
 
 
+#: A new task; with an idempotency key, one that changes nothing where the key is taken (built
+#: once, as the outbox row's insert is: :mod:`.submit`).
+_INSERT_TASK = sa.insert(tasks_table)
+_INSERT_TASK_KEYED = mysql.insert(tasks_table).on_duplicate_key_update(id=t.id)
 #: The claim's two statements, built once: SQLAlchemy builds a statement in Python (about 40
 #: argument coercions for these two), and a claim runs them for every read batch.
 _LOCK_FOR_CLAIM = (

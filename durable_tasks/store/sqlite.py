@@ -22,6 +22,15 @@ from .submit import NewTask, insert_outbox, task_row
 
 __all__ = ["SqliteStore"]
 
+#: A new task, or nothing where its idempotency key is taken (built once, as the outbox row's
+#: insert is: :mod:`.submit`). RETURNING, not rowcount: drivers disagree on rowcount for ON
+#: CONFLICT DO NOTHING.
+_INSERT_TASK = (
+    sqlite.insert(tasks_table)
+    .on_conflict_do_nothing(index_elements=["namespace", "name", "idempotency_key"])
+    .returning(tasks_table.c.id)
+)
+
 
 class SqliteStore(SqlStore):
     """:class:`~.protocol.Store` on a SQLite file."""
@@ -38,12 +47,7 @@ class SqliteStore(SqlStore):
         return cls.open(sa.make_url(f"sqlite:///{(data_dir / 'durable_tasks.sqlite3').resolve()}"))
 
     def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
-        index = ["namespace", "name", "idempotency_key"]
-        insert = (
-            sqlite.insert(tasks_table).values(task_row(task, task_id, now)).on_conflict_do_nothing(index_elements=index)
-        )
-        # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
-        if conn.execute(insert.returning(tasks_table.c.id)).first() is None:
+        if conn.execute(_INSERT_TASK, task_row(task, task_id, now)).first() is None:
             return False
         insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now, due=task.due)
         return True
