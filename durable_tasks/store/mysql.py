@@ -220,8 +220,9 @@ class MySqlStore(SqlStore):
 #: once, as the outbox row's insert is: :mod:`.submit`).
 _INSERT_TASK = sa.insert(tasks_table)
 _INSERT_TASK_KEYED = mysql.insert(tasks_table).on_duplicate_key_update(id=t.id)
-#: The claim's two statements, built once: SQLAlchemy builds a statement in Python (about 40
-#: argument coercions for these two), and a claim runs them for every read batch.
+#: The claim's two statements and the group commit's lock, built once: SQLAlchemy builds a
+#: statement in Python (about 40 argument coercions for the claim's two), and these run for
+#: every read batch and every group commit.
 _LOCK_FOR_CLAIM = (
     sa.select(*execution.CLAIMED_COLUMNS, t.namespace, t.state, t.lease_expires_at)
     .where(t.id.in_(sa.bindparam("ids", expanding=True)))
@@ -239,6 +240,12 @@ _CLAIM = (
         started_at=sa.bindparam("now", type_=t.started_at.type),
     )
 )
+_LOCK_FOR_COMMIT = (
+    sa.select(t.id, t.namespace, t.state, t.generation, t.attempt)
+    .where(t.id.in_(sa.bindparam("ids", expanding=True)))
+    .order_by(t.id)
+    .with_for_update()
+)
 #: The columns of a claimed row at the head of the claim's locking read.
 _CLAIMED = len(ClaimedRow._fields)
 
@@ -250,12 +257,7 @@ def _token(claim: ExecutionClaim) -> tuple[str, int, int]:
 def _lock_running(conn: sa.Connection, claims: Sequence[ExecutionClaim]) -> dict[str, tuple[str, int, int]]:
     """Lock the claims' task rows in id order; the (namespace, generation, attempt) of those
     still RUNNING."""
-    rows = conn.execute(
-        sa.select(t.id, t.namespace, t.state, t.generation, t.attempt)
-        .where(t.id.in_(sorted({c.task_id for c in claims})))
-        .order_by(t.id)
-        .with_for_update()
-    ).all()
+    rows = conn.execute(_LOCK_FOR_COMMIT, {"ids": sorted({c.task_id for c in claims})}).all()
     return {r.id: (r.namespace, r.generation, r.attempt) for r in rows if r.state == TaskState.RUNNING}
 
 

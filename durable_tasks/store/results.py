@@ -128,14 +128,19 @@ def finish_attempts(conn: sa.Connection, closed: Sequence[tuple[FinalWrite, str]
     """Close the attempts of a committed group, each with its own outcome (one UPDATE per outcome)."""
     for outcome in {outcome for _, outcome in closed}:
         tokens = [(w.claim.task_id, w.claim.generation, w.claim.attempt) for w, o in closed if o == outcome]
-        conn.execute(
-            attempts_by_task(sa.update(attempts_table))
-            .where(
-                a.task_id.in_([task_id for task_id, _, _ in tokens]),  # by ix_dt_attempts_task
-                sa.tuple_(a.task_id, a.generation, a.attempt).in_(tokens),
-            )
-            .values(outcome=outcome, finished_at=now)
-        )
+        ids = [task_id for task_id, _, _ in tokens]
+        conn.execute(_CLOSE_ATTEMPTS, {"ids": ids, "tokens": tokens, "closed": outcome, "at": now})
+
+
+#: Built once and run per group commit (as submit's inserts are: :mod:`.submit`).
+_CLOSE_ATTEMPTS = (
+    attempts_by_task(sa.update(attempts_table))
+    .where(
+        a.task_id.in_(sa.bindparam("ids", expanding=True)),  # by ix_dt_attempts_task
+        sa.tuple_(a.task_id, a.generation, a.attempt).in_(sa.bindparam("tokens", expanding=True)),
+    )
+    .values(outcome=sa.bindparam("closed"), finished_at=sa.bindparam("at", type_=a.finished_at.type))
+)
 
 
 _ATTEMPT_OUTCOME = {
