@@ -70,9 +70,12 @@ def filter_only(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
     return _FilterOnly(column)
 
 
-def tasks_by_id(namespace: str, ids: Collection[str]) -> sa.ColumnElement[bool]:
+def tasks_by_id(
+    namespace: str | sa.BindParameter[str], ids: Collection[str] | sa.BindParameter[Any]
+) -> sa.ColumnElement[bool]:
     """The ``dt_tasks`` rows of ``ids`` in ``namespace``: found by primary key, the namespace
-    tested on them. Every lookup of tasks by a list of ids goes through here."""
+    tested on them. Every lookup of tasks by a list of ids goes through here (values, or bind
+    parameters for a statement built once)."""
     t = tasks_table.c
     return sa.and_(t.id.in_(ids), filter_only(t.namespace) == namespace)
 
