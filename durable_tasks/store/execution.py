@@ -207,8 +207,9 @@ def claim_rows(
     now: datetime,
     lease_until: datetime,
 ) -> list[ClaimedRow]:
-    claim = {"ns": namespace, "ids": [key[0] for key in keys], "keys": keys, "now": now, "until": lease_until}
-    rows = conn.execute(_CLAIM_ROWS, {**claim, "worker": worker_id})
+    ids = [key[0] for key in keys]
+    claim = {"ns": namespace, "ids": ids, "keys": keys, "now": now, "until": lease_until, "worker": worker_id}
+    rows = conn.execute(_CLAIM_ROWS, claim)
     return [ClaimedRow._make(row) for row in rows]
 
 
