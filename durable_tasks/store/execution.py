@@ -27,6 +27,7 @@ from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_tabl
 from .planning import attempts_by_task, filter_only, tasks_by_id
 
 __all__ = [
+    "CLAIM_VALUES",
     "NOTHING_KNOWN",
     "ClaimRefused",
     "ClaimRequest",
@@ -129,6 +130,15 @@ class ClaimedRow(NamedTuple):
 
 
 CLAIMED_COLUMNS = tuple(t[name] for name in ClaimedRow._fields)
+#: What a claim sets on a task row, for a statement built once (SQLite's here, MySQL's): its
+#: values are the bind parameters ``until`` (the lease's end), ``worker`` and ``now``.
+CLAIM_VALUES = {
+    "state": TaskState.RUNNING,
+    "attempt": t.attempt + 1,
+    "lease_expires_at": sa.bindparam("until", type_=t.lease_expires_at.type),
+    "worker_id": sa.bindparam("worker", type_=t.worker_id.type),
+    "started_at": sa.bindparam("now", type_=t.started_at.type),
+}
 
 
 def claim_keys(requests: Sequence[ClaimRequest]) -> tuple[list[tuple[str, int, int]], dict[str, str | None]]:
@@ -229,13 +239,7 @@ _CLAIM_ROWS = (
             ),
         ),
     )
-    .values(
-        state=TaskState.RUNNING,
-        attempt=t.attempt + 1,
-        lease_expires_at=sa.bindparam("until", type_=t.lease_expires_at.type),
-        worker_id=sa.bindparam("worker", type_=t.worker_id.type),
-        started_at=sa.bindparam("now", type_=t.started_at.type),
-    )
+    .values(CLAIM_VALUES)
     .returning(*CLAIMED_COLUMNS)
 )
 

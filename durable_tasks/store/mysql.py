@@ -229,17 +229,7 @@ _LOCK_FOR_CLAIM = (
     .order_by(t.id)
     .with_for_update()
 )
-_CLAIM = (
-    sa.update(tasks_table)
-    .where(t.id.in_(sa.bindparam("ids", expanding=True)))
-    .values(
-        state=TaskState.RUNNING,
-        attempt=t.attempt + 1,
-        lease_expires_at=sa.bindparam("until", type_=t.lease_expires_at.type),
-        worker_id=sa.bindparam("worker", type_=t.worker_id.type),
-        started_at=sa.bindparam("now", type_=t.started_at.type),
-    )
-)
+_CLAIM = sa.update(tasks_table).where(t.id.in_(sa.bindparam("ids", expanding=True))).values(execution.CLAIM_VALUES)
 _LOCK_FOR_COMMIT = (
     sa.select(t.id, t.namespace, t.state, t.generation, t.attempt)
     .where(t.id.in_(sa.bindparam("ids", expanding=True)))
