@@ -81,7 +81,7 @@ class MySqlStore(SqlStore):
 
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
         if task_ids:
-            conn.execute(sa.select(t.id).where(t.id.in_(task_ids)).order_by(t.id).with_for_update()).all()
+            conn.execute(_LOCK_TASKS, {"ids": list(task_ids)}).all()
 
     def _mark_sent(self, conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> int:
         self._lock_tasks(conn, sorted({row.task_id for row, _, _ in sent}))
@@ -220,9 +220,9 @@ class MySqlStore(SqlStore):
 #: once, as the outbox row's insert is: :mod:`.submit`).
 _INSERT_TASK = sa.insert(tasks_table)
 _INSERT_TASK_KEYED = mysql.insert(tasks_table).on_duplicate_key_update(id=t.id)
-#: The claim's two statements and the group commit's lock, built once: SQLAlchemy builds a
+#: The claim's two statements and the locks of task rows, built once: SQLAlchemy builds a
 #: statement in Python (about 40 argument coercions for the claim's two), and these run for
-#: every read batch and every group commit.
+#: every read batch, group commit and dispatch pass.
 _LOCK_FOR_CLAIM = (
     sa.select(*execution.CLAIMED_COLUMNS, t.namespace, t.state, t.lease_expires_at)
     .where(t.id.in_(sa.bindparam("ids", expanding=True)))
@@ -230,6 +230,7 @@ _LOCK_FOR_CLAIM = (
     .with_for_update()
 )
 _CLAIM = sa.update(tasks_table).where(t.id.in_(sa.bindparam("ids", expanding=True))).values(execution.CLAIM_VALUES)
+_LOCK_TASKS = sa.select(t.id).where(t.id.in_(sa.bindparam("ids", expanding=True))).order_by(t.id).with_for_update()
 _LOCK_FOR_COMMIT = (
     sa.select(t.id, t.namespace, t.state, t.generation, t.attempt)
     .where(t.id.in_(sa.bindparam("ids", expanding=True)))

@@ -237,15 +237,20 @@ def mark_sent_at_once(conn: sa.Connection, sent: Sequence[Sent], *, now: datetim
 
 def _enqueued(conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> None:
     """The published rows' tasks become ENQUEUED, if still waiting in that delivery."""
-    conn.execute(
-        sa.update(tasks_table)
-        .where(
-            t.id.in_([r.task_id for r, _, _ in sent]),  # the index lookup; the row match below filters
-            sa.tuple_(t.id, t.generation, t.delivery).in_([(r.task_id, r.generation, r.delivery) for r, _, _ in sent]),
-            t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
-        )
-        .values(state=TaskState.ENQUEUED, enqueued_at=now)
+    keys = [(r.task_id, r.generation, r.delivery) for r, _, _ in sent]
+    conn.execute(_ENQUEUED, {"ids": [task_id for task_id, _, _ in keys], "keys": keys, "at": now})
+
+
+#: Built once and run with each pass's values (as submit's inserts are: :mod:`.submit`).
+_ENQUEUED = (
+    sa.update(tasks_table)
+    .where(
+        t.id.in_(sa.bindparam("ids", expanding=True)),  # the index lookup; the row match below filters
+        sa.tuple_(t.id, t.generation, t.delivery).in_(sa.bindparam("keys", expanding=True)),
+        t.state.in_([TaskState.PENDING, TaskState.RETRYING]),
     )
+    .values(state=TaskState.ENQUEUED, enqueued_at=sa.bindparam("at", type_=t.enqueued_at.type))
+)
 
 
 def mark_dead(conn: sa.Connection, rows: Sequence[Dead], *, now: datetime) -> None:
