@@ -11,8 +11,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..errors import InvalidQueryError
-from ..records import TERMINAL_STATES, TaskState, tasks_table
+from ..records import TaskState, tasks_table
 from ..store.queries import task_rows
+from ..store.retention import final_tasks
 from .paging import COUNT_CAP, MAX_NAMES, PAGE_SIZE, Page, decode_cursor, encode_cursor, utc
 
 __all__ = [
@@ -275,11 +276,12 @@ def finished_after(
 
 def oldest_final(engine: sa.Engine, namespace: str) -> datetime | None:
     """When the oldest final task finished (None: there is none): the first task a prune
-    deletes, found as the prune finds it (final state, ``finished_at``; ix_dt_tasks_finished)."""
+    deletes, found as the prune finds it (:func:`~..store.retention.final_tasks`, by
+    ``finished_at``: ix_dt_tasks_finished)."""
     with engine.connect() as conn:
         at = conn.execute(
             sa.select(t.finished_at)
-            .where(t.namespace == namespace, t.finished_at.is_not(None), t.state.in_(list(TERMINAL_STATES)))
+            .where(final_tasks(namespace), t.finished_at.is_not(None))
             .order_by(t.finished_at)
             .limit(1)
         ).scalar()

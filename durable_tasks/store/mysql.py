@@ -220,23 +220,23 @@ class MySqlStore(SqlStore):
 #: once, as the outbox row's insert is: :mod:`.submit`).
 _INSERT_TASK = sa.insert(tasks_table)
 _INSERT_TASK_KEYED = mysql.insert(tasks_table).on_duplicate_key_update(id=t.id)
+#: The task rows of the list ``ids`` (an expanding bind parameter).
+_BY_IDS = t.id.in_(sa.bindparam("ids", expanding=True))
+
+
+def _locking(*columns: Any) -> sa.Select[Any]:
+    """``columns`` of the task rows ``ids``, locked in id order (the order every transaction
+    here takes task locks in, so two of them never wait on each other in a cycle)."""
+    return sa.select(*columns).where(_BY_IDS).order_by(t.id).with_for_update()
+
+
 #: The claim's two statements and the locks of task rows, built once: SQLAlchemy builds a
 #: statement in Python (about 40 argument coercions for the claim's two), and these run for
 #: every read batch, group commit and dispatch pass.
-_LOCK_FOR_CLAIM = (
-    sa.select(*execution.CLAIMED_COLUMNS, t.namespace, t.state, t.lease_expires_at)
-    .where(t.id.in_(sa.bindparam("ids", expanding=True)))
-    .order_by(t.id)
-    .with_for_update()
-)
-_CLAIM = sa.update(tasks_table).where(t.id.in_(sa.bindparam("ids", expanding=True))).values(execution.CLAIM_VALUES)
-_LOCK_TASKS = sa.select(t.id).where(t.id.in_(sa.bindparam("ids", expanding=True))).order_by(t.id).with_for_update()
-_LOCK_FOR_COMMIT = (
-    sa.select(t.id, t.namespace, t.state, t.generation, t.attempt)
-    .where(t.id.in_(sa.bindparam("ids", expanding=True)))
-    .order_by(t.id)
-    .with_for_update()
-)
+_LOCK_FOR_CLAIM = _locking(*execution.CLAIMED_COLUMNS, t.namespace, t.state, t.lease_expires_at)
+_CLAIM = sa.update(tasks_table).where(_BY_IDS).values(execution.CLAIM_VALUES)
+_LOCK_TASKS = _locking(t.id)
+_LOCK_FOR_COMMIT = _locking(t.id, t.namespace, t.state, t.generation, t.attempt)
 #: The columns of a claimed row at the head of the claim's locking read.
 _CLAIMED = len(ClaimedRow._fields)
 

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
 
-__all__ = ["PruneReport", "pause_after", "prune"]
+__all__ = ["PruneReport", "final_tasks", "pause_after", "prune"]
 
 t = tasks_table.c
 o = outbox_table.c
@@ -57,6 +57,12 @@ class PruneReport:
         self.batches += other.batches
         self.more = other.more
         self.last_rows = other.last_rows
+
+
+def final_tasks(namespace: str) -> sa.ColumnElement[bool]:
+    """The tasks a prune may delete once they are old enough: final ones (their ``finished_at``
+    says when)."""
+    return sa.and_(t.namespace == namespace, t.state.in_(list(TERMINAL_STATES)))
 
 
 def pause_after(held: float, duty: float, *, rows: int = 0, min_rate: float = 0.0) -> float:
@@ -104,11 +110,7 @@ def prune(
             if outbox_ids:
                 report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.id.in_(outbox_ids))).rowcount
             task_ids = (
-                conn.execute(
-                    sa.select(t.id)
-                    .where(t.namespace == namespace, t.state.in_(list(TERMINAL_STATES)), t.finished_at < before)
-                    .limit(batch)
-                )
+                conn.execute(sa.select(t.id).where(final_tasks(namespace), t.finished_at < before).limit(batch))
                 .scalars()
                 .all()
             )
