@@ -14,14 +14,17 @@ __all__ = ["queue_stats"]
 
 async def queue_stats(runtime: Runtime) -> dict[str, QueueStats]:
     """Per queue: outbox backlog and oldest age, PEL size, queue delay, oldest pending age,
-    stream lag, DLQ length. Raises SQLAlchemy's or redis' errors when a server is unreachable.
+    stream lag, DLQ length, running tasks. Raises SQLAlchemy's or redis' errors when a server
+    is unreachable.
 
-    Redis is read before the database, so that work moving between the two while they are
-    read is counted at least once: a worker commits what a task leads to (a retry, a child, a
-    parent's resume) before it acknowledges the entry, so an entry gone from the PEL by the
-    time Redis is read has its consequences committed by the time the database is read. Read
-    the other way round, a task could finish between the two reads and its follow-up be in
-    neither, and a caller waiting for every count to reach zero would stop too early. (A
+    Whether any work is left is the database's answer, read in one statement after Redis:
+    every task neither final nor waiting is then a pending outbox row, an ENQUEUED task or a
+    RUNNING one, in one snapshot (:func:`.store.queries.queue_backlogs`), and a worker commits
+    what a task leads to (a retry, a child, a parent's resume) in the transaction that ends
+    it. So a caller waiting for every count to reach zero cannot stop while a task is on its
+    way, whichever way it moves between the reads: a task the dispatcher sends and a worker
+    claims after Redis was read is RUNNING in the database, and one that ends meanwhile has
+    its follow-up committed. Redis' numbers (PEL, lag, DLQ) say where the entries are. (A
     queue known only from the database, registered by no task here, is read after it.)"""
     now = runtime.clock()
     now_ms = int(now.timestamp() * 1000)
@@ -42,6 +45,7 @@ async def queue_stats(runtime: Runtime) -> dict[str, QueueStats]:
             dlq_length=snap.dlq_length,
             stream_lag=snap.stream_lag,
             unknown_held=b.unknown_held if b else 0,
+            running=b.running if b else 0,
         )
     runtime.latest_stats = out
     return out

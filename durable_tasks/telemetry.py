@@ -81,6 +81,7 @@ class _QueueGauges:
         "queue_delay_s": ("durable_tasks.queue.delay", "s"),
         "stream_lag": ("durable_tasks.stream.lag", "{entry}"),
         "dlq_length": ("durable_tasks.dlq.length", "{entry}"),
+        "running": ("durable_tasks.tasks.running", "{task}"),
     }
 
     @classmethod

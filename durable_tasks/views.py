@@ -113,6 +113,8 @@ class QueueStats:
     #: Outbox rows held PENDING because the dispatcher does not register their task's name
     #: (a rolling deploy; dead-lettered after ``unknown_task_grace``).
     unknown_held: int = 0
+    #: Tasks a worker has claimed and not yet ended, as the database says (RUNNING).
+    running: int = 0
 
     def as_dict(self) -> dict[str, float]:
         """The numbers by name."""

@@ -34,6 +34,7 @@ from durable_tasks.store.engine import read_only
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
+from durable_tasks.views import QueueStats
 
 #: The repository's root: the working directory of the CLI processes the tests start.
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,9 +254,14 @@ async def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doom
     return claim
 
 
+def queue_busy(stats: QueueStats) -> bool:
+    """Whether a queue's statistics say work is left (what a caller waiting for a drain reads)."""
+    return bool(stats.outbox_backlog or stats.queue_delay_s or stats.running or stats.pel_size or stats.stream_lag)
+
+
 async def run_until_quiet(app: App, timeout: float = 60) -> None:
     """Run a dispatcher and a worker until nothing is left to do, twice in a row: no pending
-    outbox row, no task waiting in a stream, no unacknowledged entry.
+    outbox row, no task waiting in a stream or running, no unacknowledged entry.
 
     A loop of short ``work(timeout=...)`` calls is not a drain: a call that times out cancels
     the tasks still running and leaves their entries pending for a reaper, so on a loaded
@@ -270,7 +276,7 @@ async def run_until_quiet(app: App, timeout: float = 60) -> None:
             while quiet < 2:
                 await anyio.sleep(0.1)
                 stats = (await app.stats()).values()
-                busy = any(s.outbox_backlog or s.pel_size or s.stream_lag or s.queue_delay_s for s in stats)
+                busy = any(queue_busy(s) for s in stats)
                 quiet = 0 if busy else quiet + 1
             stop.set()
 

@@ -52,29 +52,51 @@ class QueueBacklog:
     oldest_enqueued: datetime | None
     #: Pending rows a dispatcher held because it does not register their task's name.
     unknown_held: int = 0
+    #: Tasks claimed by a worker and not yet ended (RUNNING).
+    running: int = 0
+
+
+#: What each part of :func:`queue_backlogs`' one statement counts.
+_OUTBOX, _ENQUEUED, _RUNNING = 0, 1, 2
 
 
 def queue_backlogs(conn: sa.Connection, namespace: str) -> dict[str, QueueBacklog]:
-    """Pending outbox rows (count, oldest) and the oldest undelivered task, per queue."""
+    """Pending outbox rows (count, oldest), the oldest undelivered task and the running tasks,
+    per queue.
+
+    One statement, so one snapshot: every task that is neither final nor waiting is counted
+    in exactly one of the three, whatever moves while it runs. (Separate statements could each
+    miss a task that moved between them: an outbox row sent, claimed and ended, its follow-up
+    written after the outbox was counted.)"""
     held = sa.func.sum(sa.case((o.last_error.like(f"{UNKNOWN_TASK_ERROR}%"), 1), else_=0))
-    outbox = {
-        r.queue: (r.n, r.oldest, int(r.held or 0))
-        for r in conn.execute(
-            sa.select(
-                o.queue, sa.func.count().label("n"), sa.func.min(o.created_at).label("oldest"), held.label("held")
-            )
-            .where(o.namespace == namespace, o.state == OutboxState.PENDING)
-            .group_by(o.queue)
+    pending = (
+        sa.select(
+            sa.literal(_OUTBOX).label("part"),
+            o.queue.label("queue"),
+            sa.func.count().label("n"),
+            sa.func.min(o.created_at).label("oldest"),
+            held.label("held"),
         )
-    }
-    enqueued = {
-        r.queue: r.oldest
-        for r in conn.execute(
-            sa.select(t.queue, sa.func.min(t.enqueued_at).label("oldest"))
-            .where(t.namespace == namespace, t.state == TaskState.ENQUEUED)
-            .group_by(t.queue)
+        .where(o.namespace == namespace, o.state == OutboxState.PENDING)
+        .group_by(o.queue)
+    )
+    part = sa.case((t.state == TaskState.ENQUEUED, _ENQUEUED), else_=_RUNNING)
+    tasks = (
+        sa.select(part, t.queue, sa.func.count(), sa.func.min(t.enqueued_at), sa.literal(0))
+        .where(t.namespace == namespace, t.state.in_([TaskState.ENQUEUED, TaskState.RUNNING]))
+        .group_by(t.state, t.queue)
+    )
+    found: dict[str, dict[int, sa.Row[Any]]] = {}
+    for row in conn.execute(sa.union_all(pending, tasks)):
+        found.setdefault(row.queue, {})[row.part] = row
+    out: dict[str, QueueBacklog] = {}
+    for queue, parts in found.items():
+        outbox, enqueued, running = (parts.get(p) for p in (_OUTBOX, _ENQUEUED, _RUNNING))
+        out[queue] = QueueBacklog(
+            outbox_backlog=outbox.n if outbox else 0,
+            outbox_oldest=outbox.oldest if outbox else None,
+            oldest_enqueued=enqueued.oldest if enqueued else None,
+            unknown_held=int(outbox.held or 0) if outbox else 0,
+            running=running.n if running else 0,
         )
-    }
-    queues = set(outbox) | set(enqueued)
-    none: tuple[int, datetime | None, int] = (0, None, 0)
-    return {q: QueueBacklog(*outbox.get(q, none)[:2], enqueued.get(q), outbox.get(q, none)[2]) for q in queues}
+    return out

@@ -16,8 +16,7 @@ import pytest
 
 from durable_tasks import App, TaskContext
 from durable_tasks.transport.messages import StreamEntry
-from durable_tasks.views import QueueStats
-from tests.helpers import claim_entry, submit
+from tests.helpers import claim_entry, queue_busy, submit
 
 pytestmark = pytest.mark.anyio
 
@@ -55,11 +54,6 @@ def between_reads(
         monkeypatch.setattr(owner, name, wrap(getattr(owner, name)))
 
 
-def busy(stats: QueueStats) -> bool:
-    """What a caller waiting for a queue to drain looks at."""
-    return bool(stats.outbox_backlog or stats.pel_size or stats.stream_lag or stats.queue_delay_s)
-
-
 async def sent_job(app: App) -> None:
     submit(app, "job", 1)
     assert await app.dispatch_once() == 1
@@ -87,8 +81,33 @@ async def test_a_task_that_fails_between_the_two_reads_is_counted_before_or_afte
 
     between_reads(monkeypatch, [(app.runtime.store, "queue_backlogs"), (transport, "snapshot")], fail_and_ack)
     stats = (await app.stats())["jobs"]
-    assert busy(stats), stats
+    assert queue_busy(stats), stats
     assert (await app.stats())["jobs"].outbox_backlog == 1  # the move did happen
+    await app.aclose()
+
+
+async def test_a_task_sent_and_claimed_between_the_two_reads_is_counted(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other way: Redis is read before the dispatcher publishes the row, the database
+    after a worker claimed the task. Neither the outbox nor the stream shows it then; the
+    database's RUNNING does."""
+    app = job_app(make_app)
+    submit(app, "job", 1)
+    transport = app.runtime.transport()
+    claims: list[object] = []
+
+    async def send_and_claim() -> None:
+        assert await app.dispatch_once() == 1
+        [entry] = await transport.read(["jobs"], "w", count=1, block=BLOCK)
+        claims.append(await claim_entry(app, entry, "w"))
+
+    between_reads(monkeypatch, [(transport, "snapshot")], send_and_claim)
+    stats = (await app.stats())["jobs"]
+    assert len(claims) == 1  # the move did happen
+    assert claims[0] is not None
+    assert (stats.outbox_backlog, stats.queue_delay_s, stats.running) == (0, 0.0, 1), stats
+    assert queue_busy(stats), stats
     await app.aclose()
 
 
