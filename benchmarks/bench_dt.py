@@ -16,7 +16,9 @@
         one transaction per request: business row + bare outbox row, vs business row + submit()
     python -m benchmarks.bench_dt latency --n 1000 --rate 200
         paced submits (one per transaction, NOTIFY on) with a warm worker and dispatcher:
-        submit->start (inside the handler) and submit->result (result committed) p50/p99
+        submit->start (inside the handler) and submit->result (result committed) p50/p99;
+        DT_BENCH_PROFILE=<file> profiles the worker process: pyinstrument's text report, or
+        cProfile's stats on CPU time when the name ends in .pstats
     python -m benchmarks.bench_dt embedded --n 10000
         App() with no URLs (SQLite + embedded Valkey) in a temp data dir; drain rate
     python -m benchmarks.bench_dt drain --n 10000 --db mysql+pymysql://root@127.0.0.1:3306/test
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import functools
 import json
 import os
@@ -351,7 +354,28 @@ def worker_main() -> None:
         log_returns(Path(log), store_class, "commit_results", lambda writes: [w.claim.task_id for w in writes])
     if log := os.environ.get("DT_BENCH_CLAIM_LOG"):
         log_returns(Path(log), store_class, "claim_executions", lambda _ns, requests: [r.task_id for r in requests])
-    run_child(app, dispatcher=False)
+    report = os.environ.get("DT_BENCH_PROFILE")
+    if not report:
+        run_child(app, dispatcher=False)
+    elif report.endswith(".pstats"):  # cProfile on CPU time: calls and their cost, all on the loop's thread
+        deterministic = cProfile.Profile(time.process_time)
+        deterministic.enable()
+        try:
+            run_child(app, dispatcher=False)
+        finally:
+            deterministic.disable()
+            deterministic.dump_stats(report)
+    else:  # pyinstrument: the event loop thread, where the PostgreSQL store's calls run
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.001, async_mode="disabled")  # where CPU goes, the loop's waits apart
+        profiler.start()
+        try:
+            run_child(app, dispatcher=False)
+        finally:
+            profiler.stop()
+            text = profiler.output_text(unicode=False, show_all=os.environ.get("DT_BENCH_PROFILE_ALL") == "1")
+            Path(report).write_text(text, encoding="utf-8")
 
 
 def log_returns(path: Path, store_class: type[Any], method: str, task_ids: Callable[..., Sequence[str]]) -> None:

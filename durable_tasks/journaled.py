@@ -111,12 +111,15 @@ class StoreJournal:
             )
             for child in children
         ]
-        done = await self.runtime.store.suspend(self.claim, rows, signals, now=self.runtime.clock())
+        now = self.runtime.clock()
+        done = await self.runtime.store.suspend(self.claim, rows, signals, now=now)
         if done is None:
             raise JournalFencedOutError(f"task {self.claim.task_id} moved on: its suspension is dropped")
         if failpoints.ENABLED:
             failpoints.hit("journal.after_suspend")
-        return done
+        if done.created:  # committed: their entries go out now, as a submit's do at its commit
+            await self.runtime.publish_committed(done.created, now)
+        return done.state
 
 
 def run_handler(

@@ -140,7 +140,8 @@ class Settings(BaseSettings):
     publish_on_commit: bool = Field(
         default=True,
         description="A submitting process publishes its new due tasks to Redis once its transaction commits, "
-        "ahead of the dispatcher, which still publishes every row (the same dedup key: nothing is added twice).",
+        "ahead of the dispatcher, which still publishes every row (the same dedup key: nothing is added twice); "
+        "a worker does the same for the child tasks a suspension creates.",
     )
     dedup_ttl: Duration = timedelta(hours=24)
     signing_key: SecretStr | None = Field(

@@ -5,6 +5,7 @@ dialect's row lock and dispatcher wake-up."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,15 +17,24 @@ from ..records import steps_table, tasks_table
 from . import journal
 from .execution import ExecutionClaim
 from .journal import OpenWait
-from .submit import NewTask
+from .submit import NewTask, SubmitOutcome
 
 if TYPE_CHECKING:
     from ..views import StepInfo
 
-__all__ = ["JournalStore"]
+__all__ = ["JournalStore", "Suspension"]
 
 s = steps_table.c
 t = tasks_table.c
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """A committed suspension: how it ended, and the children it created (a child of an
+    earlier, retried suspension is found, not created), each with the task it resolved to."""
+
+    state: Suspended
+    created: tuple[tuple[NewTask, SubmitOutcome], ...] = ()
 
 
 class JournalStore:
@@ -75,10 +85,18 @@ class JournalStore:
         signals: Sequence[PendingSignal],
         *,
         now: datetime,
-    ) -> Suspended | None:
+    ) -> Suspension | None:
         """Submit the children, open the waits, WAITING (or redelivered): one fenced transaction."""
 
-        def write() -> Suspended | None:
+        def write() -> Suspension | None:
+            created: list[tuple[NewTask, SubmitOutcome]] = []
+
+            def submit_child(conn: sa.Connection, task: NewTask, at: datetime) -> tuple[str, bool]:
+                outcome: SubmitOutcome = self._submit_conn(conn, task, at)
+                if outcome.created:
+                    created.append((task, outcome))
+                return outcome.task_id, outcome.created
+
             with self._engine.begin() as conn:
                 suspended = journal.suspend(
                     conn,
@@ -86,19 +104,16 @@ class JournalStore:
                     children,
                     signals,
                     now=now,
-                    submit_child=self._submit_child,
+                    submit_child=submit_child,
                     wake=self._wake_dispatchers,
                 )
-                if suspended is not None and children and not self.notifies_dispatchers:
+                if suspended is None:
+                    return None
+                if children and not self.notifies_dispatchers:
                     self._wake_dispatchers(conn, claim.namespace)  # the children's outbox rows
-                return suspended
+            return Suspension(suspended, tuple(created))
 
         return await anyio.to_thread.run_sync(write)
-
-    def _submit_child(self, conn: sa.Connection, task: NewTask, now: datetime) -> tuple[str, bool]:
-        """A suspension's child: its id, and whether this call created it."""
-        outcome = self._submit_conn(conn, task, now)
-        return str(outcome.task_id), bool(outcome.created)
 
     # -- a task's end, as its parent sees it ----------------------------------------------------
 

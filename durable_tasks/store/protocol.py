@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Protocol
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from ..journal import PendingChild, PendingSignal, RecordedStep, StepKind, Suspended
+from ..journal import PendingChild, PendingSignal, RecordedStep, StepKind
 from ..outcome import TaskOutcome
 from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
 from .deferral import Deferral
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .journal import OpenWait
+from .journaling import Suspension
 from .notify import OutboxWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
 from .pooler import PoolingReport
@@ -346,9 +347,10 @@ class Store(Protocol):
         signals: Sequence[PendingSignal],
         *,
         now: datetime,
-    ) -> Suspended | None:
+    ) -> Suspension | None:
         """Submit the children, open the waits, move the task to WAITING (or redeliver it when
-        nothing is left to wait for), in one fenced transaction; None when fenced out."""
+        nothing is left to wait for), in one fenced transaction; how it ended and the children
+        it created, or None when fenced out."""
         ...
 
     def deliver_signal(self, namespace: str, task_id: str, name: str, payload_json: str, now: datetime) -> bool | None:

@@ -2,7 +2,8 @@
 ahead of the dispatcher, which still publishes every row: the same dedup key, so the stream
 holds one entry and the outbox row records its id. Rows that did not commit publish nothing;
 delayed and shadow tasks wait for the dispatcher; a Redis out of reach leaves the commit alone
-and the dispatcher publishes. On every database."""
+and the dispatcher publishes. A suspension's children go out the same way once it commits.
+On every database."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import redis
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, TaskNotFoundError, TaskState
+from durable_tasks import App, TaskContext, TaskNotFoundError, TaskState, current_journal
 from durable_tasks.records import OutboxState
 from durable_tasks.transport.keys import QueueKeys
 from tests import helpers
@@ -66,6 +67,41 @@ async def test_a_worker_runs_the_task_before_any_dispatcher_does(make_app: Calla
     assert outbox_row(app, task_id).state == OutboxState.SENT
     assert app.get_task(task_id).state is TaskState.SUCCEEDED
     assert len(await stream_entries(app)) == 1
+    await app.aclose()
+
+
+def parent_app(make_app: Callable[..., App], **settings: Any) -> App:
+    app = helpers.doubling_app(make_app, **settings)
+
+    @app.task(name="parent", queue="jobs")
+    async def parent(ctx: TaskContext[int], n: int) -> int:
+        journal = current_journal()
+        assert journal is not None
+        return int(await journal.child("double", n)) + 1  # suspends until the child commits
+
+    return app
+
+
+@pytest.mark.parametrize("publish_on_commit", [True, False])
+async def test_a_suspensions_children_are_out_when_it_commits(
+    make_app: Callable[..., App], publish_on_commit: bool
+) -> None:
+    app = parent_app(make_app, publish_on_commit=publish_on_commit, **NO_POLL)
+    parent_id = submit(app, "parent", 4)
+    if not publish_on_commit:
+        assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1  # runs, then suspends
+    assert app.get_task(parent_id).state is TaskState.WAITING
+    [child] = [s.child_task_id for s in app.steps(parent_id)]
+    assert child is not None
+    published = [fields["t"] for _, fields in await stream_entries(app)]
+    assert published == [parent_id, child] if publish_on_commit else [parent_id]
+    assert outbox_row(app, child).state == OutboxState.PENDING  # no dispatcher has run
+    if publish_on_commit:  # the worker starts the child without one
+        assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+        assert app.get_task(child).state is TaskState.SUCCEEDED
+    assert await app.dispatch_once() >= 1  # its publish adds nothing (the same dedup key)
+    assert [fields["t"] for _, fields in await stream_entries(app)].count(child) == 1
     await app.aclose()
 
 
