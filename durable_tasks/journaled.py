@@ -118,7 +118,14 @@ class StoreJournal:
         if failpoints.ENABLED:
             failpoints.hit("journal.after_suspend")
         if done.created:  # committed: their entries go out now, as a submit's do at its commit
-            await self.runtime.publish_committed(done.created, now)
+            runtime = self.runtime
+            await runtime.publish_committed(
+                [
+                    m
+                    for task, outcome in done.created
+                    for m in runtime.first_deliveries(task.name, [task], [outcome], now)
+                ]
+            )
         return done.state
 
 

@@ -36,6 +36,7 @@ from .settings import Settings
 from .store import Store
 from .store.base import SqlStore
 from .store.notify import OutboxWaiter
+from .store.outbox import NewDelivery
 from .store.submit import NewTask, SubmitOutcome
 from .tasks import Task
 from .telemetry import Telemetry
@@ -176,21 +177,40 @@ class Runtime:
                 messages = ()
             self.wakeups.after_commit(session, messages, wake=not self.store.notifies_dispatchers)
 
-    async def publish_committed(self, created: Sequence[tuple[NewTask, SubmitOutcome]], now: datetime) -> None:
-        """Publish the first deliveries of tasks the runtime itself just created and committed
-        (a suspension's children) ahead of the dispatchers, as a submit's commit does
-        (:mod:`.commit_publish`): a child then starts without waiting for a dispatcher's
-        wake-up, lease and publish. Best effort: the dispatcher publishes every row anyway
-        (the same dedup key), so a publish that fails only costs that hop's latency."""
-        if not (self.subscribes_to_results and self.settings.publish_on_commit):
-            return
-        messages = [m for task, outcome in created for m in self.first_deliveries(task.name, [task], [outcome], now)]
-        if not messages:
+    async def publish_committed(self, messages: Sequence[OutgoingMessage]) -> None:
+        """Publish deliveries the runtime itself just committed (a suspension's children, the
+        resume of a parent whose last child committed) ahead of the dispatchers, as a submit's
+        commit does (:mod:`.commit_publish`): the task then starts without waiting for a
+        dispatcher's wake-up, lease and publish. Best effort: the dispatcher publishes every
+        row anyway (the same dedup key), so a publish that fails only costs that hop's latency."""
+        if not messages or not (self.subscribes_to_results and self.settings.publish_on_commit):
             return
         try:
             await self.transport().publish(messages)
         except (RedisError, OSError) as exc:
-            logger.debug("publishing %d new tasks' entries failed (%s); the dispatcher will", len(messages), exc)
+            logger.debug("publishing %d committed deliveries failed (%s); the dispatcher will", len(messages), exc)
+
+    def new_deliveries(self, deliveries: Sequence[NewDelivery]) -> list[OutgoingMessage]:
+        """The entries the dispatcher would publish at once for deliveries the runtime wrote:
+        not shadows, on queues not held paused here."""
+        partitions = self.settings.queue_partitions
+        return [
+            outgoing(
+                queue=d.queue,
+                task_id=d.task_id,
+                generation=d.generation,
+                delivery=d.delivery,
+                name=d.name,
+                traceparent=d.traceparent,
+                shadow=False,
+                partition_key=d.partition_key,
+                partitions=partitions,
+                priority=d.priority,
+                concurrency_key=d.concurrency_key,
+            )
+            for d in deliveries
+            if not d.shadow and d.queue not in self.paused_queues
+        ]
 
     def first_deliveries(
         self, name: str, intents: Sequence[NewTask], outcomes: Sequence[SubmitOutcome], now: datetime

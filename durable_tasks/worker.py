@@ -379,8 +379,11 @@ class Worker:
                 committed,
                 inline_bytes=runtime.settings.result_inline_bytes,
             )
+            resumed = runtime.new_deliveries([w.resumed for w in writes if w.resumed is not None])  # parents
             await asyncio.gather(
-                self._ack_now([(item.entry.stream, item.entry.entry_id) for item in settled]), announced
+                self._ack_now([(item.entry.stream, item.entry.entry_id) for item in settled]),
+                announced,
+                runtime.publish_committed(resumed),
             )
         except RedisError as exc:
             logger.warning("acknowledging %d committed entries failed (%s); the reaper will", len(settled), exc)

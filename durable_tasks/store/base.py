@@ -316,7 +316,7 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
                 for w in hooked:
                     results.commit_hooked(conn, w, now)
                     if w.outcome is results.CommitOutcome.COMMITTED:
-                        self._settle_parent(conn, w.claim, ChildOutcome("SUCCEEDED", w.result_json), now)
+                        w.resumed = self._settle_parent(conn, w.claim, ChildOutcome("SUCCEEDED", w.result_json), now)
                 self._finish_attempts(conn, [*still_open, *hooked], now)
 
         await self._in_thread(commit)

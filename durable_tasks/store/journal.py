@@ -14,7 +14,7 @@ finds the task WAITING and resumes it. A resume is a new delivery of the same ge
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, StepKind, Suspended, signal_slot
 from ..records import TERMINAL_STATES, AttemptOutcome, TaskState, attempts_table, steps_table, tasks_table
 from .execution import ExecutionClaim
+from .outbox import NewDelivery
 from .submit import NewTask, cancel_task, insert_outbox
 
 __all__ = [
@@ -47,11 +48,11 @@ a = attempts_table.c
 Lock = Callable[[sa.Connection, Sequence[str]], None]
 #: ``wake(conn, namespace)``: tell dispatchers an outbox row was written.
 Wake = Callable[[sa.Connection, str], None]
-
-
 #: ``submit(conn, task, now) -> (child task id, created now)``: the store's submit (idempotent by
 #: key, waking dispatchers).
 SubmitChild = Callable[[sa.Connection, NewTask, datetime], tuple[str, bool]]
+#: A resumed task's new delivery: the columns of a NewDelivery (its id apart), read back.
+_DELIVERY_COLUMNS = [t[f.name] for f in fields(NewDelivery) if f.name != "task_id"]
 
 
 def child_task(claim: ExecutionClaim, child: PendingChild, *, queue: str, max_attempts: int) -> NewTask:
@@ -261,16 +262,15 @@ def settle_child(
     now: datetime,
     lock: Lock,
     wake: Wake,
-) -> bool:
+) -> NewDelivery | None:
     """Record a child's final outcome in its parent's journal (in the child's final transaction)
     and resume the parent if it was the last thing it waited for. A parent that moved to a
     newer generation ignores it (a superseded branch's late result is fenced out). Returns
-    whether the outcome was recorded."""
+    the parent's new delivery when this resumed it."""
     lock(conn, [parent_id])
     if not _settle_row(conn, parent_id, parent_generation, slot, outcome, now):
-        return False
-    resume_if_ready(conn, namespace, parent_id, parent_generation, now, wake=wake)
-    return True
+        return None
+    return resume_if_ready(conn, namespace, parent_id, parent_generation, now, wake=wake)
 
 
 def settle_if_child(
@@ -356,14 +356,14 @@ def deliver_signal(
 
 def resume_if_ready(
     conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime, *, wake: Wake
-) -> bool:
+) -> NewDelivery | None:
     """A WAITING task with no open wait left becomes PENDING as a new delivery of the same
-    generation (the caller holds the task row's lock)."""
+    generation (the caller holds the task row's lock); that delivery, or None."""
     still_open = conn.execute(
         sa.select(s.id).where(s.task_id == task_id, s.generation == generation, s.done.is_(False)).limit(1)
     ).first()
     if still_open is not None:
-        return False
+        return None
     updated = conn.execute(
         sa.update(tasks_table)
         .where(
@@ -375,12 +375,12 @@ def resume_if_ready(
         .values(state=TaskState.PENDING, delivery=t.delivery + 1, lease_expires_at=None, worker_id=None)
     ).rowcount
     if not updated:
-        return False
+        return None
     # The row just updated (and locked): an UPDATE, then a read, on every dialect.
-    row = conn.execute(sa.select(t.queue, t.shadow, t.delivery).where(t.id == task_id)).one()
+    row = conn.execute(sa.select(*_DELIVERY_COLUMNS).where(t.id == task_id)).one()
     insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
     wake(conn, namespace)
-    return True
+    return NewDelivery(task_id=task_id, **row._mapping)
 
 
 def open_waits(

@@ -17,6 +17,7 @@ from ..records import steps_table, tasks_table
 from . import journal
 from .execution import ExecutionClaim
 from .journal import OpenWait
+from .outbox import NewDelivery
 from .submit import NewTask, SubmitOutcome
 
 if TYPE_CHECKING:
@@ -117,11 +118,14 @@ class JournalStore:
 
     # -- a task's end, as its parent sees it ----------------------------------------------------
 
-    def _settle_parent(self, conn: sa.Connection, claim: ExecutionClaim, outcome: ChildOutcome, now: datetime) -> None:
-        """In a child's final transaction: record its outcome in the parent's journal."""
+    def _settle_parent(
+        self, conn: sa.Connection, claim: ExecutionClaim, outcome: ChildOutcome, now: datetime
+    ) -> NewDelivery | None:
+        """In a child's final transaction: record its outcome in the parent's journal; the
+        parent's new delivery when this resumed it."""
         if claim.parent_id is None or claim.parent_generation is None or claim.parent_slot is None:
-            return
-        journal.settle_child(
+            return None
+        return journal.settle_child(
             conn,
             claim.namespace,
             parent_id=claim.parent_id,

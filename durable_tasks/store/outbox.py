@@ -23,6 +23,7 @@ from .queries import UNKNOWN_TASK_ERROR
 __all__ = [
     "ClaimedDelivery",
     "Dead",
+    "NewDelivery",
     "Retry",
     "Sent",
     "claim_rows",
@@ -61,6 +62,22 @@ class ClaimedDelivery:
     #: Flow control (durable_tasks.flow): the task's priority level and concurrency key.
     priority: int = 0
     concurrency_key: str | None = None
+
+
+@immutable
+class NewDelivery:
+    """A delivery the runtime itself just wrote (a parent's resume): what publishing it needs."""
+
+    task_id: str
+    name: str
+    queue: str
+    generation: int
+    delivery: int
+    shadow: bool
+    traceparent: str | None
+    partition_key: str | None
+    priority: int | None
+    concurrency_key: str | None
 
 
 #: A published row, its stream entry id and partition.

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from ..records import AttemptOutcome, TaskState, attempts_table, tasks_table
 from .execution import ExecutionClaim, fenced_rows
+from .outbox import NewDelivery
 from .planning import attempts_by_task
 from .submit import insert_outbox
 
@@ -55,6 +56,8 @@ class FinalWrite:
     hook: Callable[[sa.Connection], None] | None = None
     outcome: CommitOutcome | None = None
     hook_error: BaseException | None = None
+    #: The parent this child's commit resumed: its new delivery, which the worker publishes.
+    resumed: NewDelivery | None = None
 
 
 SUCCEEDED = {

@@ -2,7 +2,8 @@
 ahead of the dispatcher, which still publishes every row: the same dedup key, so the stream
 holds one entry and the outbox row records its id. Rows that did not commit publish nothing;
 delayed and shadow tasks wait for the dispatcher; a Redis out of reach leaves the commit alone
-and the dispatcher publishes. A suspension's children go out the same way once it commits.
+and the dispatcher publishes. A suspension's children go out the same way once it commits,
+and a parent's resume once its last child's result commits.
 On every database."""
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def parent_app(make_app: Callable[..., App], **settings: Any) -> App:
 
 
 @pytest.mark.parametrize("publish_on_commit", [True, False])
-async def test_a_suspensions_children_are_out_when_it_commits(
+async def test_a_suspensions_children_and_the_parents_resume_are_out_at_their_commits(
     make_app: Callable[..., App], publish_on_commit: bool
 ) -> None:
     app = parent_app(make_app, publish_on_commit=publish_on_commit, **NO_POLL)
@@ -97,11 +98,16 @@ async def test_a_suspensions_children_are_out_when_it_commits(
     published = [fields["t"] for _, fields in await stream_entries(app)]
     assert published == [parent_id, child] if publish_on_commit else [parent_id]
     assert outbox_row(app, child).state == OutboxState.PENDING  # no dispatcher has run
-    if publish_on_commit:  # the worker starts the child without one
-        assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1
+    if publish_on_commit:  # the worker starts the child without one, and the parent's resume
+        assert await app.work(max_tasks=2, timeout=timedelta(seconds=10)) == 2
         assert app.get_task(child).state is TaskState.SUCCEEDED
+        done = app.get_task(parent_id)
+        assert (done.state, done.result) == (TaskState.SUCCEEDED, 9)
     assert await app.dispatch_once() >= 1  # its publish adds nothing (the same dedup key)
-    assert [fields["t"] for _, fields in await stream_entries(app)].count(child) == 1
+    deliveries = [(fields["t"], fields["d"]) for _, fields in await stream_entries(app)]
+    assert deliveries.count((child, "0")) == 1
+    if publish_on_commit:
+        assert deliveries.count((parent_id, "1")) == 1  # the resume, once
     await app.aclose()
 
 
