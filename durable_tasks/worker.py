@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -38,7 +38,7 @@ from .runtime import Runtime
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from .store.results import CommitOutcome, FinalWrite
 from .telemetry import link_to, traceparent_of
-from .transport.announce import announce_outcomes
+from .transport.announce import announcement
 from .transport.keys import CONSUMER_GROUP
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry
 from .unknown import hand_back
@@ -360,7 +360,7 @@ class Worker:
     async def _commit(self, items: Sequence[_Commit]) -> None:
         """Commit a group of results, then acknowledge the entries whose outcome is recorded
         (committed or fenced out); a failed XACK leaves them pending for the reaper."""
-        runtime = self.runtime
+        runtime, s = self.runtime, self.runtime.settings
         writes = [item.final_write for item in items]
         await runtime.store.commit_results(writes, now=runtime.clock())
         if failpoints.ENABLED:
@@ -371,20 +371,13 @@ class Worker:
             for w in writes
             if w.outcome is CommitOutcome.COMMITTED and not w.claim.shadow
         ]
+        by_stream = _by_stream((item.entry.stream, item.entry.entry_id) for item in settled)
+        # The announcement wakes result waits; it never fails the commit (waits fall back).
+        channel, message = announcement(s.namespace, committed, inline_bytes=s.result_inline_bytes)
+        if resumed := runtime.new_deliveries([w.resumed for w in writes if w.resumed is not None]):
+            await runtime.publish_committed(resumed)  # the parents these results resumed go out first
         try:
-            # The announcement wakes result waits; it never fails the commit (waits fall back).
-            announced = announce_outcomes(
-                runtime.transport().client,
-                runtime.settings.namespace,
-                committed,
-                inline_bytes=runtime.settings.result_inline_bytes,
-            )
-            resumed = runtime.new_deliveries([w.resumed for w in writes if w.resumed is not None])  # parents
-            await asyncio.gather(
-                self._ack_now([(item.entry.stream, item.entry.entry_id) for item in settled]),
-                announced,
-                runtime.publish_committed(resumed),
-            )
+            await runtime.transport().ack_and_announce(by_stream, channel, message)
         except RedisError as exc:
             logger.warning("acknowledging %d committed entries failed (%s); the reaper will", len(settled), exc)
             return
@@ -392,9 +385,14 @@ class Worker:
             item.acked = True
 
     async def _ack_now(self, items: Sequence[tuple[str, str]]) -> None:
-        by_stream: dict[str, list[str]] = defaultdict(list)
-        for stream, entry_id in items:
-            by_stream[stream].append(entry_id)
         transport = self.runtime.transport()
-        for stream, ids in by_stream.items():
+        for stream, ids in _by_stream(items).items():
             await transport.ack(stream, ids)
+
+
+def _by_stream(items: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Entry ids per stream, from (stream, entry id) pairs."""
+    by_stream: dict[str, list[str]] = defaultdict(list)
+    for stream, entry_id in items:
+        by_stream[stream].append(entry_id)
+    return by_stream

@@ -16,16 +16,26 @@ from redis.exceptions import RedisError
 from ..outcome import TaskOutcome, encode_outcomes
 from .keys import outcome_channel
 
-__all__ = ["announce_outcomes"]
+__all__ = ["announce", "announce_outcomes", "announcement"]
 
 logger = logging.getLogger(__name__)
 
 
-async def announce_outcomes(client: Any, namespace: str, outcomes: Sequence[TaskOutcome], *, inline_bytes: int) -> None:
-    """PUBLISH ``outcomes`` on the namespace's outcome channel (nothing when there are none)."""
-    if not outcomes:
+def announcement(namespace: str, outcomes: Sequence[TaskOutcome], *, inline_bytes: int) -> tuple[str, str | None]:
+    """The namespace's outcome channel and the message for ``outcomes`` (None when there are none)."""
+    return outcome_channel(namespace), encode_outcomes(outcomes, inline_bytes=inline_bytes) if outcomes else None
+
+
+async def announce(client: Any, channel: str, message: str | None) -> None:
+    """PUBLISH ``message`` on ``channel`` (nothing for None); a failure is logged and dropped."""
+    if message is None:
         return
     try:
-        await client.publish(outcome_channel(namespace), encode_outcomes(outcomes, inline_bytes=inline_bytes))
+        await client.publish(channel, message)
     except (RedisError, OSError) as exc:
-        logger.warning("announcing %d outcomes failed (%s); waits will read them", len(outcomes), type(exc).__name__)
+        logger.warning("announcing outcomes failed (%s); waits will read them", type(exc).__name__)
+
+
+async def announce_outcomes(client: Any, namespace: str, outcomes: Sequence[TaskOutcome], *, inline_bytes: int) -> None:
+    """PUBLISH ``outcomes`` on the namespace's outcome channel (nothing when there are none)."""
+    await announce(client, *announcement(namespace, outcomes, inline_bytes=inline_bytes))

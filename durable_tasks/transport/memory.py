@@ -182,6 +182,12 @@ class MemoryTransport(RedisStreamsTransport):
         target.pending.difference_update(acked)
         return len(acked)
 
+    async def ack_and_announce(self, acks: Mapping[str, Sequence[str]], channel: str, message: str | None) -> None:
+        for stream, ids in acks.items():
+            await self.ack(stream, ids)
+        if message is not None:
+            await self.client.publish(channel, message)
+
     async def dead_letter(self, queue: str, what: str, fields: dict[str, str]) -> str:
         keys = self.keys(queue)
         dedup = keys.dlq_dedup(what)

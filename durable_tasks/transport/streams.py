@@ -6,6 +6,7 @@ one pipelined round trip, acknowledgements go per batch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -19,6 +20,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..flow.policy import PRIORITY_LEVELS
+from .announce import announce
 from .enqueue import enqueue_calls, entry_json, level_of
 from .keys import CONSUMER_GROUP, QueueKeys
 from .levels import never, read_by_level
@@ -238,6 +240,30 @@ class RedisStreamsTransport:
         if not entry_ids:
             return 0
         return int(await self.client.xack(stream, CONSUMER_GROUP, *entry_ids))
+
+    async def ack_and_announce(self, acks: Mapping[str, Sequence[str]], channel: str, message: str | None) -> None:
+        """Acknowledge entries (ids per stream) and PUBLISH ``message`` on ``channel``, in one
+        round trip: a group commit's tail, which at a low task rate is one task's. Raises what
+        an XACK raised; a failed announcement is logged and dropped (result waits fall back to
+        reading the database). On a cluster, a command per node, concurrently."""
+        if not acks and message is None:
+            return
+        if self.cluster:
+            await asyncio.gather(
+                *(self.ack(stream, ids) for stream, ids in acks.items()), announce(self.client, channel, message)
+            )
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for stream, ids in acks.items():
+            pipe.xack(stream, CONSUMER_GROUP, *ids)
+        if message is not None:
+            pipe.publish(channel, message)
+        replies = await pipe.execute(raise_on_error=False)
+        for reply in replies[: len(acks)]:
+            if isinstance(reply, Exception):
+                raise reply
+        if message is not None and isinstance(replies[-1], Exception):  # as announce() says it
+            logger.warning("announcing outcomes failed (%s); waits will read them", type(replies[-1]).__name__)
 
     # -- recovery ------------------------------------------------------------------------
 

@@ -762,6 +762,7 @@ class RateSubmitter:
         self.rate = rate
         self.submitted = 0
         self.error: BaseException | None = None
+        self._stop_at: int | None = None
         self._thread = threading.Thread(target=self._run, name="chaos-submitter", daemon=True)
 
     def start(self) -> RateSubmitter:
@@ -772,6 +773,8 @@ class RateSubmitter:
         try:
             started = time.monotonic()
             for i, (key, job) in enumerate(self.jobs):
+                if self._stop_at is not None and self.submitted >= self._stop_at:
+                    return
                 due = started + i / self.rate
                 if (delay := due - time.monotonic()) > 0:
                     time.sleep(delay)
@@ -779,6 +782,11 @@ class RateSubmitter:
                 self.submitted += 1
         except BaseException as exc:
             self.error = exc
+
+    def stop_after(self, more: int) -> None:
+        """Submit ``more`` jobs from now on (or what is left of the list), then stop: a
+        scenario that needs submissions after some event gets them however slowly it got there."""
+        self._stop_at = self.submitted + more
 
     @property
     def running(self) -> bool:

@@ -618,11 +618,11 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
     SIGKILLed and the replica thawed. The cluster promotes it on its own (node timeout 1 s);
     ``CLUSTER FAILOVER TAKEOVER`` forces it if that has not happened within 10 s."""
     run = _Run(ctx, "cluster_master_kill")
-    # At least 6 s of submissions: the cut comes only after the workers are paused. With 250
-    # tasks (2.5 s) a slow machine failed 1 run in 4, before and after the same day's changes,
-    # with no entry reaching the victim in the loss window NOR after the failover: the
-    # submitter had run out before the cut. 600 passed 5 runs in 5 there.
-    n, rate, rng = max(600, ctx.size.share("cluster_master_kill")), 100.0, ctx.rng
+    # The submitter runs until AFTER_FAILOVER jobs went in after the promotion (at most n): the
+    # loss window and the failover both need submissions, and on a loaded machine pausing the
+    # workers alone can outlast a fixed-size run (no entry reached the victim in the window
+    # nor after the failover: the submitter had run out before the cut).
+    n, rate, rng = max(3000, ctx.size.share("cluster_master_kill")), 100.0, ctx.rng
     workdir = ctx.workdir / run.name
     nodes = start_cluster(workdir / "redis-cluster")
     try:
@@ -643,6 +643,7 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
             c.kill(rng.choice(workers))  # the supervisor restarts it, during the failover
             method = nodes.promote(replica, victim)
             promoted_at = time.time()
+            submitter.stop_after(AFTER_FAILOVER)
             submitter.join()
 
             def refused_during_failover(death: Death) -> bool:
@@ -680,6 +681,11 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
             return outcome
     finally:
         nodes.stop()
+
+
+#: Jobs submitted after the failover: enough that each of the 3 partitions takes some
+#: (none on a given one: (2/3)^60, about 3e-11).
+AFTER_FAILOVER = 60
 
 
 def _kill_with_unreplicated_writes(
