@@ -43,9 +43,11 @@ _CLAIM_HEAD_START_S = 0.003
 
 #: With submits publishing at commit (:mod:`.commit_publish`), the rows a wake-up announces
 #: usually have their entries out already: the pass waits this long after a wake-up
-#: (:func:`.policy.pause_after_wait`). A row whose entry did not go out at commit (a rerun, the
-#: runtime's own writes, a publish that failed) waits this much longer.
-_AFTER_WAKE = timedelta(milliseconds=10)
+#: (:func:`.policy.pause_after_wait`), leaving the cores to the workers and taking the rows of
+#: several submits at once (at 200 submits/s: half the dispatcher's CPU of a 10 ms wait, and a
+#: lower submit→start; docs/performance-design.md). A row whose entry did not go out at commit
+#: (a rerun, a retry, a resume by a signal, a publish that failed) waits this much longer.
+_AFTER_WAKE = timedelta(milliseconds=25)
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +240,7 @@ class Dispatcher:
         waiter = self.runtime.outbox_waiter()
         lanes = anyio.Semaphore(_PASSES_IN_FLIGHT)
         full = False  # the last claim took a whole batch (a backlog: the next one will too)
-        head_start = _AFTER_WAKE if s.publish_on_commit and self.runtime.subscribes_to_results else None
+        head_start = self.head_start()
         try:
             await waiter.listen()  # before the first claim: a row committed after it wakes the wait
             async with anyio.create_task_group() as passes:
@@ -266,6 +268,15 @@ class Dispatcher:
                             await anyio.sleep(pause.total_seconds())
         finally:
             await waiter.aclose()
+
+    def head_start(self) -> timedelta | None:
+        """How long a pass waits after a wake-up (:func:`.policy.pause_after_wait`): a head
+        start for the workers where submits publish their entries at commit, None where the
+        dispatcher is their only way out (``publish_on_commit`` off, a runtime without Redis,
+        or a Redis Cluster, where a submit publishes only the wake-up)."""
+        runtime = self.runtime
+        published = runtime.settings.publish_on_commit and runtime.subscribes_to_results
+        return _AFTER_WAKE if published and not runtime.transport().cluster else None
 
     async def _claim_and_sleep(
         self, longest: timedelta, *, ask_due: bool

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.dispatcher import Dispatcher
 from durable_tasks.records import outbox_table
 from durable_tasks.transport.keys import QueueKeys
 from tests.cluster.harness import Cluster, start_cluster
@@ -89,6 +90,11 @@ async def test_a_partitioned_queue_spreads_over_nodes_and_completes(make: Any, c
     assert [app.get_task(i).result for i in ids] == [i * i for i in range(60)]
     stats = (await app.stats())["jobs"]
     assert (stats.pel_size, stats.outbox_backlog) == (0, 0)
+
+
+async def test_a_dispatcher_woken_by_a_submit_passes_at_once(make: Any) -> None:
+    # A submit publishes only the wake-up on a cluster: no head start for the workers to wait out.
+    assert Dispatcher(make().runtime).head_start() is None
 
 
 async def test_a_partition_key_keeps_its_tasks_in_one_partition_in_order(make: Any) -> None:

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskNotFoundError, TaskState, current_journal
+from durable_tasks.dispatcher import Dispatcher
 from durable_tasks.records import OutboxState
 from durable_tasks.transport.keys import QueueKeys
 from tests import helpers
@@ -173,6 +174,8 @@ async def test_delayed_and_shadow_tasks_wait_for_the_dispatcher(make_app: Callab
 
 async def test_with_the_setting_off_only_the_dispatcher_publishes(make_app: Callable[..., App]) -> None:
     app = helpers.doubling_app(make_app, publish_on_commit=False, **NO_POLL)
+    assert Dispatcher(app.runtime).head_start() is None  # it is the way out: a wake-up passes at once
+    assert Dispatcher(helpers.doubling_app(make_app).runtime).head_start() is not None
     task_id = submit(app, "double", 5)
     assert await stream_entries(app) == []
     assert await app.dispatch_once() == 1
