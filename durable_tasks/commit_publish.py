@@ -22,8 +22,9 @@ dispatcher. Entries still waiting when the process exits are the dispatcher's to
 Only what the dispatcher would publish at once goes: a task that is due (not delayed), not a
 shadow, on a queue this process does not hold paused, in a process that talks to Redis (not
 a runtime substituted onto an in-memory transport). On a Redis Cluster a submit sends only the
-wake-up. A worker does the same for the children a suspension creates, once the suspension
-commits, on its event loop's own client (:meth:`.runtime.Runtime.publish_committed`).
+wake-up. A worker does the same, on its event loop's own client, for the deliveries its own
+commits create: a suspension's children, and the resume of a parent whose last child's result
+it committed (:meth:`.runtime.Runtime.publish_committed`).
 
 The wake-up: PostgreSQL's submits NOTIFY the dispatchers' LISTEN at commit. MySQL/MariaDB and
 SQLite have no such channel, so their dispatchers poll the outbox every ``poll_interval``; a

@@ -19,11 +19,10 @@ from .errors import PayloadValidationError
 from .outcome import TaskOutcome
 from .policy import backoff_delay, pause_after_wait
 from .records import TaskState
-from .runtime import Runtime
+from .runtime import Runtime, delivery_message
 from .store.outbox import ClaimedDelivery, dead_error_type
 from .store.queries import UNKNOWN_TASK_ERROR
 from .transport.announce import announce_outcomes
-from .transport.enqueue import outgoing
 
 __all__ = ["Dispatcher"]
 
@@ -201,22 +200,7 @@ class Dispatcher:
         if not rows:
             return sent, failed
         partitions = self.runtime.settings.queue_partitions
-        messages = [
-            outgoing(
-                queue=r.queue,
-                task_id=r.task_id,
-                generation=r.generation,
-                delivery=r.delivery,
-                name=r.name,
-                traceparent=r.traceparent,
-                shadow=r.shadow,
-                partition_key=r.partition_key,
-                partitions=partitions,
-                priority=r.priority,
-                concurrency_key=r.concurrency_key,
-            )
-            for r in rows
-        ]
+        messages = [delivery_message(r, partitions) for r in rows]
         try:
             replies: list[str | Exception] = await self.runtime.transport().publish(messages)
         except Exception as exc:  # the whole round trip failed: every row backs off

@@ -36,7 +36,7 @@ from .settings import Settings
 from .store import Store
 from .store.base import SqlStore
 from .store.notify import OutboxWaiter
-from .store.outbox import NewDelivery
+from .store.outbox import ClaimedDelivery, NewDelivery
 from .store.submit import NewTask, SubmitOutcome
 from .tasks import Task
 from .telemetry import Telemetry
@@ -48,9 +48,27 @@ from .transport.streams import RedisStreamsTransport
 from .views import QueueStats
 from .wakeup import RedisWakeWaiter
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "delivery_message"]
 
 logger = logging.getLogger(__name__)
+
+
+def delivery_message(d: ClaimedDelivery | NewDelivery, partitions: Mapping[str, int]) -> OutgoingMessage:
+    """The stream entry of a delivery the database holds: one the dispatcher leased, or one the
+    runtime just wrote (:mod:`.transport.enqueue` makes both publishers send the same)."""
+    return outgoing(
+        queue=d.queue,
+        task_id=d.task_id,
+        generation=d.generation,
+        delivery=d.delivery,
+        name=d.name,
+        traceparent=d.traceparent,
+        shadow=d.shadow,
+        partition_key=d.partition_key,
+        partitions=partitions,
+        priority=d.priority,
+        concurrency_key=d.concurrency_key,
+    )
 
 
 async def _close_transport(transport: RedisStreamsTransport) -> None:
@@ -195,21 +213,7 @@ class Runtime:
         not shadows, on queues not held paused here."""
         partitions = self.settings.queue_partitions
         return [
-            outgoing(
-                queue=d.queue,
-                task_id=d.task_id,
-                generation=d.generation,
-                delivery=d.delivery,
-                name=d.name,
-                traceparent=d.traceparent,
-                shadow=False,
-                partition_key=d.partition_key,
-                partitions=partitions,
-                priority=d.priority,
-                concurrency_key=d.concurrency_key,
-            )
-            for d in deliveries
-            if not d.shadow and d.queue not in self.paused_queues
+            delivery_message(d, partitions) for d in deliveries if not d.shadow and d.queue not in self.paused_queues
         ]
 
     def first_deliveries(

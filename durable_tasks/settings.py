@@ -141,7 +141,8 @@ class Settings(BaseSettings):
         default=True,
         description="A submitting process publishes its new due tasks to Redis once its transaction commits, "
         "ahead of the dispatcher, which still publishes every row (the same dedup key: nothing is added twice); "
-        "a worker does the same for the child tasks a suspension creates.",
+        "a worker does the same for the deliveries its own commits create (a suspension's child tasks, "
+        "a parent's resume).",
     )
     dedup_ttl: Duration = timedelta(hours=24)
     signing_key: SecretStr | None = Field(
