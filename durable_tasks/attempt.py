@@ -204,12 +204,14 @@ async def _fail(
         traceback=failure.traceback,
         in_hook=in_hook,
     )
-    _log_failure(claim, failure, retry_at if recorded else None, recorded=recorded)
-    if not recorded:
+    _log_failure(claim, failure, retry_at if recorded is not None else None, recorded=recorded is not None)
+    if recorded is None:
         runtime.telemetry.fenced_out.add(1, {"queue": claim.queue, "task": claim.name})
         return ExecutionOutcome.FENCED_OUT
     if retry_at is not None:
         return ExecutionOutcome.RETRYING
+    if recorded.resumed is not None:  # the parent this final failure resumed goes out now
+        await runtime.publish_committed(runtime.new_deliveries([recorded.resumed]))
     if not claim.shadow:  # wake the result waits on it
         failed = TaskOutcome(
             claim.task_id, claim.generation, TaskState.FAILED, None, failure.error_type, failure.recorded_message

@@ -24,7 +24,7 @@ shadow, on a queue this process does not hold paused, in a process that talks to
 a runtime substituted onto an in-memory transport). On a Redis Cluster a submit sends only the
 wake-up. A worker does the same, on its event loop's own client, for the deliveries its own
 commits create: a suspension's children, and the resume of a parent whose last child's result
-it committed (:meth:`.runtime.Runtime.publish_committed`).
+(or final failure) it committed (:meth:`.runtime.Runtime.publish_committed`).
 
 The wake-up: PostgreSQL's submits NOTIFY the dispatchers' LISTEN at commit. MySQL/MariaDB and
 SQLite have no such channel, so their dispatchers poll the outbox every ``poll_interval``; a

@@ -332,10 +332,10 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
         on_failed: Callable[[sa.Connection], None] | None = None,
         traceback: str | None = None,
         in_hook: bool = False,
-    ) -> bool:
+    ) -> results.RecordedFailure | None:
         """Record a failed attempt, fenced (on the application's engine: it runs hooks)."""
 
-        def record() -> bool:
+        def record() -> results.RecordedFailure | None:
             with self._engine.begin() as conn:
                 recorded = results.record_failure(
                     conn,
@@ -350,9 +350,10 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
                 )
                 if recorded and retry_at is not None:
                     self._wake_dispatchers(conn, claim.namespace)
-                if recorded and retry_at is None:
-                    self._settle_parent(conn, claim, ChildOutcome("FAILED", None, error_type[:200], error_message), now)
-            return recorded
+                if not recorded or retry_at is not None:
+                    return results.RecordedFailure() if recorded else None
+                outcome = ChildOutcome("FAILED", None, error_type[:200], error_message)
+                return results.RecordedFailure(self._settle_parent(conn, claim, outcome, now))
 
         return await self._in_thread(record)
 

@@ -45,7 +45,7 @@ from .outbox import ClaimedDelivery, Dead, Retry, Sent
 from .pooler import PoolingReport
 from .queries import QueueBacklog
 from .recovery import DeadTask, ReconcileCursor, UnconfirmedPage
-from .results import FinalWrite
+from .results import FinalWrite, RecordedFailure
 from .retention import PruneReport
 from .submit import NewTask, SubmitOutcome
 
@@ -225,10 +225,11 @@ class Store(Protocol):
         on_failed: Callable[[sa.Connection], None] | None = None,
         traceback: str | None = None,
         in_hook: bool = False,
-    ) -> bool:
+    ) -> RecordedFailure | None:
         """Record a failed attempt, fenced: RETRYING with a new delivery due at ``retry_at``,
-        or FAILED (running ``on_failed`` in the same transaction); False when fenced out. The
-        attempt keeps ``traceback``, and says ``hook_failed`` when the on_commit hook raised."""
+        or FAILED (running ``on_failed`` in the same transaction, and settling a child's slot
+        in its parent, whose resume it returns); None when fenced out. The attempt keeps
+        ``traceback``, and says ``hook_failed`` when the on_commit hook raised."""
         ...
 
     async def renew_leases(self, claims: Sequence[ExecutionClaim], *, now: datetime, lease: timedelta) -> set[str]:

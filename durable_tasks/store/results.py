@@ -25,6 +25,7 @@ from .submit import insert_outbox
 __all__ = [
     "CommitOutcome",
     "FinalWrite",
+    "RecordedFailure",
     "closed_attempts",
     "commit_hooked",
     "finish_attempts",
@@ -57,6 +58,14 @@ class FinalWrite:
     outcome: CommitOutcome | None = None
     hook_error: BaseException | None = None
     #: The parent this child's commit resumed: its new delivery, which the worker publishes.
+    resumed: NewDelivery | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedFailure:
+    """A failed attempt recorded under its fence; for a child's final failure, the parent's
+    new delivery when that failure was the last thing the parent waited for."""
+
     resumed: NewDelivery | None = None
 
 

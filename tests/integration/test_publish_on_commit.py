@@ -20,7 +20,7 @@ import redis
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, TaskContext, TaskNotFoundError, TaskState, current_journal
+from durable_tasks import App, ChildTaskFailedError, TaskContext, TaskNotFoundError, TaskState, current_journal
 from durable_tasks.dispatcher import Dispatcher
 from durable_tasks.records import OutboxState
 from durable_tasks.transport.keys import QueueKeys
@@ -109,6 +109,34 @@ async def test_a_suspensions_children_and_the_parents_resume_are_out_at_their_co
     assert deliveries.count((child, "0")) == 1
     if publish_on_commit:
         assert deliveries.count((parent_id, "1")) == 1  # the resume, once
+    await app.aclose()
+
+
+async def test_a_parent_resumed_by_its_childs_final_failure_is_out_at_that_commit(
+    make_app: Callable[..., App],
+) -> None:
+    app = helpers.doubling_app(make_app, **NO_POLL)
+
+    @app.task(name="refuses", queue="jobs", max_attempts=1)
+    def refuses(ctx: TaskContext[int], n: int) -> int:
+        raise ValueError(f"no {n}")
+
+    @app.task(name="handles", queue="jobs")
+    async def handles(ctx: TaskContext[int], n: int) -> str:
+        journal = current_journal()
+        assert journal is not None
+        try:
+            await journal.child("refuses", n)
+        except ChildTaskFailedError as exc:
+            return f"handled {exc.error_type}"
+        return "not reached"
+
+    parent_id = submit(app, "handles", 7)
+    # No dispatcher runs: the parent (its submit's commit), the child (the suspension's commit)
+    # and the parent's resume (the child's final failure's commit) all go out at their commits.
+    assert await app.work(max_tasks=3, timeout=timedelta(seconds=10)) == 3
+    done = app.get_task(parent_id)
+    assert (done.state, done.result) == (TaskState.SUCCEEDED, "handled ValueError")
     await app.aclose()
 
 
