@@ -32,6 +32,7 @@ import anyio
 import sqlalchemy as sa
 from sqlmodel import Session
 
+from benchmarks.bench_dt import delete_keys
 from durable_tasks import App, Task, TaskContext
 from durable_tasks.records import attempts_table, outbox_table, tasks_table
 
@@ -272,7 +273,17 @@ async def measure(args: argparse.Namespace, database_url: str | None) -> dict[st
     # The benchmark's result wait is woken by the announced outcome; its fallback read (a
     # statement that is not the run's) is kept out of the measured window.
     quiet: dict[str, Any] = {"result_poll_initial": timedelta(seconds=60), "result_poll_max": timedelta(seconds=60)}
-    app = App(database_url, args.redis_url, f"bench{uuid.uuid4().hex[:8]}", **fast, **quiet)
+    namespace = f"bench{uuid.uuid4().hex[:8]}"
+    app = App(database_url, args.redis_url, namespace, **fast, **quiet)
+    try:
+        return await measure_app(app, args)
+    finally:
+        await app.aclose()
+        if args.redis_url:  # a shared server: the run's keys go (the embedded one lives in the run's data dir)
+            delete_keys(args.redis_url, namespace)
+
+
+async def measure_app(app: App, args: argparse.Namespace) -> dict[str, Any]:
     builders = {"pydantic_ai": pydantic_ai_agent, "openai_agents": openai_agents_agent}
     agents = {name: builders[name](app) for name in args.frameworks.split(",")}
     app.create_all()
@@ -293,7 +304,6 @@ async def measure(args: argparse.Namespace, database_url: str | None) -> dict[st
             "statements_per_turn": round(statistics.median(statements) / TURNS, 1),
             "phases": await anyio.to_thread.run_sync(phases, app, run_ids),
         }
-    await app.aclose()
     return report
 
 

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from durable_tasks import App
-from durable_tasks.transport.keys import CONSUMER_GROUP
+from durable_tasks.transport.keys import CONSUMER_GROUP, QueueKeys, outcome_channel
 from durable_tasks.transport.streams import RedisStreamsTransport
 from tests.servers import private_redis
 
@@ -41,9 +41,9 @@ async def test_the_entries_of_two_streams_are_acknowledged_and_the_outcomes_anno
     app = make_app()
     transport = app.runtime.transport()
     ns = app.settings.namespace
-    streams = [f"dt:{{{ns}}}:test:a", f"dt:{{{ns}}}:test:b"]
+    streams = [QueueKeys(ns, "a").stream, QueueKeys(ns, "b").stream]  # keys the fixture deletes
     ids = [await delivered(transport, stream) for stream in streams]
-    channel = f"dt:{{{ns}}}:test:outcomes"
+    channel = outcome_channel(ns)
     pubsub = transport.client.pubsub()
     await pubsub.subscribe(channel)
     assert (await pubsub.get_message(timeout=1.0))["type"] == "subscribe"
@@ -64,12 +64,12 @@ async def test_an_xack_that_fails_is_raised(make_app: Callable[..., App]) -> Non
     app = make_app()
     transport = app.runtime.transport()
     ns = app.settings.namespace
-    good = f"dt:{{{ns}}}:test:good"
+    good = QueueKeys(ns, "good").stream
     entry_id = await delivered(transport, good)
-    wrong = f"dt:{{{ns}}}:test:a-string"
+    wrong = QueueKeys(ns, "wrong").stream
     await transport.client.set(wrong, "not a stream")
     with pytest.raises(ResponseError, match="WRONGTYPE"):
-        await transport.ack_and_announce({good: [entry_id], wrong: ["1-1"]}, f"dt:{{{ns}}}:test:outcomes", "m")
+        await transport.ack_and_announce({good: [entry_id], wrong: ["1-1"]}, outcome_channel(ns), "m")
     await app.aclose()
 
 
@@ -84,10 +84,10 @@ async def test_a_refused_announcement_still_acknowledges(
     with private_redis(tmp_path / "acl", "--aclfile", str(aclfile)) as server:
         client = aioredis.Redis.from_url(f"redis://dt:s3cret@127.0.0.1:{server.port}/0", decode_responses=True)
         transport = RedisStreamsTransport(client, make_app().settings.namespace, dedup_ttl=timedelta(hours=1))
-        stream = f"dt:{{{transport.namespace}}}:test:s"
+        stream = QueueKeys(transport.namespace, "s").stream
         entry_id = await delivered(transport, stream)
         with caplog.at_level(logging.WARNING, logger="durable_tasks.transport.streams"):
-            await transport.ack_and_announce({stream: [entry_id]}, f"dt:{{{transport.namespace}}}:outcomes", "m")
+            await transport.ack_and_announce({stream: [entry_id]}, outcome_channel(transport.namespace), "m")
         assert await pending(transport, stream) == 0
         assert "announcing outcomes failed (NoPermissionError)" in caplog.text
         await client.aclose()
