@@ -176,7 +176,7 @@ class IntentsMixin:
             undo_submits(session, [o.task_id for o in outcomes if o.created])
             raise
         if any(o.created for o in outcomes):
-            self.runtime.publish_after_commit(session, self.runtime.first_deliveries(name, intents, outcomes, now))
+            self.runtime.publish_after_commit(session, self.runtime.first_deliveries(intents, outcomes, now))
         return outcomes
 
     async def asubmit(

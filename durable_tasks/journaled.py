@@ -118,14 +118,8 @@ class StoreJournal:
         if failpoints.ENABLED:
             failpoints.hit("journal.after_suspend")
         if done.created:  # committed: their entries go out now, as a submit's do at its commit
-            runtime = self.runtime
-            await runtime.publish_committed(
-                [
-                    m
-                    for task, outcome in done.created
-                    for m in runtime.first_deliveries(task.name, [task], [outcome], now)
-                ]
-            )
+            tasks, outcomes = zip(*done.created, strict=True)
+            await self.runtime.publish_committed(self.runtime.first_deliveries(tasks, outcomes, now))
         return done.state
 
 

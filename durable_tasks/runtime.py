@@ -217,10 +217,11 @@ class Runtime:
         ]
 
     def first_deliveries(
-        self, name: str, intents: Sequence[NewTask], outcomes: Sequence[SubmitOutcome], now: datetime
+        self, intents: Sequence[NewTask], outcomes: Sequence[SubmitOutcome], now: datetime
     ) -> list[OutgoingMessage]:
-        """The entries the dispatcher would publish at once for a submit's new tasks: due now,
-        not shadows, on queues not held paused here (:mod:`.commit_publish`)."""
+        """The entries the dispatcher would publish at once for new tasks (a submit's, a
+        suspension's children): due now, not shadows, on queues not held paused here
+        (:mod:`.commit_publish`)."""
         partitions = self.settings.queue_partitions
         return [
             outgoing(
@@ -228,7 +229,7 @@ class Runtime:
                 task_id=outcome.task_id,
                 generation=outcome.generation,
                 delivery=0,
-                name=name,
+                name=task.name,
                 traceparent=task.traceparent,
                 shadow=False,
                 partition_key=task.partition_key,
