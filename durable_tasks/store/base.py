@@ -8,8 +8,7 @@ woken, how rows are locked before a multi-statement write) and, where it has a f
 whole operations (PostgreSQL's one-statement hot paths on the event loop's own connections).
 The Core statements use ``UPDATE … RETURNING``, which SQLite and PostgreSQL both have; MySQL's
 store replaces the operations that use it (lock the rows, update, read back). The reaper's
-operations are :class:`~.recovering.RecoveryStore`'s, the journal's
-:class:`~.journaling.JournalStore`'s.
+operations are :class:`~.recovering.RecoveryStore`'s, the journal's :class:`~.journaling.JournalStore`'s.
 """
 
 from __future__ import annotations
@@ -348,10 +347,11 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
                     traceback=traceback,
                     in_hook=in_hook,
                 )
-                if recorded and retry_at is not None:
+                if not recorded:
+                    return None
+                if retry_at is not None:
                     self._wake_dispatchers(conn, claim.namespace)
-                if not recorded or retry_at is not None:
-                    return results.RecordedFailure() if recorded else None
+                    return results.RecordedFailure()
                 outcome = ChildOutcome("FAILED", None, error_type[:200], error_message)
                 return results.RecordedFailure(self._settle_parent(conn, claim, outcome, now))
 

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from ..outcome import TaskOutcome, encode_outcomes
 from .keys import outcome_channel
 
-__all__ = ["announce", "announce_outcomes", "announcement"]
+__all__ = ["announce", "announce_failed", "announce_outcomes", "announcement"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,13 @@ async def announce(client: Any, channel: str, message: str | None) -> None:
     try:
         await client.publish(channel, message)
     except (RedisError, OSError) as exc:
-        logger.warning("announcing outcomes failed (%s); waits will read them", type(exc).__name__)
+        announce_failed(exc)
+
+
+def announce_failed(exc: BaseException) -> None:
+    """Log an announcement that did not go out: it is dropped, and result waits read the
+    outcomes from the database."""
+    logger.warning("announcing outcomes failed (%s); waits will read them", type(exc).__name__)
 
 
 async def announce_outcomes(client: Any, namespace: str, outcomes: Sequence[TaskOutcome], *, inline_bytes: int) -> None:

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..flow.policy import PRIORITY_LEVELS
-from .announce import announce
+from .announce import announce, announce_failed
 from .enqueue import enqueue_calls, entry_json, level_of
 from .keys import CONSUMER_GROUP, QueueKeys
 from .levels import never, read_by_level
@@ -262,8 +262,8 @@ class RedisStreamsTransport:
         for reply in replies[: len(acks)]:
             if isinstance(reply, Exception):
                 raise reply
-        if message is not None and isinstance(replies[-1], Exception):  # as announce() says it
-            logger.warning("announcing outcomes failed (%s); waits will read them", type(replies[-1]).__name__)
+        if message is not None and isinstance(replies[-1], Exception):
+            announce_failed(replies[-1])
 
     # -- recovery ------------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ async def test_a_refused_announcement_still_acknowledges(
         transport = RedisStreamsTransport(client, make_app().settings.namespace, dedup_ttl=timedelta(hours=1))
         stream = QueueKeys(transport.namespace, "s").stream
         entry_id = await delivered(transport, stream)
-        with caplog.at_level(logging.WARNING, logger="durable_tasks.transport.streams"):
+        with caplog.at_level(logging.WARNING, logger="durable_tasks.transport.announce"):
             await transport.ack_and_announce({stream: [entry_id]}, outcome_channel(transport.namespace), "m")
         assert await pending(transport, stream) == 0
         assert "announcing outcomes failed (NoPermissionError)" in caplog.text
