@@ -259,8 +259,7 @@ class Dispatcher:
         dispatcher is their only way out (``publish_on_commit`` off, a runtime without Redis,
         or a Redis Cluster, where a submit publishes only the wake-up)."""
         runtime = self.runtime
-        published = runtime.settings.publish_on_commit and runtime.subscribes_to_results
-        return _AFTER_WAKE if published and not runtime.transport().cluster else None
+        return _AFTER_WAKE if runtime.publishes_at_commit and not runtime.transport().cluster else None
 
     async def _claim_and_sleep(
         self, longest: timedelta, *, ask_due: bool

@@ -186,12 +186,19 @@ class Runtime:
         (or the runtime runs substituted, without Redis)."""
         self.publish_after_commit(session, ())
 
+    @property
+    def publishes_at_commit(self) -> bool:
+        """Whether committed work sends its new entries itself, ahead of the dispatchers: with
+        ``publish_on_commit``, in a runtime that talks to Redis (not one substituted onto an
+        in-memory transport)."""
+        return self.settings.publish_on_commit and self.subscribes_to_results
+
     def publish_after_commit(self, session: Session, messages: Sequence[OutgoingMessage]) -> None:
         """Once ``session`` commits, publish ``messages`` ahead of the dispatchers (with
         ``publish_on_commit``) and wake them where the database does not; nothing while the
         runtime runs substituted, without Redis (:mod:`.commit_publish`)."""
         if self.subscribes_to_results:
-            if not self.settings.publish_on_commit:
+            if not self.publishes_at_commit:
                 messages = ()
             self.wakeups.after_commit(session, messages, wake=not self.store.notifies_dispatchers)
 
@@ -201,7 +208,7 @@ class Runtime:
         commit does (:mod:`.commit_publish`): the task then starts without waiting for a
         dispatcher's wake-up, lease and publish. Best effort: the dispatcher publishes every
         row anyway (the same dedup key), so a publish that fails only costs that hop's latency."""
-        if not messages or not (self.subscribes_to_results and self.settings.publish_on_commit):
+        if not messages or not self.publishes_at_commit:
             return
         try:
             await self.transport().publish(messages)
