@@ -769,6 +769,7 @@ def submit_overhead(n: int, block: int = 100) -> None:
     bare:        INSERT business row + INSERT bare outbox row, COMMIT
     bare_notify: the same + pg_notify (what a hand-rolled outbox needs to wake its relay)
     dt:          INSERT business row + app.submit() (task row + outbox row + NOTIFY), COMMIT
+    dt_keyed:    the same with an idempotency key (a judge's submission id), COMMIT
     dt_only:     app.submit() alone, COMMIT (the number to compare with peers' enqueue rate)
 
     Each block also reads where its CPU went: the submitting thread, the process's other threads
@@ -812,6 +813,10 @@ def submit_overhead(n: int, block: int = 100) -> None:
             business(s, i)
             app.submit(s, "bench.noop", i)
 
+        def dt_keyed(s: Session, i: int) -> None:
+            business(s, i)
+            app.submit(s, "bench.noop", i, idempotency_key=f"order-{i}")
+
         def dt_only(s: Session, i: int) -> None:
             app.submit(s, "bench.noop", i)
 
@@ -819,12 +824,13 @@ def submit_overhead(n: int, block: int = 100) -> None:
             "bare": bare,
             "bare_notify": bare_notify,
             "dt": dt,
+            "dt_keyed": dt_keyed,
             "dt_only": dt_only,
         }
         times: dict[str, list[float]] = {m: [] for m in modes}
         cpu: dict[str, list[float]] = {m: [0.0] * 4 for m in modes}  # thread, other threads, postgres, redis
         order = list(modes)
-        for warm in range(20):  # connections, statement caches
+        for warm in range(n, n + 20):  # connections, statement caches (past the measured keys)
             for fn in modes.values():
                 with Session(app.engine) as s:
                     fn(s, warm)
@@ -880,6 +886,13 @@ def submit_overhead(n: int, block: int = 100) -> None:
             dt_mean / statistics.fmean(times["bare_notify"]),
             "x",
             metric="submit_overhead_ratio_vs_notify",
+            n=n,
+        )
+        record(
+            "submit overhead with an idempotency key, mean txn time",
+            statistics.fmean(times["dt_keyed"]) / bare_mean,
+            "x",
+            metric="submit_overhead_ratio_keyed",
             n=n,
         )
         record(

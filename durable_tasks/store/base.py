@@ -3,12 +3,14 @@
 :mod:`.recovery`, :mod:`.queries` and :mod:`.retention`, each run in a worker thread.
 
 A dialect's store subclasses :class:`SqlStore` and overrides what its database does
-differently: the hooks below (how a duplicate idempotency key is ignored, how dispatchers are
-woken, how rows are locked before a multi-statement write) and, where it has a faster way,
+differently: the hooks (how a task is inserted and a duplicate idempotency key ignored, how
+dispatchers are woken, how rows are locked before a multi-statement write) and, where it has a faster way,
 whole operations (PostgreSQL's one-statement hot paths on the event loop's own connections).
 The Core statements use ``UPDATE … RETURNING``, which SQLite and PostgreSQL both have; MySQL's
-store replaces the operations that use it (lock the rows, update, read back). The reaper's
-operations are :class:`~.recovering.RecoveryStore`'s, the journal's :class:`~.journaling.JournalStore`'s.
+store replaces the operations that use it (lock the rows, update, read back). The writes in
+the caller's transaction (submit, rerun, cancel) are :class:`~.submitting.SubmitStore`'s, the
+reaper's operations :class:`~.recovering.RecoveryStore`'s, the journal's
+:class:`~.journaling.JournalStore`'s.
 """
 
 from __future__ import annotations
@@ -22,16 +24,14 @@ from typing import TypeVar
 
 import anyio
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
 
 from ..journal import ChildOutcome
 from ..outcome import TaskOutcome
 from ..records import AttemptRecord, TaskRecord
-from . import execution, journal, leases, outbox, outcomes, queries, results, retention, schema, submit
+from . import execution, leases, outbox, outcomes, queries, results, retention, schema
 from .commit_wakes import CommitWakes
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
-from .ids import new_task_id
 from .journaling import JournalStore
 from .notify import OutboxWaiter, PollingWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
@@ -39,7 +39,7 @@ from .protocol import DatabaseFacts
 from .recovering import RecoveryStore
 from .results import FinalWrite
 from .retention import PruneReport
-from .submit import NewTask, SubmitOutcome
+from .submitting import SubmitStore
 
 __all__ = ["SqlStore"]
 
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
-class SqlStore(CommitWakes, RecoveryStore, JournalStore):
+class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
     """The operations of :class:`~.protocol.Store` in SQLAlchemy Core, each in a worker thread."""
 
     #: Dispatchers poll (the runtime adds a wake-up on Redis); PostgreSQL's store NOTIFYs.
@@ -78,11 +78,6 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
         return self._engine
 
     # -- what dialects do differently --------------------------------------------------------
-
-    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
-        """Insert the task row and its first outbox row, waking dispatchers; False (nothing
-        written) when the idempotency key is taken."""
-        raise NotImplementedError
 
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
         """Lock these task rows in id order before a transaction updates them in several
@@ -142,54 +137,6 @@ class SqlStore(CommitWakes, RecoveryStore, JournalStore):
             return DatabaseFacts(now=now, indexes_missing=schema.missing_indexes(self._engine))
 
         return await self._in_thread(read)
-
-    # -- in the caller's transaction ---------------------------------------------------------
-
-    def submit(self, session: Session, task: NewTask, now: datetime) -> SubmitOutcome:
-        """Insert the task and its first outbox row in the session's transaction (no commit).
-
-        A duplicate ``(namespace, name, idempotency_key)`` returns the existing task: found in
-        the same transaction, committed long ago, or inserted concurrently (the insert waits for
-        the other transaction, then yields to it).
-        """
-        return self._submit_conn(session.connection(), task, now)
-
-    def _submit_conn(self, conn: sa.Connection, task: NewTask, now: datetime) -> SubmitOutcome:
-        if task.idempotency_key is not None:
-            existing = submit.find_by_key(conn, task)
-            if existing is not None:
-                return existing
-        task_id = new_task_id()
-        if self._insert_task(conn, task, task_id, now):
-            return SubmitOutcome(task_id, 0, created=True)
-        existing = submit.find_by_key(conn, task)  # lost to a concurrent duplicate idempotency key
-        if existing is None:  # pragma: no cover - the conflicting row must be visible now
-            raise RuntimeError("idempotency conflict without a visible task")
-        return existing
-
-    def submit_many(self, session: Session, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
-        """Each task as :meth:`submit` writes it, in order."""
-        return [self.submit(session, task, now) for task in tasks]
-
-    def rerun(
-        self, session: Session, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
-    ) -> int | None:
-        """Start a new generation; None if there is no such task."""
-        conn = session.connection()
-        row = submit.rerun_task(conn, namespace, task_id, now, due=due)
-        if row is None:
-            return None
-        journal.cancel_children(conn, namespace, task_id, row.generation, now)  # the superseded branch
-        self._wake_dispatchers(conn, namespace)
-        return row.generation
-
-    def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
-        """Cancel a task with no final write yet."""
-        conn = session.connection()
-        cancelled = submit.cancel_task(conn, namespace, task_id, now)
-        if cancelled:
-            self._settle_if_child(conn, namespace, task_id, "CANCELLED", now)
-        return cancelled
 
     # -- the dispatcher ----------------------------------------------------------------------
 

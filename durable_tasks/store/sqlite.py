@@ -35,6 +35,8 @@ _INSERT_TASK = (
 class SqliteStore(SqlStore):
     """:class:`~.protocol.Store` on a SQLite file."""
 
+    insert_ignores_taken_keys = True  # _INSERT_TASK: ON CONFLICT DO NOTHING
+
     @classmethod
     def open(cls, url: sa.URL) -> SqliteStore:
         """A store on the SQLite database at ``url`` (its directory must exist)."""

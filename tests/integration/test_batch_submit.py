@@ -16,7 +16,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession as SQLModelAsyncSession
 from durable_tasks import App
 from durable_tasks.errors import PayloadError, PayloadValidationError
 from durable_tasks.records import tasks_table
-from tests.helpers import doubling_app, run_until_quiet, statements_on
+from tests.helpers import doubling_app, reads_tasks, run_until_quiet, statements_on
 
 pytestmark = pytest.mark.anyio
 
@@ -90,6 +90,34 @@ async def test_submit_many_is_one_statement_on_postgres(make_app: Callable[..., 
         session.commit()
     assert len(seen) == 1, seen
     assert task_count(app) == 500
+    await app.aclose()
+
+
+async def test_a_new_keyed_submit_does_not_look_its_key_up_first(make_app: Callable[..., App]) -> None:
+    """Where a taken key makes the insert change nothing (PostgreSQL, SQLite), a new key is
+    written without a read of dt_tasks (one statement on PostgreSQL); a taken one is read after
+    the insert that found it taken. MySQL's insert of a taken key locks that row: it reads first."""
+    app = doubling_app(make_app)
+    double = app.registry["double"]
+    dialect = app.engine.dialect.name
+    with Session(app.engine) as session:
+        session.connection()  # the transaction is open: what follows is the submit alone
+        with statements_on(app.engine) as new:
+            first = double.submit(session, 1, idempotency_key="order-1")
+        with statements_on(app.engine) as taken:
+            again = double.submit(session, 1, idempotency_key="order-1")
+        session.commit()
+    assert first.created
+    assert (again.id, again.created) == (first.id, False)
+    assert task_count(app) == 1
+    reads_first = [reads_tasks(st) for st in new]
+    if dialect == "mysql":
+        assert reads_first[0], new
+    else:
+        assert not any(reads_first), new
+        assert len(new) == (1 if dialect == "postgresql" else 2), new  # the task and its outbox row
+        # the insert, the read of the key, then the payload's comparison (a duplicate's own)
+        assert [reads_tasks(st) for st in taken] == [False, True, True], taken
     await app.aclose()
 
 

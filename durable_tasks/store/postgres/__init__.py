@@ -55,6 +55,7 @@ class PostgresStore(SqlStore):
     """:class:`~..protocol.Store` on PostgreSQL (psycopg 3)."""
 
     notifies_dispatchers = True
+    insert_ignores_taken_keys = True  # submit_task: ON CONFLICT DO NOTHING
 
     def __init__(
         self,
