@@ -250,17 +250,20 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
         return await self._in_thread(claim)
 
     async def commit_results(self, writes: Sequence[FinalWrite], *, now: datetime) -> None:
-        """Commit a group of results in ONE transaction, each fenced on its own."""
-        plain = [w for w in writes if results.plain(w)]
-        hooked = [w for w in writes if not results.plain(w)]
+        """Commit a group of results in ONE transaction, each fenced on its own: the writes
+        without an on-commit hook together (one statement on PostgreSQL), each hooked one in a
+        savepoint of its own, then each committed child's outcome into its parent's journal."""
+        unhooked = [w for w in writes if not results.runs_hook(w)]
+        hooked = [w for w in writes if results.runs_hook(w)]
 
         def commit() -> None:
             with self._engine.begin() as conn:
                 if hooked:  # several statements: take every row's lock first, in id order
                     self._lock_tasks(conn, [w.claim.task_id for w in writes])
-                still_open = self._commit_plain(conn, plain, now) if plain else []
+                still_open = self._commit_plain(conn, unhooked, now) if unhooked else []
                 for w in hooked:
                     results.commit_hooked(conn, w, now)
+                for w in writes:  # the children's rows are locked: the parents' are taken after them
                     if w.outcome is results.CommitOutcome.COMMITTED:
                         w.resumed = self._settle_parent(conn, w.claim, ChildOutcome("SUCCEEDED", w.result_json), now)
                 self._finish_attempts(conn, [*still_open, *hooked], now)

@@ -77,10 +77,16 @@ SUCCEEDED = {
 }
 
 
+def runs_hook(w: FinalWrite) -> bool:
+    """Whether the write's commit runs an on-commit hook (one is registered, and the run is not
+    a shadow's, whose hooks never run)."""
+    return w.hook is not None and not w.claim.shadow
+
+
 def plain(w: FinalWrite) -> bool:
-    """A write whose commit runs no hook (none registered, or a shadow run's, which never runs)
-    and settles no parent (a child task's result goes into its parent's journal)."""
-    return (w.hook is None or w.claim.shadow) and w.claim.parent_id is None
+    """A write whose commit runs no hook and settles no parent (a child task's result goes
+    into its parent's journal): its statement is all its transaction does."""
+    return not runs_hook(w) and w.claim.parent_id is None
 
 
 def set_outcomes(writes: Sequence[FinalWrite], committed: set[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -10,11 +11,12 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, TaskContext, TaskState
+from durable_tasks import App, TaskContext, TaskState, current_journal
 from durable_tasks.batching import Coalescer
 from durable_tasks.records import tasks_table
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.store.results import CommitOutcome, FinalWrite
+from tests.helpers import statements_on
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +123,53 @@ async def test_lease_renewal_extends_only_the_executions_still_held(app: App) ->
     assert leases[superseded.task_id] is None or leases[superseded.task_id].replace(tzinfo=None) < later.replace(
         tzinfo=None
     )
+
+
+async def test_childrens_results_settle_their_parent_and_only_hooked_ones_take_a_savepoint(app: App) -> None:
+    """One group: a child without a hook (written with the group's other hook-less writes, no
+    savepoint), a hooked child and a child whose hook raises. The first two settle their slots
+    in the parent's journal in the same transaction; the third settles nothing, so the parent
+    still waits for it."""
+
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    @app.task(name="fan", queue="jobs")
+    async def fan(ctx: TaskContext[int], n: int) -> int:
+        async def branch(i: int) -> int:
+            journal = current_journal()
+            assert journal is not None
+            return int(await journal.child(double, n + i, label=f"double:{i}"))
+
+        return sum(await asyncio.gather(branch(0), branch(1), branch(2)))
+
+    with Session(app.engine) as s:
+        parent_id = fan.submit(s, 1).id
+        s.commit()
+    await app.dispatch_once()
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=10)) == 1  # runs, then suspends
+    assert app.get_task(parent_id).state is TaskState.WAITING
+    children = [step.child_task_id for step in app.steps(parent_id)]
+    claims = await app.runtime.store.claim_executions(
+        app.settings.namespace,
+        [ClaimRequest(child_id, 0, 0) for child_id in children if child_id is not None],
+        worker_id="w",
+        now=app.clock(),
+        lease=timedelta(seconds=30),
+    )
+    assert all(isinstance(c, ExecutionClaim) for c in claims)
+    plain, hooked, broken = (c for c in claims if isinstance(c, ExecutionClaim))
+    writes = [
+        FinalWrite(plain, "2"),
+        FinalWrite(hooked, "4", hook=lambda conn: None),
+        FinalWrite(broken, "6", hook=failing_hook),
+    ]
+    with statements_on(app.engine, lambda st: st.lstrip().upper().startswith("SAVEPOINT")) as savepoints:
+        await app.runtime.store.commit_results(writes, now=app.clock())
+    assert [w.outcome for w in writes] == [CommitOutcome.COMMITTED, CommitOutcome.COMMITTED, CommitOutcome.HOOK_FAILED]
+    assert len(savepoints) == 2  # the hooked two; the hook-less child is one of the group's plain writes
+    settled = {step.child_task_id: step.done for step in app.steps(parent_id)}
+    assert settled == {plain.task_id: True, hooked.task_id: True, broken.task_id: False}
+    assert app.get_task(parent_id).state is TaskState.WAITING  # the broken child's slot is still open
+    assert all(w.resumed is None for w in writes)
