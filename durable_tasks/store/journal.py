@@ -121,29 +121,35 @@ def record_step(
     lease: timedelta,
 ) -> str | None:
     """Record a step's result under the attempt's fence; returns the recorded result (a row
-    already there wins), or None when the attempt no longer owns the task."""
+    already there wins), or None when the attempt no longer owns the task. The fence's UPDATE
+    locks the task row, so no other write of the slot can come between the insert's test for a
+    row and the insert: the slot is read only when it was taken."""
     if not _own(conn, claim, now, lease):
         return None
-    existing = conn.execute(
-        sa.select(s.result).where(s.task_id == claim.task_id, s.generation == claim.generation, s.slot == slot)
-    ).first()
-    if existing is not None and existing.result is not None:
-        return str(existing.result)
-    conn.execute(
-        sa.insert(steps_table).values(
-            namespace=claim.namespace,
-            task_id=claim.task_id,
-            generation=claim.generation,
-            slot=slot,
-            kind=StepKind.STEP,
-            label=label[:200],
-            done=True,
-            result=result_json,
-            created_at=now,
-            finished_at=now,
-        )
-    )
-    return result_json
+    key = {"task_id": claim.task_id, "generation": claim.generation, "slot": slot}
+    values = {"namespace": claim.namespace, "kind": StepKind.STEP, "label": label[:200], "done": True}
+    if conn.execute(_RECORD_STEP, {**key, **values, "result": result_json, "at": now}).rowcount:
+        return result_json
+    existing = conn.execute(sa.select(s.result).where(*(s[k] == v for k, v in key.items()))).scalar_one()
+    if existing is None:  # pragma: no cover - a step's slot never names a wait
+        raise RuntimeError(f"journal slot {slot!r} of task {claim.task_id} holds a wait, not a step")
+    return str(existing)
+
+
+def _step_values() -> sa.Select[Any]:
+    """The new step's row as a SELECT of parameters, of the slot if it has no row yet."""
+    named = ["namespace", "task_id", "generation", "slot", "kind", "label", "done", "result"]
+    columns = [sa.bindparam(name, type_=s[name].type) for name in named]
+    at = sa.bindparam("at", type_=s.created_at.type)
+    taken = sa.exists().where(*(s[k] == sa.bindparam(k, type_=s[k].type) for k in ("task_id", "generation", "slot")))
+    return sa.select(*columns, at, at).where(~taken)
+
+
+#: Built once (:mod:`.submit` builds its inserts so too): the insert of a step, unless its slot has a row.
+_RECORD_STEP = sa.insert(steps_table).from_select(
+    ["namespace", "task_id", "generation", "slot", "kind", "label", "done", "result", "created_at", "finished_at"],
+    _step_values(),
+)
 
 
 def suspend(
@@ -157,29 +163,44 @@ def suspend(
     wake: Wake,
 ) -> Suspended | None:
     """Submit the children (in the given order), open the waits, and move the task to WAITING,
-    or redeliver it when everything awaited has settled already; None when fenced out."""
+    or redeliver it when everything awaited has settled already; None when fenced out.
+
+    The waits' rows go in one INSERT. Only a slot that may have a row already is looked for
+    (one SELECT): a child found rather than created (an earlier suspension's), a signal (it
+    may have been delivered). A wait opened now is open, so the task cannot be ready: only a
+    suspension that opened none looks for an open wait left."""
     waiting = conn.execute(
         sa.update(tasks_table).where(claim.fence()).values(state=TaskState.WAITING, lease_expires_at=None)
     ).rowcount
     if not waiting:
         return None
+    opened: dict[str, dict[str, Any]] = {}  # slot -> its row, unless the slot has one already
+    found: dict[str, str] = {}  # slot -> the child found rather than created
     for child, task in children:
         child_id, created = submit_child(conn, task, now)
-        # A child created now has no row for its slot yet (both are written together) and has not ended.
-        _open(conn, claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=child_id, new=created)
-        outcome = None if created else _final_outcome(conn, child_id)
-        if outcome is not None:  # a child of an earlier suspension that had ended meanwhile
-            _settle_row(conn, claim.task_id, claim.generation, child.slot, outcome, now)
+        opened[child.slot] = _wait_row(claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=child_id)
+        if not created:
+            found[child.slot] = child_id
     for signal in signals:
-        _open(conn, claim, signal.slot, signal.kind, signal.name, now, request=signal.request_json)
+        opened[signal.slot] = _wait_row(claim, signal.slot, signal.kind, signal.name, now, request=signal.request_json)
+    if maybe_there := [*found, *(signal.slot for signal in signals)]:
+        mine = sa.and_(s.task_id == claim.task_id, s.generation == claim.generation)
+        for slot in conn.execute(sa.select(s.slot).where(mine, s.slot.in_(maybe_there))).scalars():
+            del opened[slot]
+    if opened:
+        conn.execute(sa.insert(steps_table), list(opened.values()))
+    for slot, child_id in found.items():  # a child of an earlier suspension may have ended meanwhile
+        if (outcome := _final_outcome(conn, child_id)) is not None:
+            _settle_row(conn, claim.task_id, claim.generation, slot, outcome, now)
     _close_attempt(conn, claim, now)
+    if any(slot not in found for slot in opened):  # a wait opened now, still open
+        return Suspended.WAITING
     if resume_if_ready(conn, claim.namespace, claim.task_id, claim.generation, now, wake=wake):
         return Suspended.REDELIVERED
     return Suspended.WAITING
 
 
-def _open(
-    conn: sa.Connection,
+def _wait_row(
     claim: ExecutionClaim,
     slot: str,
     kind: StepKind,
@@ -188,33 +209,11 @@ def _open(
     *,
     child_task_id: str | None = None,
     request: str | None = None,
-    new: bool = False,
-) -> None:
-    """An open wait row, unless the slot has a row already (a delivered signal, a wait
-    opened by an earlier suspension); ``new``: it cannot have one (a child created just now)."""
-    found = (
-        None
-        if new
-        else conn.execute(
-            sa.select(s.id).where(s.task_id == claim.task_id, s.generation == claim.generation, s.slot == slot)
-        ).first()
-    )
-    if found is not None:
-        return
-    conn.execute(
-        sa.insert(steps_table).values(
-            namespace=claim.namespace,
-            task_id=claim.task_id,
-            generation=claim.generation,
-            slot=slot,
-            kind=kind,
-            label=label[:200],
-            done=False,
-            request=request,
-            child_task_id=child_task_id,
-            created_at=now,
-        )
-    )
+) -> dict[str, Any]:
+    """The journal row of a wait opened now."""
+    mine = {"namespace": claim.namespace, "task_id": claim.task_id, "generation": claim.generation, "slot": slot}
+    opened = {"kind": kind, "label": label[:200], "done": False, "created_at": now}
+    return mine | opened | {"child_task_id": child_task_id, "request": request}
 
 
 def _final_outcome(conn: sa.Connection, task_id: str) -> ChildOutcome | None:

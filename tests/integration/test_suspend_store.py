@@ -1,0 +1,107 @@
+"""The store's suspension, on every database: the waits' rows in one INSERT, looked for only
+where a row may be there already (a child found rather than created, a signal), and a
+suspension that finds everything it waits for settled redelivers its task at once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlmodel import Session
+
+from durable_tasks import App, TaskContext, TaskState
+from durable_tasks.journal import PendingChild, PendingSignal, PreparedChild, StepKind, Suspended, signal_slot
+from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
+from durable_tasks.store.journal import child_task
+from durable_tasks.store.results import FinalWrite
+from tests.helpers import statements_on
+
+pytestmark = pytest.mark.anyio
+
+
+def waiter_app(app: App) -> App:
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    @app.task(name="waiter", queue="jobs")
+    async def waiter(ctx: TaskContext[int], n: int) -> int:  # never run here: its claims are the test's
+        return n
+
+    return app
+
+
+async def claim(app: App, task_id: str, delivery: int = 0) -> ExecutionClaim:
+    [claimed] = await app.runtime.store.claim_executions(
+        app.settings.namespace,
+        [ClaimRequest(task_id, 0, delivery)],
+        worker_id="w",
+        now=app.clock(),
+        lease=timedelta(seconds=30),
+    )
+    assert isinstance(claimed, ExecutionClaim)
+    return claimed
+
+
+async def claimed_parent(app: App) -> ExecutionClaim:
+    with Session(app.engine) as s:
+        parent_id = app.submit(s, "waiter", 1).id
+        s.commit()
+    return await claim(app, parent_id)
+
+
+def pending_child(slot: str, n: int) -> PendingChild:
+    return PendingChild(slot, "double", PreparedChild("double", str(n)), (0, 0))
+
+
+def pending_signal(name: str) -> PendingSignal:
+    return PendingSignal(signal_slot(name), name, StepKind.SIGNAL, None, (0, 1))
+
+
+def writes_steps(statement: str) -> bool:
+    return statement.lstrip().upper().startswith("INSERT INTO DT_STEPS")
+
+
+def reads_steps(statement: str) -> bool:
+    return statement.lstrip().upper().startswith("SELECT") and "FROM dt_steps" in statement
+
+
+async def test_new_waits_are_one_insert_and_the_task_waits_without_a_look_for_open_ones(app: App) -> None:
+    parent = await claimed_parent(waiter_app(app))
+    children = [(pending_child(f"child:{i}", i), None) for i in range(3)]
+    rows = [(child, child_task(parent, child, queue="jobs", max_attempts=3)) for child, _ in children]
+    with statements_on(app.engine) as seen:
+        done = await app.runtime.store.suspend(parent, rows, [pending_signal("go")], now=app.clock())
+    assert done is not None
+    assert done.state is Suspended.WAITING
+    assert len(done.created) == 3
+    assert len([st for st in seen if writes_steps(st)]) == 1, seen
+    # one look, for the signal's slot (a signal may be delivered before its wait); none for open waits
+    assert len([st for st in seen if reads_steps(st)]) == 1, seen
+    assert app.get_task(parent.task_id).state is TaskState.WAITING
+    steps = app.steps(parent.task_id)
+    assert [(st.kind, st.done) for st in steps] == [("child", False)] * 3 + [("signal", False)]
+    assert [st.child_task_id for st in steps[:3]] == [outcome.task_id for _, outcome in done.created]
+
+
+async def test_a_suspension_that_finds_its_child_ended_and_its_signal_delivered_redelivers_at_once(
+    app: App,
+) -> None:
+    parent = await claimed_parent(waiter_app(app))
+    child = pending_child("child:0", 3)
+    task = child_task(parent, child, queue="jobs", max_attempts=3)
+    # an earlier suspension's child (the same idempotency key), which has run and ended since
+    with Session(app.engine) as s:
+        child_id = app.runtime.store.submit(s, task, app.clock()).task_id
+        s.commit()
+    await app.runtime.store.commit_results([FinalWrite(await claim(app, child_id), "6")], now=app.clock())
+    assert app.signal(parent.task_id, "go", {"ok": True})  # delivered before the wait opens
+
+    done = await app.runtime.store.suspend(parent, [(child, task)], [pending_signal("go")], now=app.clock())
+    assert done is not None
+    assert (done.state, done.created) == (Suspended.REDELIVERED, ())
+    found = app.get_task(parent.task_id)
+    assert (found.state, found.delivery) == (TaskState.PENDING, 1)
+    steps = {st.kind: st for st in app.steps(parent.task_id)}
+    assert (steps["child"].child_task_id, steps["child"].done, steps["child"].result) == (child_id, True, "6")
+    assert (steps["signal"].done, steps["signal"].result) == (True, '{"ok": true}')
