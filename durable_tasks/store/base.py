@@ -258,12 +258,12 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
 
         def commit() -> None:
             with self._engine.begin() as conn:
-                if hooked:  # several statements: take every row's lock first, in id order
-                    self._lock_tasks(conn, [w.claim.task_id for w in writes])
+                if hooked or any(w.claim.parent_id is not None for w in writes):  # several statements
+                    self._lock_with_parents(conn, [w.claim for w in writes])
                 still_open = self._commit_plain(conn, unhooked, now) if unhooked else []
                 for w in hooked:
                     results.commit_hooked(conn, w, now)
-                for w in writes:  # the children's rows are locked: the parents' are taken after them
+                for w in writes:
                     if w.outcome is results.CommitOutcome.COMMITTED:
                         w.resumed = self._settle_parent(conn, w.claim, ChildOutcome("SUCCEEDED", w.result_json), now)
                 self._finish_attempts(conn, [*still_open, *hooked], now)
@@ -286,6 +286,8 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
 
         def record() -> results.RecordedFailure | None:
             with self._engine.begin() as conn:
+                if retry_at is None and claim.parent_id is not None:  # a final failure settles the parent
+                    self._lock_with_parents(conn, [claim])
                 recorded = results.record_failure(
                     conn,
                     claim,

@@ -118,11 +118,22 @@ class JournalStore:
 
     # -- a task's end, as its parent sees it ----------------------------------------------------
 
+    def _lock_with_parents(self, conn: sa.Connection, claims: Sequence[ExecutionClaim]) -> None:
+        """First in a transaction that ends these executions' tasks and settles their parents:
+        the tasks' rows and their parents', in one pass, in id order. Every transaction that
+        locks several task rows takes them in id order (a claim, a group commit, the
+        dispatcher's mark), so none waits on another in a cycle. A child's row locked by its
+        final write and its parent's by a later statement deadlocked with a dispatcher that
+        marked the parent's resume and a later child of it in one pass."""
+        ids = {c.task_id for c in claims} | {c.parent_id for c in claims if c.parent_id is not None}
+        self._lock_tasks(conn, sorted(ids))
+
     def _settle_parent(
         self, conn: sa.Connection, claim: ExecutionClaim, outcome: ChildOutcome, now: datetime
     ) -> NewDelivery | None:
-        """In a child's final transaction: record its outcome in the parent's journal; the
-        parent's new delivery when this resumed it."""
+        """In a child's final transaction, which locked the parent's row first
+        (:meth:`_lock_with_parents`): record its outcome in the parent's journal; the parent's
+        new delivery when this resumed it."""
         if claim.parent_id is None or claim.parent_generation is None or claim.parent_slot is None:
             return None
         return journal.settle_child(
@@ -133,14 +144,20 @@ class JournalStore:
             slot=claim.parent_slot,
             outcome=outcome,
             now=now,
-            lock=self._lock_tasks,
+            lock=_locked_already,
             wake=self._wake_dispatchers,
         )
 
+    def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> None:
+        """:meth:`_lock_with_parents` for a task known by its id alone, first in a transaction
+        that may end it (a cancel, a dead-letter): its row and its parent's, if it has one."""
+        parent_id = conn.execute(sa.select(t.parent_id).where(t.id == task_id)).scalar()
+        if parent_id is not None:
+            self._lock_tasks(conn, sorted({task_id, parent_id}))
+
     def _settle_if_child(self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime) -> None:
-        journal.settle_if_child(
-            conn, namespace, task_id, state, now, lock=self._lock_tasks, wake=self._wake_dispatchers
-        )
+        """After :meth:`_lock_with_parent_of` and the task's end without a result."""
+        journal.settle_if_child(conn, namespace, task_id, state, now, lock=_locked_already, wake=self._wake_dispatchers)
 
     # -- signals and reading (the App) ---------------------------------------------------------
 
@@ -189,3 +206,7 @@ class JournalStore:
             )
             for r in rows
         ]
+
+
+def _locked_already(conn: sa.Connection, task_ids: Sequence[str]) -> None:
+    """The lock of rows the transaction has locked before."""

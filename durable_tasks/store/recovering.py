@@ -43,6 +43,8 @@ class RecoveryStore:
             self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime
         ) -> None: ...
 
+        def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> None: ...
+
     async def lease_views(self, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
         """What the database says about each task."""
         ids = list(task_ids)
@@ -144,6 +146,7 @@ class RecoveryStore:
 
         def run() -> bool:
             with self._engine.begin() as conn:
+                self._lock_with_parent_of(conn, task_id)
                 dead = recovery.dead_letter_task(
                     conn,
                     namespace,

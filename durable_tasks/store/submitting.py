@@ -42,6 +42,8 @@ class SubmitStore:
             self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime
         ) -> None: ...
 
+        def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> None: ...
+
     def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
         """Insert the task row and its first outbox row, waking dispatchers; False (nothing
         written) when the idempotency key is taken."""
@@ -88,6 +90,7 @@ class SubmitStore:
     def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
         """Cancel a task with no final write yet."""
         conn = session.connection()
+        self._lock_with_parent_of(conn, task_id)
         cancelled = submit.cancel_task(conn, namespace, task_id, now)
         if cancelled:
             self._settle_if_child(conn, namespace, task_id, "CANCELLED", now)

@@ -1,0 +1,100 @@
+"""Task rows are locked in id order by every transaction that locks several: a child's final
+transaction takes its parent's row in the same pass as its own, first. Locking the child's
+row, then the parent's in a later statement, deadlocked with a dispatcher marking the
+parent's resume and a later child of it in one pass (the dispatcher held the parent and
+waited for the child). On the databases with row locks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from durable_tasks import App, TaskState
+from durable_tasks.records import tasks_table
+from durable_tasks.store.execution import ExecutionClaim
+from durable_tasks.store.journal import child_task
+from durable_tasks.store.results import FinalWrite
+from tests.integration.test_suspend_store import claim, claimed_parent, pending_child, waiter_app
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)]
+
+t = tasks_table.c
+
+
+def blocked_by(conn: sa.Connection) -> int:
+    """How many transactions wait for a lock that ``conn``'s transaction holds (PostgreSQL),
+    or run a locking read in this test's database (MySQL/MariaDB, where nothing else runs one
+    here, so it waits; MariaDB's lock-wait tables can leave out a waiting transaction), read on
+    a connection of its own."""
+    if conn.dialect.name == "postgresql":
+        pid = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        query = f"SELECT count(*) FROM pg_stat_activity WHERE {pid} = ANY(pg_blocking_pids(pid))"
+    else:
+        query = (
+            "SELECT count(*) FROM information_schema.processlist"
+            " WHERE db = DATABASE() AND id <> CONNECTION_ID() AND info LIKE '%FOR UPDATE%'"
+        )
+    with conn.engine.connect() as probe:
+        return int(probe.execute(sa.text(query)).scalar_one())
+
+
+def lock_nowait(conn: sa.Connection, task_id: str) -> None:
+    conn.execute(sa.select(t.id).where(t.id == task_id).with_for_update(nowait=True)).one()
+
+
+async def end_with_result(app: App, child: ExecutionClaim) -> None:
+    await app.runtime.store.commit_results([FinalWrite(child, "6")], now=app.clock())
+
+
+async def end_with_failure(app: App, child: ExecutionClaim) -> None:
+    recorded = await app.runtime.store.record_failure(
+        child, now=app.clock(), error_type="ValueError", error_message="no", retry_at=None
+    )
+    assert recorded is not None
+
+
+async def end_with_cancel(app: App, child: ExecutionClaim) -> None:
+    def cancel() -> None:
+        with Session(app.engine) as s:
+            assert app.cancel(s, child.task_id)
+            s.commit()
+
+    await anyio.to_thread.run_sync(cancel)
+
+
+@pytest.mark.parametrize(
+    "end", [end_with_result, end_with_failure, end_with_cancel], ids=["result", "failure", "cancel"]
+)
+async def test_a_childs_end_waits_for_its_parents_row_before_it_locks_its_own(
+    make_app: Callable[..., App], end: Callable[[App, ExecutionClaim], Coroutine[Any, Any, None]]
+) -> None:
+    app = waiter_app(make_app())
+    parent = await claimed_parent(app)
+    pending = pending_child("child:0", 3)
+    rows = [(pending, child_task(parent, pending, queue="jobs", max_attempts=3))]
+    suspended = await app.runtime.store.suspend(parent, rows, [], now=app.clock())
+    assert suspended is not None
+    [(_, outcome)] = suspended.created
+    child = await claim(app, outcome.task_id)
+    assert parent.task_id < child.task_id  # ids in time order: the dispatcher's mark locks the parent first
+
+    with app.engine.connect() as dispatcher:  # as the dispatcher's mark: the parent's row first
+        tx = dispatcher.begin()
+        dispatcher.execute(sa.select(t.id).where(t.id == parent.task_id).with_for_update()).one()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(end, app, child)
+            deadline = time.monotonic() + 10
+            while not await anyio.to_thread.run_sync(blocked_by, dispatcher):  # the child's end waits for the parent
+                assert time.monotonic() < deadline, "the child's end never waited for its parent's row"
+                await anyio.sleep(0.01)
+            lock_nowait(dispatcher, child.task_id)  # the child's row is free: the end holds nothing yet
+            tx.commit()
+    resumed = app.get_task(parent.task_id)
+    assert (resumed.state, resumed.delivery) == (TaskState.PENDING, 1)  # its only child's end resumed it
+    await app.aclose()
