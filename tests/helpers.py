@@ -9,6 +9,7 @@ consumer that stopped long ago (:func:`outlive_lease`).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 import subprocess
@@ -27,7 +28,7 @@ import redis
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, FrozenClock, Task, TaskContext, TaskHandle
+from durable_tasks import App, FrozenClock, Task, TaskContext, TaskHandle, current_journal
 from durable_tasks.clock import system_clock
 from durable_tasks.records import attempts_table, outbox_table, steps_table, tasks_table
 from durable_tasks.store.engine import read_only
@@ -380,6 +381,27 @@ def doubling_app(make_app: Callable[..., App], **overrides: Any) -> App:
         return 2 * n
 
     return app
+
+
+def register_fan(app: App, branches: int) -> Task[int, int]:
+    """Register ``double`` (``n -> 2 * n``) and ``fan`` on queue ``jobs``: ``fan(n)`` starts
+    ``double(n + i)`` for each of ``branches`` branches in parallel (each branch asks for the
+    journal itself, in a task of ``asyncio.gather``'s) and returns the sum; returns ``fan``."""
+
+    @app.task(name="double", queue="jobs")
+    def double(ctx: TaskContext[int], n: int) -> int:
+        return 2 * n
+
+    @app.task(name="fan", queue="jobs")
+    async def fan(ctx: TaskContext[int], n: int) -> int:
+        async def branch(i: int) -> int:
+            journal = current_journal()
+            assert journal is not None
+            return int(await journal.child(double, n + i, label=f"double:{i}"))
+
+        return sum(await asyncio.gather(*(branch(i) for i in range(branches))))
+
+    return fan
 
 
 @contextmanager

@@ -259,24 +259,23 @@ def settle_child(
     slot: str,
     outcome: ChildOutcome,
     now: datetime,
-    lock: Lock,
     wake: Wake,
 ) -> NewDelivery | None:
-    """Record a child's final outcome in its parent's journal (in the child's final transaction)
-    and resume the parent if it was the last thing it waited for. A parent that moved to a
-    newer generation ignores it (a superseded branch's late result is fenced out). Returns
-    the parent's new delivery when this resumed it."""
-    lock(conn, [parent_id])
+    """Record a child's final outcome in its parent's journal (in the child's final transaction,
+    which locked the parent's row with the child's, in id order) and resume the parent if it
+    was the last thing it waited for. A parent that moved to a newer generation ignores it (a
+    superseded branch's late result is fenced out). Returns the parent's new delivery when
+    this resumed it."""
     if not _settle_row(conn, parent_id, parent_generation, slot, outcome, now):
         return None
     return resume_if_ready(conn, namespace, parent_id, parent_generation, now, wake=wake)
 
 
 def settle_if_child(
-    conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime, *, lock: Lock, wake: Wake
+    conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime, *, wake: Wake
 ) -> None:
     """After a task ended without a result (dead-lettered, cancelled): settle its parent's slot
-    if it is a child."""
+    if it is a child (the transaction locked both rows first, as :func:`settle_child` says)."""
     row = conn.execute(
         sa.select(t.parent_id, t.parent_generation, t.parent_slot, t.error_type, t.error_message).where(t.id == task_id)
     ).first()
@@ -290,7 +289,6 @@ def settle_if_child(
         slot=row.parent_slot,
         outcome=ChildOutcome(state, None, row.error_type, row.error_message),
         now=now,
-        lock=lock,
         wake=wake,
     )
 

@@ -144,7 +144,6 @@ class JournalStore:
             slot=claim.parent_slot,
             outcome=outcome,
             now=now,
-            lock=_locked_already,
             wake=self._wake_dispatchers,
         )
 
@@ -157,7 +156,7 @@ class JournalStore:
 
     def _settle_if_child(self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime) -> None:
         """After :meth:`_lock_with_parent_of` and the task's end without a result."""
-        journal.settle_if_child(conn, namespace, task_id, state, now, lock=_locked_already, wake=self._wake_dispatchers)
+        journal.settle_if_child(conn, namespace, task_id, state, now, wake=self._wake_dispatchers)
 
     # -- signals and reading (the App) ---------------------------------------------------------
 
@@ -206,7 +205,3 @@ class JournalStore:
             )
             for r in rows
         ]
-
-
-def _locked_already(conn: sa.Connection, task_ids: Sequence[str]) -> None:
-    """The lock of rows the transaction has locked before."""

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from durable_tasks import App, TaskContext, TaskHandle, current_journal, journaled
 from durable_tasks.journal import Journal
 from durable_tasks.worker import Worker
-from tests.helpers import submit_all
+from tests.helpers import register_fan, submit_all
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)]
 
@@ -86,19 +86,7 @@ async def test_the_journal_is_made_once_when_first_asked_for(app: App, made: lis
 
 
 async def test_a_journal_first_asked_for_in_a_branch_suspends_the_whole_attempt(app: App) -> None:
-    @app.task(name="double", queue="jobs")
-    def double(ctx: TaskContext[int], n: int) -> int:
-        return 2 * n
-
-    @app.task(name="fan", queue="jobs")
-    async def fan(ctx: TaskContext[int], n: int) -> int:
-        async def branch(i: int) -> int:
-            journal = current_journal()  # first asked for here, in a task of gather's
-            assert journal is not None
-            return int(await journal.child(double, n + i, label=f"double:{i}"))
-
-        return sum(await asyncio.gather(branch(0), branch(1)))
-
+    fan = register_fan(app, 2)  # each branch asks for the journal first, in a task of gather's
     [handle] = submit_all(app, fan, [5])
     assert await result_of(app, handle) == 10 + 12
     assert [s.kind for s in app.steps(handle.id)] == ["child", "child"]

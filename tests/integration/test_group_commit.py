@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -11,12 +10,12 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, TaskContext, TaskState, current_journal
+from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.batching import Coalescer
 from durable_tasks.records import tasks_table
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.store.results import CommitOutcome, FinalWrite
-from tests.helpers import statements_on
+from tests.helpers import register_fan, statements_on
 
 pytestmark = pytest.mark.anyio
 
@@ -131,19 +130,7 @@ async def test_childrens_results_settle_their_parent_and_only_hooked_ones_take_a
     in the parent's journal in the same transaction; the third settles nothing, so the parent
     still waits for it."""
 
-    @app.task(name="double", queue="jobs")
-    def double(ctx: TaskContext[int], n: int) -> int:
-        return 2 * n
-
-    @app.task(name="fan", queue="jobs")
-    async def fan(ctx: TaskContext[int], n: int) -> int:
-        async def branch(i: int) -> int:
-            journal = current_journal()
-            assert journal is not None
-            return int(await journal.child(double, n + i, label=f"double:{i}"))
-
-        return sum(await asyncio.gather(branch(0), branch(1), branch(2)))
-
+    fan = register_fan(app, 3)
     with Session(app.engine) as s:
         parent_id = fan.submit(s, 1).id
         s.commit()
