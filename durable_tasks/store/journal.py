@@ -48,6 +48,9 @@ a = attempts_table.c
 Lock = Callable[[sa.Connection, Sequence[str]], None]
 #: ``wake(conn, namespace)``: tell dispatchers an outbox row was written.
 Wake = Callable[[sa.Connection, str], None]
+#: ``resume(conn, namespace, task_id, generation, now)``: :func:`resume_if_ready`, as the store
+#: runs it (PostgreSQL: one statement).
+Resume = Callable[[sa.Connection, str, str, int, datetime], NewDelivery | None]
 #: ``submit(conn, task, now) -> (child task id, created now)``: the store's submit (idempotent by
 #: key, waking dispatchers).
 SubmitChild = Callable[[sa.Connection, NewTask, datetime], tuple[str, bool]]
@@ -160,7 +163,7 @@ def suspend(
     *,
     now: datetime,
     submit_child: SubmitChild,
-    wake: Wake,
+    resume: Resume,
 ) -> Suspended | None:
     """Submit the children (in the given order), open the waits, and move the task to WAITING,
     or redeliver it when everything awaited has settled already; None when fenced out.
@@ -195,7 +198,7 @@ def suspend(
     _close_attempt(conn, claim, now)
     if any(slot not in found for slot in opened):  # a wait opened now, still open
         return Suspended.WAITING
-    if resume_if_ready(conn, claim.namespace, claim.task_id, claim.generation, now, wake=wake):
+    if resume(conn, claim.namespace, claim.task_id, claim.generation, now):
         return Suspended.REDELIVERED
     return Suspended.WAITING
 
@@ -259,7 +262,7 @@ def settle_child(
     slot: str,
     outcome: ChildOutcome,
     now: datetime,
-    wake: Wake,
+    resume: Resume,
 ) -> NewDelivery | None:
     """Record a child's final outcome in its parent's journal (in the child's final transaction,
     which locked the parent's row with the child's, in id order) and resume the parent if it
@@ -268,11 +271,11 @@ def settle_child(
     this resumed it."""
     if not _settle_row(conn, parent_id, parent_generation, slot, outcome, now):
         return None
-    return resume_if_ready(conn, namespace, parent_id, parent_generation, now, wake=wake)
+    return resume(conn, namespace, parent_id, parent_generation, now)
 
 
 def settle_if_child(
-    conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime, *, wake: Wake
+    conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime, *, resume: Resume
 ) -> None:
     """After a task ended without a result (dead-lettered, cancelled): settle its parent's slot
     if it is a child (the transaction locked both rows first, as :func:`settle_child` says)."""
@@ -289,7 +292,7 @@ def settle_if_child(
         slot=row.parent_slot,
         outcome=ChildOutcome(state, None, row.error_type, row.error_message),
         now=now,
-        wake=wake,
+        resume=resume,
     )
 
 
@@ -313,7 +316,7 @@ def deliver_signal(
     *,
     now: datetime,
     lock: Lock,
-    wake: Wake,
+    resume: Resume,
 ) -> bool | None:
     """Deliver a signal to the task's current generation; None when there is no such task,
     False when that signal was delivered before (the first payload stays)."""
@@ -332,7 +335,7 @@ def deliver_signal(
         conn.execute(
             sa.update(steps_table).where(s.id == row.id).values(done=True, result=payload_json, finished_at=now)
         )
-        resume_if_ready(conn, namespace, task_id, generation, now, wake=wake)
+        resume(conn, namespace, task_id, generation, now)
         return True
     conn.execute(
         sa.insert(steps_table).values(

@@ -106,7 +106,7 @@ class JournalStore:
                     signals,
                     now=now,
                     submit_child=submit_child,
-                    wake=self._wake_dispatchers,
+                    resume=self._resume_if_ready,
                 )
                 if suspended is None:
                     return None
@@ -115,6 +115,12 @@ class JournalStore:
             return Suspension(suspended, tuple(created))
 
         return await anyio.to_thread.run_sync(write)
+
+    def _resume_if_ready(
+        self, conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime
+    ) -> NewDelivery | None:
+        """:func:`.journal.resume_if_ready` with the dialect's wake-up (PostgreSQL's store: one statement)."""
+        return journal.resume_if_ready(conn, namespace, task_id, generation, now, wake=self._wake_dispatchers)
 
     # -- a task's end, as its parent sees it ----------------------------------------------------
 
@@ -144,7 +150,7 @@ class JournalStore:
             slot=claim.parent_slot,
             outcome=outcome,
             now=now,
-            wake=self._wake_dispatchers,
+            resume=self._resume_if_ready,
         )
 
     def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> None:
@@ -156,7 +162,7 @@ class JournalStore:
 
     def _settle_if_child(self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime) -> None:
         """After :meth:`_lock_with_parent_of` and the task's end without a result."""
-        journal.settle_if_child(conn, namespace, task_id, state, now, wake=self._wake_dispatchers)
+        journal.settle_if_child(conn, namespace, task_id, state, now, resume=self._resume_if_ready)
 
     # -- signals and reading (the App) ---------------------------------------------------------
 
@@ -171,7 +177,7 @@ class JournalStore:
                 payload_json,
                 now=now,
                 lock=self._lock_tasks,
-                wake=self._wake_dispatchers,
+                resume=self._resume_if_ready,
             )
 
     def open_waits(self, namespace: str, *, kinds: Sequence[StepKind], limit: int, after_id: int) -> list[OpenWait]:

@@ -479,3 +479,16 @@ def test_a_statement_planned_per_call_stays_unprepared_inside_a_transaction(make
             conn.rollback()
     assert [t for t in texts if "prepared_as_usual" in t], texts
     assert not [t for t in texts if "per_call" in t], texts
+
+
+def test_a_resume_finds_its_task_by_primary_key_with_stale_statistics(make_app: Callable[..., App]) -> None:
+    """The resume of a parent (one statement, in a child's final transaction on the App's own
+    engine, where sequential scans are not priced out) tests ``state = 'WAITING'`` on the row
+    it found by key, never through the state index."""
+    app = make_app()
+    running, _ = stale_statistics(app, 4000, running=3000)
+    params = {"namespace": app.settings.namespace, "task_id": running[0], "generation": 0, "now": app.clock()}
+    plan = plan_of(app, "resume_if_ready", params | {"channel": "dt_outbox"})
+    task_scans = [n for n in plan if n.get("Relation Name") == "dt_tasks" and n["Node Type"].endswith("Scan")]
+    assert task_scans
+    assert all(node.get("Index Name") == "dt_tasks_pkey" for node in task_scans), task_scans

@@ -33,7 +33,7 @@ from ..engine import ping_when_idle
 from ..execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from ..ids import new_task_id
 from ..notify import OutboxWaiter
-from ..outbox import ClaimedDelivery, Dead, Retry, Sent
+from ..outbox import ClaimedDelivery, Dead, NewDelivery, Retry, Sent
 from ..pooler import PathProbe, conninfo, detect_pooling, listen_reaches, prepare_as_decided, split_prepare_threshold
 from ..protocol import DatabaseFacts
 from ..results import FinalWrite
@@ -139,6 +139,11 @@ class PostgresStore(SqlStore):
     def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:
         # Delivered when the transaction commits; a rollback sends nothing.
         conn.execute(sa.select(sa.func.pg_notify(statements.NOTIFY_CHANNEL, namespace)))
+
+    def _resume_if_ready(
+        self, conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime
+    ) -> NewDelivery | None:
+        return statements.resume_if_ready(namespace, task_id, generation, now).run_on(conn)
 
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
         if task_ids:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from .. import sql
 from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
-from ..outbox import ClaimedDelivery, Sent, deliveries
+from ..outbox import ClaimedDelivery, NewDelivery, Sent, deliveries
 from ..results import FinalWrite, set_outcomes
 from ..submit import NewTask, task_row
 
@@ -40,6 +40,7 @@ __all__ = [
     "next_due",
     "redeliver_lost",
     "renew_leases",
+    "resume_if_ready",
     "submit_task",
     "submit_tasks",
 ]
@@ -201,6 +202,22 @@ def renew_leases(claims: Sequence[ExecutionClaim], *, now: datetime, lease: time
 
 def _task_ids(rows: Rows) -> set[str]:
     return {row[0] for row in rows}
+
+
+def resume_if_ready(namespace: str, task_id: str, generation: int, now: datetime) -> OneStatement[NewDelivery | None]:
+    """:func:`..journal.resume_if_ready` in one statement; reads the new delivery, or None."""
+    params = {
+        "namespace": namespace,
+        "task_id": task_id,
+        "generation": generation,
+        "now": now,
+        "channel": NOTIFY_CHANNEL,
+    }
+    return OneStatement(sql.postgres()["resume_if_ready"], params, _resumed)
+
+
+def _resumed(rows: Rows) -> NewDelivery | None:
+    return NewDelivery(*rows[0][: len(fields(NewDelivery))]) if rows else None
 
 
 def redeliver_lost(

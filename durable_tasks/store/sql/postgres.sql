@@ -348,3 +348,36 @@ WITH locked AS MATERIALIZED (
     ORDER BY k.id
 )
 SELECT * FROM moved;
+
+-- name: resume_if_ready
+-- store/journal.py's resume_if_ready in one statement (the caller holds the task row's lock):
+-- a WAITING task none of whose waits in this generation is open any more becomes PENDING as a
+-- new delivery of the same generation, with that delivery's outbox row and the dispatchers'
+-- wake-up. Returns the new delivery (store/outbox.py's NewDelivery, in its field order), or no
+-- row. The row is found by key alone and its state tested after: with statistics taken while
+-- few tasks waited, `state = 'WAITING'` in the UPDATE's WHERE was planned as a search of
+-- ix_dt_tasks_state, every waiting task of the namespace per resume.
+WITH found AS MATERIALIZED (
+    SELECT c.id, c.namespace, c.state, c.generation
+    FROM dt_tasks AS c
+    WHERE c.id = %(task_id)s
+    FOR UPDATE OF c
+), resumed AS (
+    UPDATE dt_tasks AS t
+    SET state = 'PENDING', delivery = t.delivery + 1, lease_expires_at = NULL, worker_id = NULL
+    FROM found AS f
+    WHERE t.id = %(task_id)s AND t.id = f.id
+      AND f.namespace = %(namespace)s AND f.generation = %(generation)s AND f.state = 'WAITING'
+      AND NOT EXISTS (
+          SELECT 1 FROM dt_steps AS s
+          WHERE s.task_id = %(task_id)s AND s.generation = %(generation)s AND s.done IS FALSE
+      )
+    RETURNING t.id, t.name, t.queue, t.generation, t.delivery, t.shadow, t.traceparent, t.partition_key,
+              t.priority, t.concurrency_key
+), intent AS (
+    INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at,
+                           shadow, created_at)
+    SELECT %(namespace)s, r.id, r.queue, r.generation, r.delivery, 'PENDING', 0, %(now)s, r.shadow, %(now)s
+    FROM resumed AS r
+)
+SELECT r.*, pg_notify(%(channel)s, %(namespace)s) FROM resumed AS r;
