@@ -77,13 +77,14 @@ class ExecutionClaim:
     parent_slot: str | None = None
 
     def fence(self) -> sa.ColumnElement[bool]:
-        """The WHERE clause every write of this execution carries."""
+        """The WHERE clause every write of this execution carries: its row found by id alone,
+        namespace and state tested on it (:func:`.planning.filter_only`)."""
         return sa.and_(
             t.id == self.task_id,
-            t.namespace == self.namespace,
+            filter_only(t.namespace) == self.namespace,
             t.generation == self.generation,
             t.attempt == self.attempt,
-            t.state == TaskState.RUNNING,
+            filter_only(t.state) == TaskState.RUNNING,
         )
 
 

@@ -8,11 +8,15 @@ list of hundreds of ids it then prefers ``ix_dt_tasks_created (namespace, ...)``
 ones included: a claim of 256 tasks took 57 ms over 300,000 finished rows and the drain fell to
 a tenth over 1,000,000 (``python -m benchmarks.bench_scale --cases history`` on SQLite).
 :func:`tasks_by_id` is that lookup for every statement that reads or writes tasks by a list
-of ids; :func:`filter_only` marks a column as a filter, never an index to search by: SQLite's
-unary ``+`` (a no-op on any value) takes a term out of index selection; on the other dialects
-the column is as it is (PostgreSQL's hot statements are its own SQL, which tests these columns
-after locking the rows by key; MariaDB, which keeps statistics, drained as fast with 1,000,000
-finished tasks as with none).
+of ids; :func:`filter_only` marks a (text) column as a filter, never an index to search by:
+SQLite's unary ``+`` (a no-op on any value) takes a term out of index selection, and so does
+PostgreSQL's ``|| ''``. PostgreSQL's hot statements are its own SQL, which tests these columns
+after locking the rows by key; its Core statements are the single-row writes of an execution
+(its fence: a recorded step, a suspension, a failure, a result with an on-commit hook). With
+statistics taken while few tasks ran, ``state = 'RUNNING'`` in such a fence was planned as a
+search of ``ix_dt_tasks_sent`` (the namespace's every sent task, whose partial predicate the
+state implies) instead of the primary key. On MySQL the column is as it is (MariaDB, which
+keeps statistics, drained as fast with 1,000,000 finished tasks as with none).
 
 MariaDB's statistics mislead it the other way on ``dt_attempts``, a table that grows by every
 claim: an UPDATE of the attempts of 512 tasks, found by ``ix_dt_attempts_task``, was planned as
@@ -63,6 +67,11 @@ def _as_is(element: _FilterOnly, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(_FilterOnly, "sqlite")
 def _unary_plus(element: _FilterOnly, compiler: SQLCompiler, **kw: Any) -> str:
     return "+" + compiler.process(element.column, **kw)
+
+
+@compiles(_FilterOnly, "postgresql")
+def _concatenated(element: _FilterOnly, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"({compiler.process(element.column, **kw)} || '')"
 
 
 def filter_only(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:

@@ -22,7 +22,9 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
+from durable_tasks.records import tasks_table
 from durable_tasks.store import recovery, sql
+from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
 from durable_tasks.store.postgres import PostgresStore, statements
 from durable_tasks.store.postgres.connections import AsyncConnections
@@ -492,3 +494,37 @@ def test_a_resume_finds_its_task_by_primary_key_with_stale_statistics(make_app: 
     task_scans = [n for n in plan if n.get("Relation Name") == "dt_tasks" and n["Node Type"].endswith("Scan")]
     assert task_scans
     assert all(node.get("Index Name") == "dt_tasks_pkey" for node in task_scans), task_scans
+
+
+def test_an_executions_fence_finds_its_task_by_primary_key_with_stale_statistics(make_app: Callable[..., App]) -> None:
+    """The fence of an execution's single-row writes in SQLAlchemy Core (a recorded step, a
+    suspension, a failure, a result with an on-commit hook), on the App's own engine: with
+    statistics taken while no task ran, ``state = 'RUNNING'`` made ``ix_dt_tasks_sent`` (every
+    sent task of the namespace) look like the way in. Namespace and state are filters only."""
+    app = make_app()
+    running, _ = stale_statistics(app, 4000, running=3000)
+    claim = ExecutionClaim(
+        namespace=app.settings.namespace,
+        task_id=running[0],
+        name="noop",
+        queue="jobs",
+        generation=0,
+        attempt=1,
+        delivery=0,
+        max_attempts=3,
+        failures=0,
+        payload_json="0",
+        idempotency_key=None,
+        traceparent=None,
+        shadow=False,
+        created_at=app.clock(),
+        enqueued_at=None,
+        worker_id="w",
+    )
+    statement = sa.update(tasks_table).where(claim.fence()).values(lease_expires_at=None)
+    compiled = str(statement.compile(app.engine, compile_kwargs={"literal_binds": True}))
+    with app.engine.connect() as conn:
+        (doc,) = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + compiled).scalar_one()
+    scans = [n for n in nodes(doc["Plan"]) if n.get("Relation Name") == "dt_tasks" and n["Node Type"].endswith("Scan")]
+    assert scans
+    assert all(node.get("Index Name") == "dt_tasks_pkey" for node in scans), scans
