@@ -80,6 +80,10 @@ CHAOS_SETTINGS: dict[str, str] = {
 }
 
 _ROLES = ("dispatcher", "worker", "reaper")
+#: How long a statement a process sent just before SIGSTOP may take to reach its backend, and
+#: so between the two reads of a pause outside transactions (over InnoDB's 0.1 s cache of
+#: INNODB_TRX, so that the second read on MariaDB is a fresh one).
+_IN_FLIGHT_S = 0.2
 
 
 def _settings_kwargs(settings: Mapping[str, str]) -> dict[str, Any]:
@@ -585,12 +589,19 @@ class Cluster:
 
     def pause_outside_transactions(self, proc: Proc, *, timeout: float = 10.0) -> None:
         """SIGSTOP ``proc`` at a moment it holds no open database transaction (so it freezes
-        holding leases, not row locks that would also freeze everyone else)."""
+        holding leases, not row locks that would also freeze everyone else). A statement the
+        process sent just before it stopped may not have reached its backend when the first
+        read finds every connection idle (a BEGIN and a row lock, then nothing more: the
+        backend would hold the lock, idle in a transaction, and the other workers block on it
+        until they too can never be paused): the state is read again after
+        ``_IN_FLIGHT_S``, and only two idle reads count."""
         deadline = time.monotonic() + timeout
         while True:
             self.pause(proc)
             if self.open_transactions(proc) == 0:
-                return
+                time.sleep(_IN_FLIGHT_S)  # the stopped process sends nothing more meanwhile
+                if self.open_transactions(proc) == 0:
+                    return
             self.resume(proc)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{proc.name} never paused outside a transaction")
