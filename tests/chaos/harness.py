@@ -587,6 +587,22 @@ class Cluster:
                 ).scalar_one()
             )
 
+    def busy_backends(self, proc: Proc) -> list[tuple[str, ...]]:
+        """What ``proc``'s busy connections are doing, for a failure's message (PostgreSQL:
+        state, what it waits for, and which backends block it; not read on MySQL)."""
+        if self.on_mysql:
+            return []
+        with self.app.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT state, coalesce(wait_event_type || ':' || wait_event, ''),"
+                    " pg_blocking_pids(pid)::text, left(query, 80) FROM pg_stat_activity"
+                    " WHERE application_name = :name AND state <> 'idle'"
+                ),
+                {"name": self.application_name(proc.name)},
+            ).all()
+        return [tuple(str(v) for v in row) for row in rows]
+
     def pause_outside_transactions(self, proc: Proc, *, timeout: float = 10.0) -> None:
         """SIGSTOP ``proc`` at a moment it holds no open database transaction (so it freezes
         holding leases, not row locks that would also freeze everyone else). A statement the
@@ -604,7 +620,7 @@ class Cluster:
                     return
             self.resume(proc)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{proc.name} never paused outside a transaction")
+                raise TimeoutError(f"{proc.name} never paused outside a transaction: {self.busy_backends(proc)}")
             time.sleep(random.uniform(0.005, 0.03) + (INNODB_TRX_POLL_S if self.on_mysql else 0))
 
     # -- Redis ---------------------------------------------------------------------------
