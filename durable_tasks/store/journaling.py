@@ -153,15 +153,18 @@ class JournalStore:
             resume=self._resume_if_ready,
         )
 
-    def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> None:
+    def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> bool:
         """:meth:`_lock_with_parents` for a task known by its id alone, first in a transaction
-        that may end it (a cancel, a dead-letter): its row and its parent's, if it has one."""
+        that may end it (a cancel, a dead-letter): its row and its parent's, if it has one.
+        Whether it has one: only a child's end has a slot to settle (:meth:`_settle_if_child`)."""
         parent_id = conn.execute(sa.select(t.parent_id).where(t.id == task_id)).scalar()
-        if parent_id is not None:
-            self._lock_tasks(conn, sorted({task_id, parent_id}))
+        if parent_id is None:
+            return False
+        self._lock_tasks(conn, sorted({task_id, parent_id}))
+        return True
 
     def _settle_if_child(self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime) -> None:
-        """After :meth:`_lock_with_parent_of` and the task's end without a result."""
+        """After :meth:`_lock_with_parent_of` found a parent, and the task's end without a result."""
         journal.settle_if_child(conn, namespace, task_id, state, now, resume=self._resume_if_ready)
 
     # -- signals and reading (the App) ---------------------------------------------------------

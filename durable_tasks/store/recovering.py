@@ -43,7 +43,7 @@ class RecoveryStore:
             self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime
         ) -> None: ...
 
-        def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> None: ...
+        def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> bool: ...
 
     async def lease_views(self, namespace: str, task_ids: Iterable[str]) -> dict[str, TaskLeaseView]:
         """What the database says about each task."""
@@ -146,7 +146,7 @@ class RecoveryStore:
 
         def run() -> bool:
             with self._engine.begin() as conn:
-                self._lock_with_parent_of(conn, task_id)
+                child = self._lock_with_parent_of(conn, task_id)
                 dead = recovery.dead_letter_task(
                     conn,
                     namespace,
@@ -157,7 +157,7 @@ class RecoveryStore:
                     reason=reason,
                     on_dead=on_dead,
                 )
-                if dead:
+                if dead and child:
                     self._settle_if_child(conn, namespace, task_id, "DEAD", now)
                 return dead
 

@@ -42,7 +42,7 @@ class SubmitStore:
             self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime
         ) -> None: ...
 
-        def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> None: ...
+        def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> bool: ...
 
     def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
         """Insert the task row and its first outbox row, waking dispatchers; False (nothing
@@ -90,8 +90,8 @@ class SubmitStore:
     def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
         """Cancel a task with no final write yet."""
         conn = session.connection()
-        self._lock_with_parent_of(conn, task_id)
+        child = self._lock_with_parent_of(conn, task_id)
         cancelled = submit.cancel_task(conn, namespace, task_id, now)
-        if cancelled:
+        if cancelled and child:
             self._settle_if_child(conn, namespace, task_id, "CANCELLED", now)
         return cancelled
