@@ -24,14 +24,14 @@ from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, S
 from ..records import TERMINAL_STATES, AttemptOutcome, TaskState, attempts_table, steps_table, tasks_table
 from .execution import ExecutionClaim
 from .outbox import NewDelivery
-from .submit import NewTask, cancel_task, insert_outbox
+from .submit import NewTask, insert_outbox
 
 __all__ = [
     "OpenWait",
-    "cancel_children",
     "child_task",
     "deliver_signal",
     "load_steps",
+    "open_children",
     "open_waits",
     "record_step",
     "resume_if_ready",
@@ -51,6 +51,9 @@ Wake = Callable[[sa.Connection, str], None]
 #: ``resume(conn, namespace, task_id, generation, now)``: :func:`resume_if_ready`, as the store
 #: runs it (PostgreSQL: one statement).
 Resume = Callable[[sa.Connection, str, str, int, datetime], NewDelivery | None]
+#: ``settle(conn, namespace, parent_id, parent_generation, slot, outcome, now)``:
+#: :func:`settle_child`, as the store runs it (PostgreSQL: one statement).
+Settle = Callable[[sa.Connection, str, str, int, str, ChildOutcome, datetime], NewDelivery | None]
 #: ``submit(conn, task, now) -> (child task id, created now)``: the store's submit (idempotent by
 #: key, waking dispatchers).
 SubmitChild = Callable[[sa.Connection, NewTask, datetime], tuple[str, bool]]
@@ -275,7 +278,7 @@ def settle_child(
 
 
 def settle_if_child(
-    conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime, *, resume: Resume
+    conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime, *, settle: Settle
 ) -> None:
     """After a task ended without a result (dead-lettered, cancelled): settle its parent's slot
     if it is a child (the transaction locked both rows first, as :func:`settle_child` says)."""
@@ -284,27 +287,16 @@ def settle_if_child(
     ).first()
     if row is None or row.parent_id is None:
         return
-    settle_child(
-        conn,
-        namespace,
-        parent_id=row.parent_id,
-        parent_generation=row.parent_generation,
-        slot=row.parent_slot,
-        outcome=ChildOutcome(state, None, row.error_type, row.error_message),
-        now=now,
-        resume=resume,
-    )
+    outcome = ChildOutcome(state, None, row.error_type, row.error_message)
+    settle(conn, namespace, row.parent_id, row.parent_generation, row.parent_slot, outcome, now)
 
 
-def cancel_children(conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime) -> int:
-    """Cancel the unfinished children of the task's generations before ``generation`` (a rerun):
-    a running one is fenced out at its commit. Returns how many were cancelled."""
+def open_children(conn: sa.Connection, task_id: str) -> list[str]:
+    """The children the task's journal still waits for, in every generation, in id order."""
     ids = conn.execute(
-        sa.select(s.child_task_id).where(
-            s.task_id == task_id, s.generation < generation, s.kind == StepKind.CHILD, s.done.is_(False)
-        )
+        sa.select(s.child_task_id).where(s.task_id == task_id, s.kind == StepKind.CHILD, s.done.is_(False))
     ).scalars()
-    return sum(1 for child_id in list(ids) if child_id and cancel_task(conn, namespace, child_id, now))
+    return sorted({child_id for child_id in ids if child_id})
 
 
 def deliver_signal(

@@ -142,12 +142,27 @@ class JournalStore:
         new delivery when this resumed it."""
         if claim.parent_id is None or claim.parent_generation is None or claim.parent_slot is None:
             return None
+        return self._settle_slot(
+            conn, claim.namespace, claim.parent_id, claim.parent_generation, claim.parent_slot, outcome, now
+        )
+
+    def _settle_slot(
+        self,
+        conn: sa.Connection,
+        namespace: str,
+        parent_id: str,
+        parent_generation: int,
+        slot: str,
+        outcome: ChildOutcome,
+        now: datetime,
+    ) -> NewDelivery | None:
+        """:func:`.journal.settle_child` with the dialect's resume (PostgreSQL's store: one statement)."""
         return journal.settle_child(
             conn,
-            claim.namespace,
-            parent_id=claim.parent_id,
-            parent_generation=claim.parent_generation,
-            slot=claim.parent_slot,
+            namespace,
+            parent_id=parent_id,
+            parent_generation=parent_generation,
+            slot=slot,
             outcome=outcome,
             now=now,
             resume=self._resume_if_ready,
@@ -165,7 +180,7 @@ class JournalStore:
 
     def _settle_if_child(self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime) -> None:
         """After :meth:`_lock_with_parent_of` found a parent, and the task's end without a result."""
-        journal.settle_if_child(conn, namespace, task_id, state, now, resume=self._resume_if_ready)
+        journal.settle_if_child(conn, namespace, task_id, state, now, settle=self._settle_slot)
 
     # -- signals and reading (the App) ---------------------------------------------------------
 

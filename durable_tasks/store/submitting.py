@@ -44,6 +44,8 @@ class SubmitStore:
 
         def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> bool: ...
 
+        def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None: ...
+
     def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
         """Insert the task row and its first outbox row, waking dispatchers; False (nothing
         written) when the idempotency key is taken."""
@@ -80,10 +82,23 @@ class SubmitStore:
     ) -> int | None:
         """Start a new generation; None if there is no such task."""
         conn = session.connection()
+        # The new generation supersedes the unfinished children of the older ones: they are
+        # cancelled (a running one is fenced out at its commit). Their rows and the task's are
+        # locked first, in id order, in one pass, as every transaction that locks several task
+        # rows takes them: a rerun that locked its task and then its children in the journal's
+        # order could wait in a cycle with a dispatcher marking two of them. A child opened
+        # between this read and the lock (a suspension that committed just then) is locked
+        # after, alone.
+        seen = journal.open_children(conn, task_id)
+        if seen:
+            self._lock_tasks(conn, sorted({task_id, *seen}))
         row = submit.rerun_task(conn, namespace, task_id, now, due=due)
         if row is None:
             return None
-        journal.cancel_children(conn, namespace, task_id, row.generation, now)  # the superseded branch
+        children = journal.open_children(conn, task_id)
+        self._lock_tasks(conn, [c for c in children if c not in seen])
+        for child_id in children:
+            submit.cancel_task(conn, namespace, child_id, now)
         self._wake_dispatchers(conn, namespace)
         return row.generation
 

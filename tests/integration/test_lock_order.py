@@ -6,6 +6,7 @@ waited for the child). On the databases with row locks."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -17,6 +18,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskState
 from durable_tasks.records import tasks_table
+from durable_tasks.store import ids
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.results import FinalWrite
@@ -97,4 +99,41 @@ async def test_a_childs_end_waits_for_its_parents_row_before_it_locks_its_own(
             tx.commit()
     resumed = app.get_task(parent.task_id)
     assert (resumed.state, resumed.delivery) == (TaskState.PENDING, 1)  # its only child's end resumed it
+    await app.aclose()
+
+
+async def test_a_rerun_locks_its_task_and_its_childrens_rows_in_id_order(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rerun cancels the superseded generation's children: it takes their rows and its
+    task's in id order, not in the journal's (slot) order, which a dispatcher's mark of two of
+    them would meet in a cycle."""
+    app = waiter_app(make_app())
+    parent = await claimed_parent(app)
+    later = itertools.count(time.time_ns() + 1_000_000, 1_000_000)  # each new id a millisecond later
+    monkeypatch.setattr(ids, "_now_ns", lambda: next(later))
+    late_slot, early_slot = pending_child("child:b", 1), pending_child("child:a", 2)
+    rows = [(p, child_task(parent, p, queue="jobs", max_attempts=3)) for p in (late_slot, early_slot)]
+    suspended = await app.runtime.store.suspend(parent, rows, [], now=app.clock())
+    assert suspended is not None
+    first, second = (outcome.task_id for _, outcome in suspended.created)  # created (and so ids) in this order
+    assert parent.task_id < first < second  # and the journal, in slot order, holds second before first
+
+    def rerun() -> None:
+        with Session(app.engine) as s:
+            assert app.rerun(s, parent.task_id) == 1
+            s.commit()
+
+    with app.engine.connect() as dispatcher:  # as the dispatcher's mark: the first child's row
+        tx = dispatcher.begin()
+        lock_nowait(dispatcher, first)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, rerun)
+            deadline = time.monotonic() + 10
+            while not await anyio.to_thread.run_sync(blocked_by, dispatcher):  # the rerun waits for it
+                assert time.monotonic() < deadline, "the rerun never waited for its first child's row"
+                await anyio.sleep(0.01)
+            lock_nowait(dispatcher, second)  # the later child's row is free: the rerun holds nothing past the first
+            tx.commit()
+    assert [app.get_task(c).state for c in (first, second)] == [TaskState.CANCELLED, TaskState.CANCELLED]
     await app.aclose()

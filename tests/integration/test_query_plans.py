@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext
+from durable_tasks.journal import ChildOutcome
 from durable_tasks.records import tasks_table
 from durable_tasks.store import recovery, sql
 from durable_tasks.store.execution import ExecutionClaim
@@ -483,17 +484,23 @@ def test_a_statement_planned_per_call_stays_unprepared_inside_a_transaction(make
     assert not [t for t in texts if "per_call" in t], texts
 
 
-def test_a_resume_finds_its_task_by_primary_key_with_stale_statistics(make_app: Callable[..., App]) -> None:
+@pytest.mark.parametrize("settle", [None, ("child:0", ChildOutcome("SUCCEEDED", "1"))], ids=["resume", "settle"])
+def test_a_resume_finds_its_task_by_primary_key_with_stale_statistics(
+    make_app: Callable[..., App], settle: tuple[str, ChildOutcome] | None
+) -> None:
     """The resume of a parent (one statement, in a child's final transaction on the App's own
-    engine, where sequential scans are not priced out) tests ``state = 'WAITING'`` on the row
-    it found by key, never through the state index."""
+    engine, where sequential scans are not priced out), alone or after it settles the child's
+    slot, tests ``state = 'WAITING'`` on the row it found by key, never through the state index."""
     app = make_app()
     running, _ = stale_statistics(app, 4000, running=3000)
-    params = {"namespace": app.settings.namespace, "task_id": running[0], "generation": 0, "now": app.clock()}
-    plan = plan_of(app, "resume_if_ready", params | {"channel": "dt_outbox"})
+    statement = statements.resume_if_ready(app.settings.namespace, running[0], 0, app.clock(), settle=settle)
+    plan = plan_of(app, "resume_if_ready", dict(statement.params))
     task_scans = [n for n in plan if n.get("Relation Name") == "dt_tasks" and n["Node Type"].endswith("Scan")]
     assert task_scans
     assert all(node.get("Index Name") == "dt_tasks_pkey" for node in task_scans), task_scans
+    step_scans = [n for n in plan if n.get("Relation Name") == "dt_steps" and n["Node Type"].endswith("Scan")]
+    assert len(step_scans) == (2 if settle else 1)  # the slot settled, by key; the open waits, by task
+    assert all(node.get("Index Name") == "uq_dt_steps_slot" for node in step_scans), step_scans
 
 
 def test_an_executions_fence_finds_its_task_by_primary_key_with_stale_statistics(make_app: Callable[..., App]) -> None:

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from anyio import to_thread
 from sqlalchemy.orm import Session
 
+from ...journal_records import ChildOutcome
 from ...loopbound import LoopBound
 from ...records import tasks_table
 from ...settings import Settings
@@ -144,6 +145,19 @@ class PostgresStore(SqlStore):
         self, conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime
     ) -> NewDelivery | None:
         return statements.resume_if_ready(namespace, task_id, generation, now).run_on(conn)
+
+    def _settle_slot(
+        self,
+        conn: sa.Connection,
+        namespace: str,
+        parent_id: str,
+        parent_generation: int,
+        slot: str,
+        outcome: ChildOutcome,
+        now: datetime,
+    ) -> NewDelivery | None:
+        settle = (slot, outcome)
+        return statements.resume_if_ready(namespace, parent_id, parent_generation, now, settle=settle).run_on(conn)
 
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
         if task_ids:

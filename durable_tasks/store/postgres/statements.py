@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import psycopg
 import sqlalchemy as sa
 
+from ...journal_records import ChildOutcome
 from .. import sql
 from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
 from ..outbox import ClaimedDelivery, NewDelivery, Sent, deliveries
@@ -204,14 +205,28 @@ def _task_ids(rows: Rows) -> set[str]:
     return {row[0] for row in rows}
 
 
-def resume_if_ready(namespace: str, task_id: str, generation: int, now: datetime) -> OneStatement[NewDelivery | None]:
-    """:func:`..journal.resume_if_ready` in one statement; reads the new delivery, or None."""
+def resume_if_ready(
+    namespace: str,
+    task_id: str,
+    generation: int,
+    now: datetime,
+    *,
+    settle: tuple[str, ChildOutcome] | None = None,
+) -> OneStatement[NewDelivery | None]:
+    """:func:`..journal.resume_if_ready` in one statement, or with ``settle`` (a slot and a
+    child's outcome) :func:`..journal.settle_child`; reads the new delivery, or None."""
+    slot, outcome = settle if settle is not None else (None, ChildOutcome(""))
     params = {
         "namespace": namespace,
         "task_id": task_id,
         "generation": generation,
         "now": now,
         "channel": NOTIFY_CHANNEL,
+        "slot": slot,
+        "state": outcome.state or None,
+        "result": outcome.result_json,
+        "error_type": outcome.error_type,
+        "error_message": outcome.error_message,
     }
     return OneStatement(sql.postgres()["resume_if_ready"], params, _resumed)
 

@@ -354,10 +354,25 @@ SELECT * FROM moved;
 -- a WAITING task none of whose waits in this generation is open any more becomes PENDING as a
 -- new delivery of the same generation, with that delivery's outbox row and the dispatchers'
 -- wake-up. Returns the new delivery (store/outbox.py's NewDelivery, in its field order), or no
--- row. The row is found by key alone and its state tested after: with statistics taken while
+-- row. With a %(slot)s, store/journal.py's settle_child: that open wait is first settled with a
+-- child's outcome (state, result, error_type, error_message), and the task resumes only if it
+-- was (the statement's own snapshot still shows that wait open: it is left out of the test).
+-- The row is found by key alone and its state tested after: with statistics taken while
 -- few tasks waited, `state = 'WAITING'` in the UPDATE's WHERE was planned as a search of
 -- ix_dt_tasks_state, every waiting task of the namespace per resume.
-WITH found AS MATERIALIZED (
+WITH settled AS (
+    UPDATE dt_steps AS s
+    SET done = true,
+        child_state = %(state)s,
+        result = %(result)s,
+        error_type = %(error_type)s,
+        error_message = %(error_message)s,
+        finished_at = %(now)s
+    WHERE %(slot)s::text IS NOT NULL
+      AND s.task_id = %(task_id)s AND s.generation = %(generation)s AND s.slot = %(slot)s::text
+      AND s.done IS FALSE
+    RETURNING s.id
+), found AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation
     FROM dt_tasks AS c
     WHERE c.id = %(task_id)s
@@ -368,9 +383,11 @@ WITH found AS MATERIALIZED (
     FROM found AS f
     WHERE t.id = %(task_id)s AND t.id = f.id
       AND f.namespace = %(namespace)s AND f.generation = %(generation)s AND f.state = 'WAITING'
+      AND (%(slot)s::text IS NULL OR EXISTS (SELECT 1 FROM settled))
       AND NOT EXISTS (
           SELECT 1 FROM dt_steps AS s
           WHERE s.task_id = %(task_id)s AND s.generation = %(generation)s AND s.done IS FALSE
+            AND s.slot IS DISTINCT FROM %(slot)s::text
       )
     RETURNING t.id, t.name, t.queue, t.generation, t.delivery, t.shadow, t.traceparent, t.partition_key,
               t.priority, t.concurrency_key
