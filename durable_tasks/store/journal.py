@@ -34,6 +34,7 @@ __all__ = [
     "open_children",
     "open_waits",
     "record_step",
+    "recorded_result",
     "resume_if_ready",
     "settle_child",
     "settle_if_child",
@@ -136,6 +137,12 @@ def record_step(
     values = {"namespace": claim.namespace, "kind": StepKind.STEP, "label": label[:200], "done": True}
     if conn.execute(_RECORD_STEP, {**key, **values, "result": result_json, "at": now}).rowcount:
         return result_json
+    return recorded_result(conn, claim, slot)
+
+
+def recorded_result(conn: sa.Connection, claim: ExecutionClaim, slot: str) -> str:
+    """The result a step's slot already holds (an insert found it taken)."""
+    key = {"task_id": claim.task_id, "generation": claim.generation, "slot": slot}
     existing = conn.execute(sa.select(s.result).where(*(s[k] == v for k, v in key.items()))).scalar_one()
     if existing is None:  # pragma: no cover - a step's slot never names a wait
         raise RuntimeError(f"journal slot {slot!r} of task {claim.task_id} holds a wait, not a step")

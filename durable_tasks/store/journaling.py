@@ -75,9 +75,23 @@ class JournalStore:
 
         def write() -> str | None:
             with self._engine.begin() as conn:
-                return journal.record_step(conn, claim, slot, label, result_json, now=now, lease=lease)
+                return self._record_step(conn, claim, slot, label, result_json, now=now, lease=lease)
 
         return await anyio.to_thread.run_sync(write)
+
+    def _record_step(
+        self,
+        conn: sa.Connection,
+        claim: ExecutionClaim,
+        slot: str,
+        label: str,
+        result_json: str,
+        *,
+        now: datetime,
+        lease: timedelta,
+    ) -> str | None:
+        """:func:`.journal.record_step` as the dialect runs it (PostgreSQL's store: one statement)."""
+        return journal.record_step(conn, claim, slot, label, result_json, now=now, lease=lease)
 
     async def suspend(
         self,

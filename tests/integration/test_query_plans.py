@@ -510,9 +510,37 @@ def test_an_executions_fence_finds_its_task_by_primary_key_with_stale_statistics
     sent task of the namespace) look like the way in. Namespace and state are filters only."""
     app = make_app()
     running, _ = stale_statistics(app, 4000, running=3000)
-    claim = ExecutionClaim(
+    claim = running_claim(app, running[0])
+    statement = sa.update(tasks_table).where(claim.fence()).values(lease_expires_at=None)
+    compiled = str(statement.compile(app.engine, compile_kwargs={"literal_binds": True}))
+    with app.engine.connect() as conn:
+        (doc,) = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + compiled).scalar_one()
+    scans = [n for n in nodes(doc["Plan"]) if n.get("Relation Name") == "dt_tasks" and n["Node Type"].endswith("Scan")]
+    assert scans
+    assert all(node.get("Index Name") == "dt_tasks_pkey" for node in scans), scans
+
+
+def test_a_recorded_step_finds_its_task_and_its_slot_by_key_with_stale_statistics(make_app: Callable[..., App]) -> None:
+    """PostgreSQL's recorded step (one statement: the fence's UPDATE and the step's INSERT) on
+    the App's own engine: the task by primary key, namespace and state tested on it, and the
+    slot by its unique key."""
+    app = make_app()
+    running, _ = stale_statistics(app, 4000, running=3000)
+    statement = statements.record_step(
+        running_claim(app, running[0]), "model:0", "model", "1", now=app.clock(), lease=timedelta(seconds=30)
+    )
+    plan = plan_of(app, "record_step", dict(statement.params))
+    scans = [n for n in plan if n.get("Relation Name") in ("dt_tasks", "dt_steps") and n["Node Type"].endswith("Scan")]
+    assert {n["Relation Name"] for n in scans} == {"dt_tasks", "dt_steps"}
+    indexes = {"dt_tasks": "dt_tasks_pkey", "dt_steps": "uq_dt_steps_slot"}
+    assert all(n.get("Index Name") == indexes[n["Relation Name"]] for n in scans), scans
+
+
+def running_claim(app: App, task_id: str) -> ExecutionClaim:
+    """An execution of ``task_id``'s first attempt, as a worker's claim holds it."""
+    return ExecutionClaim(
         namespace=app.settings.namespace,
-        task_id=running[0],
+        task_id=task_id,
         name="noop",
         queue="jobs",
         generation=0,
@@ -528,10 +556,3 @@ def test_an_executions_fence_finds_its_task_by_primary_key_with_stale_statistics
         enqueued_at=None,
         worker_id="w",
     )
-    statement = sa.update(tasks_table).where(claim.fence()).values(lease_expires_at=None)
-    compiled = str(statement.compile(app.engine, compile_kwargs={"literal_binds": True}))
-    with app.engine.connect() as conn:
-        (doc,) = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + compiled).scalar_one()
-    scans = [n for n in nodes(doc["Plan"]) if n.get("Relation Name") == "dt_tasks" and n["Node Type"].endswith("Scan")]
-    assert scans
-    assert all(node.get("Index Name") == "dt_tasks_pkey" for node in scans), scans

@@ -4,13 +4,17 @@ suspension that finds everything it waits for settled redelivers its task at onc
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.journal import PendingChild, PendingSignal, PreparedChild, StepKind, Suspended, signal_slot
+from durable_tasks.records import tasks_table
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.results import FinalWrite
@@ -105,3 +109,27 @@ async def test_a_suspension_that_finds_its_child_ended_and_its_signal_delivered_
     steps = {st.kind: st for st in app.steps(parent.task_id)}
     assert (steps["child"].child_task_id, steps["child"].done, steps["child"].result) == (child_id, True, "6")
     assert (steps["signal"].done, steps["signal"].result) == (True, '{"ok": true}')
+
+
+async def test_a_recorded_step_is_fenced_and_its_first_result_wins(app: App) -> None:
+    """A step's result is written under the attempt's fence, which extends its lease: a slot
+    that has a row keeps it (a retried attempt replays it), and an attempt that no longer owns
+    the task writes nothing. PostgreSQL does it in one statement."""
+    run = await claimed_parent(waiter_app(app))
+    store, now, lease = app.runtime.store, app.clock(), timedelta(minutes=5)
+    leased = lease_of(app, run.task_id)  # the claim's, 30 s
+    with statements_on(app.engine, keep=lambda st: not st.lstrip().upper().startswith("BEGIN")) as seen:
+        assert await store.record_step(run, "model:0", "model", '"first"', now=now, lease=lease) == '"first"'
+    assert len(seen) == (1 if app.engine.dialect.name == "postgresql" else 2), seen
+    assert lease_of(app, run.task_id) > leased
+    assert await store.record_step(run, "model:0", "model", '"again"', now=now, lease=lease) == '"first"'
+    stale = dataclasses.replace(run, attempt=run.attempt + 1)
+    assert await store.record_step(stale, "model:1", "model", '"stale"', now=now, lease=lease) is None
+    assert [(st.slot, st.kind, st.done, st.result) for st in app.steps(run.task_id)] == [
+        ("model:0", "step", True, '"first"')
+    ]
+
+
+def lease_of(app: App, task_id: str) -> Any:
+    with app.engine.connect() as conn:
+        return conn.execute(sa.select(tasks_table.c.lease_expires_at).where(tasks_table.c.id == task_id)).scalar_one()

@@ -28,7 +28,7 @@ from ...journal_records import ChildOutcome
 from ...loopbound import LoopBound
 from ...records import tasks_table
 from ...settings import Settings
-from .. import execution, recovery, results
+from .. import execution, journal, recovery, results
 from ..base import SqlStore
 from ..engine import ping_when_idle
 from ..execution import ClaimRefused, ClaimRequest, ExecutionClaim
@@ -145,6 +145,26 @@ class PostgresStore(SqlStore):
         self, conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime
     ) -> NewDelivery | None:
         return statements.resume_if_ready(namespace, task_id, generation, now).run_on(conn)
+
+    def _record_step(
+        self,
+        conn: sa.Connection,
+        claim: ExecutionClaim,
+        slot: str,
+        label: str,
+        result_json: str,
+        *,
+        now: datetime,
+        lease: timedelta,
+    ) -> str | None:
+        record = statements.record_step(claim, slot, label, result_json, now=now, lease=lease).run_on(conn)
+        if not record.owned:
+            return None
+        if record.inserted:
+            return result_json
+        if record.existing is not None:
+            return record.existing
+        return journal.recorded_result(conn, claim, slot)  # committed after the statement's snapshot
 
     def _settle_slot(
         self,

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import psycopg
 import sqlalchemy as sa
 
-from ...journal_records import ChildOutcome
+from ...journal_records import ChildOutcome, StepKind
 from .. import sql
 from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
 from ..outbox import ClaimedDelivery, NewDelivery, Sent, deliveries
@@ -39,6 +39,7 @@ __all__ = [
     "finish_attempts",
     "mark_sent",
     "next_due",
+    "record_step",
     "redeliver_lost",
     "renew_leases",
     "resume_if_ready",
@@ -233,6 +234,39 @@ def resume_if_ready(
 
 def _resumed(rows: Rows) -> NewDelivery | None:
     return NewDelivery(*rows[0][: len(fields(NewDelivery))]) if rows else None
+
+
+class StepRecord(NamedTuple):
+    """What :func:`record_step` read: whether the fence held, whether the step's row went in,
+    and the slot's result as the statement saw it (None: no row, or one it could not see)."""
+
+    owned: bool
+    inserted: bool
+    existing: str | None
+
+
+def record_step(
+    claim: ExecutionClaim, slot: str, label: str, result_json: str, *, now: datetime, lease: timedelta
+) -> OneStatement[StepRecord]:
+    """:func:`..journal.record_step` in one statement (the fence's UPDATE and the step's INSERT)."""
+    params = {
+        "namespace": claim.namespace,
+        "task_id": claim.task_id,
+        "generation": claim.generation,
+        "attempt": claim.attempt,
+        "lease_until": now + lease,
+        "slot": slot,
+        "kind": StepKind.STEP.value,
+        "label": label[:200],
+        "result": result_json,
+        "now": now,
+    }
+    return OneStatement(sql.postgres()["record_step"], params, _step_record)
+
+
+def _step_record(rows: Rows) -> StepRecord:
+    owned, inserted, existing = rows[0]
+    return StepRecord(bool(owned), bool(inserted), existing)
 
 
 def redeliver_lost(

@@ -398,3 +398,31 @@ WITH settled AS (
     FROM resumed AS r
 )
 SELECT r.*, pg_notify(%(channel)s, %(namespace)s) FROM resumed AS r;
+
+-- name: record_step
+-- store/journal.py's record_step in one statement: the attempt's fence (an UPDATE that extends
+-- its lease and locks the task row, found by key, namespace and state tested on it) and the
+-- step's row unless its slot has one. Returns whether the fence held, whether the row was
+-- inserted, and the slot's result as the statement's snapshot saw it (a row already there
+-- wins). A slot's row committed by another transaction after that snapshot makes the insert
+-- do nothing (ON CONFLICT) and is not seen here: the caller reads the slot again.
+WITH owned AS (
+    UPDATE dt_tasks AS t
+    SET lease_expires_at = %(lease_until)s
+    WHERE t.id = %(task_id)s AND (t.namespace || '') = %(namespace)s::text AND t.generation = %(generation)s
+      AND t.attempt = %(attempt)s AND (t.state || '') = 'RUNNING'
+    RETURNING t.id
+), recorded AS (
+    INSERT INTO dt_steps (namespace, task_id, generation, slot, kind, label, done, result, created_at, finished_at)
+    SELECT %(namespace)s::text, o.id, %(generation)s, %(slot)s::text, %(kind)s, %(label)s, true, %(result)s, %(now)s, %(now)s
+    FROM owned AS o
+    WHERE NOT EXISTS (
+        SELECT 1 FROM dt_steps AS s
+        WHERE s.task_id = %(task_id)s AND s.generation = %(generation)s AND s.slot = %(slot)s::text
+    )
+    ON CONFLICT (task_id, generation, slot) DO NOTHING
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM recorded),
+       (SELECT s.result FROM dt_steps AS s
+        WHERE s.task_id = %(task_id)s AND s.generation = %(generation)s AND s.slot = %(slot)s::text);
