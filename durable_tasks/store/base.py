@@ -86,6 +86,11 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
     def _mark_sent(self, conn: sa.Connection, sent: Sequence[Sent], now: datetime) -> int:
         return outbox.mark_sent(conn, sent, now=now)
 
+    #: Whether :meth:`_commit_plain` locks the writes' rows and their parents' first, in one
+    #: pass in id order (PostgreSQL's one statement), so a group without hooks needs no
+    #: :meth:`_lock_with_parents` before it.
+    commit_plain_locks_parents = False
+
     def _commit_plain(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> list[FinalWrite]:
         """Write a group's results that have no hooks, fenced; returns the writes whose attempts
         are still open (closed with the hooked ones' by :meth:`_finish_attempts`)."""
@@ -258,7 +263,8 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
 
         def commit() -> None:
             with self._engine.begin() as conn:
-                if hooked or any(w.claim.parent_id is not None for w in writes):  # several statements
+                parents = any(w.claim.parent_id is not None for w in writes)
+                if hooked or (parents and not self.commit_plain_locks_parents):  # several statements
                     self._lock_with_parents(conn, [w.claim for w in writes])
                 still_open = self._commit_plain(conn, unhooked, now) if unhooked else []
                 for w in hooked:

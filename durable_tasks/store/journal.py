@@ -14,7 +14,7 @@ finds the task WAITING and resumes it. A resume is a new delivery of the same ge
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,18 +27,17 @@ from .outbox import NewDelivery
 from .submit import NewTask, insert_outbox
 
 __all__ = [
-    "OpenWait",
     "child_task",
     "deliver_signal",
     "load_steps",
     "open_children",
-    "open_waits",
     "record_step",
     "recorded_result",
     "resume_if_ready",
     "settle_child",
     "settle_if_child",
     "suspend",
+    "wait_fenced",
 ]
 
 t = tasks_table.c
@@ -55,6 +54,8 @@ Resume = Callable[[sa.Connection, str, str, int, datetime], NewDelivery | None]
 #: ``settle(conn, namespace, parent_id, parent_generation, slot, outcome, now)``:
 #: :func:`settle_child`, as the store runs it (PostgreSQL: one statement).
 Settle = Callable[[sa.Connection, str, str, int, str, ChildOutcome, datetime], NewDelivery | None]
+#: ``wait(conn, claim, now)``: :func:`wait_fenced`, as the store runs it (PostgreSQL: one statement).
+Wait = Callable[[sa.Connection, ExecutionClaim, datetime], bool]
 #: ``submit(conn, task, now) -> (child task id, created now)``: the store's submit (idempotent by
 #: key, waking dispatchers).
 SubmitChild = Callable[[sa.Connection, NewTask, datetime], tuple[str, bool]]
@@ -78,20 +79,6 @@ def child_task(claim: ExecutionClaim, child: PendingChild, *, queue: str, max_at
         parent_generation=claim.generation,
         parent_slot=child.slot,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class OpenWait:
-    """A wait still open (the approvals listing): which task, what it waits for, since when."""
-
-    id: int
-    task_id: str
-    task_name: str
-    generation: int
-    name: str
-    kind: str
-    request_json: str | None
-    since: datetime
 
 
 def load_steps(conn: sa.Connection, task_id: str, generation: int) -> list[RecordedStep]:
@@ -173,6 +160,7 @@ def suspend(
     *,
     now: datetime,
     submit_child: SubmitChild,
+    wait: Wait,
     resume: Resume,
 ) -> Suspended | None:
     """Submit the children (in the given order), open the waits, and move the task to WAITING,
@@ -182,10 +170,7 @@ def suspend(
     (one SELECT): a child found rather than created (an earlier suspension's), a signal (it
     may have been delivered). A wait opened now is open, so the task cannot be ready: only a
     suspension that opened none looks for an open wait left."""
-    waiting = conn.execute(
-        sa.update(tasks_table).where(claim.fence()).values(state=TaskState.WAITING, lease_expires_at=None)
-    ).rowcount
-    if not waiting:
+    if not wait(conn, claim, now):
         return None
     opened: dict[str, dict[str, Any]] = {}  # slot -> its row, unless the slot has one already
     found: dict[str, str] = {}  # slot -> the child found rather than created
@@ -205,12 +190,22 @@ def suspend(
     for slot, child_id in found.items():  # a child of an earlier suspension may have ended meanwhile
         if (outcome := _final_outcome(conn, child_id)) is not None:
             _settle_row(conn, claim.task_id, claim.generation, slot, outcome, now)
-    _close_attempt(conn, claim, now)
     if any(slot not in found for slot in opened):  # a wait opened now, still open
         return Suspended.WAITING
     if resume(conn, claim.namespace, claim.task_id, claim.generation, now):
         return Suspended.REDELIVERED
     return Suspended.WAITING
+
+
+def wait_fenced(conn: sa.Connection, claim: ExecutionClaim, now: datetime) -> bool:
+    """A suspension's start: the attempt's fence moves its task to WAITING and closes the
+    attempt as suspended; False, writing nothing, when the attempt no longer owns the task."""
+    waiting = conn.execute(
+        sa.update(tasks_table).where(claim.fence()).values(state=TaskState.WAITING, lease_expires_at=None)
+    ).rowcount
+    if waiting:
+        _close_attempt(conn, claim, now)
+    return bool(waiting)
 
 
 def _wait_row(
@@ -380,18 +375,3 @@ def resume_if_ready(
     insert_outbox(conn, namespace, task_id, row.queue, generation, row.delivery, row.shadow, now)
     wake(conn, namespace)
     return NewDelivery(task_id=task_id, **row._mapping)
-
-
-def open_waits(
-    conn: sa.Connection, namespace: str, *, kinds: Sequence[StepKind], limit: int, after_id: int = 0
-) -> list[OpenWait]:
-    """Open waits of these kinds in the tasks' current generations, oldest first, ``limit``
-    at a time after ``after_id`` (keyed paging on the partial index of open rows)."""
-    rows = conn.execute(
-        sa.select(s.id, s.task_id, t.name, s.generation, s.label, s.kind, s.request, s.created_at)
-        .join(tasks_table, sa.and_(t.id == s.task_id, t.generation == s.generation))
-        .where(s.namespace == namespace, s.kind.in_([k.value for k in kinds]), s.done.is_(False), s.id > after_id)
-        .order_by(s.id)
-        .limit(limit)
-    ).all()
-    return [OpenWait(r.id, r.task_id, r.name, r.generation, r.label, r.kind, r.request, r.created_at) for r in rows]

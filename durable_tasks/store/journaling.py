@@ -14,11 +14,11 @@ import sqlalchemy as sa
 
 from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, StepKind, Suspended
 from ..records import steps_table, tasks_table
-from . import journal
+from . import journal, waits
 from .execution import ExecutionClaim
-from .journal import OpenWait
 from .outbox import NewDelivery
 from .submit import NewTask, SubmitOutcome
+from .waits import OpenWait
 
 if TYPE_CHECKING:
     from ..views import StepInfo
@@ -120,6 +120,7 @@ class JournalStore:
                     signals,
                     now=now,
                     submit_child=submit_child,
+                    wait=self._wait_fenced,
                     resume=self._resume_if_ready,
                 )
                 if suspended is None:
@@ -129,6 +130,10 @@ class JournalStore:
             return Suspension(suspended, tuple(created))
 
         return await anyio.to_thread.run_sync(write)
+
+    def _wait_fenced(self, conn: sa.Connection, claim: ExecutionClaim, now: datetime) -> bool:
+        """:func:`.journal.wait_fenced` as the dialect runs it (PostgreSQL's store: one statement)."""
+        return journal.wait_fenced(conn, claim, now)
 
     def _resume_if_ready(
         self, conn: sa.Connection, namespace: str, task_id: str, generation: int, now: datetime
@@ -215,7 +220,7 @@ class JournalStore:
     def open_waits(self, namespace: str, *, kinds: Sequence[StepKind], limit: int, after_id: int) -> list[OpenWait]:
         """Open waits of these kinds, oldest first, a page at a time."""
         with self._read_engine.connect() as conn:
-            return journal.open_waits(conn, namespace, kinds=kinds, limit=limit, after_id=after_id)
+            return waits.open_waits(conn, namespace, kinds=kinds, limit=limit, after_id=after_id)
 
     def list_steps(self, namespace: str, task_id: str) -> list[StepInfo] | None:
         """The journal of the task's current generation in slot order of creation; None if no such task."""

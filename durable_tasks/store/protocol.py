@@ -38,7 +38,6 @@ from ..policy import TaskLeaseView
 from ..records import AttemptRecord, TaskRecord
 from .deferral import Deferral
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
-from .journal import OpenWait
 from .journaling import Suspension
 from .notify import OutboxWaiter
 from .outbox import ClaimedDelivery, Dead, Retry, Sent
@@ -48,6 +47,7 @@ from .recovery import DeadTask, ReconcileCursor, UnconfirmedPage
 from .results import FinalWrite, RecordedFailure
 from .retention import PruneReport
 from .submit import NewTask, SubmitOutcome
+from .waits import OpenWait
 
 if TYPE_CHECKING:
     from ..views import StepInfo

@@ -89,7 +89,8 @@ def statement_params(name: str, namespace: str, now: datetime, ids: list[str]) -
             "lease_until": later,
             "worker_id": "w",
         },
-        "commit_results": common | {"ids": ids, "generations": [0] * n, "attempts": [1] * n, "results": ["null"] * n},
+        "commit_results": common
+        | {"ids": ids, "parent_ids": [], "generations": [0] * n, "attempts": [1] * n, "results": ["null"] * n},
         "renew_leases": common | {"ids": ids, "generations": [0] * n, "attempts": [1] * n, "lease_until": later},
     }[name]
 
@@ -520,19 +521,26 @@ def test_an_executions_fence_finds_its_task_by_primary_key_with_stale_statistics
     assert all(node.get("Index Name") == "dt_tasks_pkey" for node in scans), scans
 
 
-def test_a_recorded_step_finds_its_task_and_its_slot_by_key_with_stale_statistics(make_app: Callable[..., App]) -> None:
-    """PostgreSQL's recorded step (one statement: the fence's UPDATE and the step's INSERT) on
-    the App's own engine: the task by primary key, namespace and state tested on it, and the
-    slot by its unique key."""
+@pytest.mark.parametrize("name", ["record_step", "wait_fenced"])
+def test_an_executions_one_statement_writes_find_their_rows_by_key_with_stale_statistics(
+    make_app: Callable[..., App], name: str
+) -> None:
+    """PostgreSQL's recorded step (the fence's UPDATE and the step's INSERT) and a suspension's
+    start (the fence's UPDATE to WAITING and the attempt's close), each one statement on the
+    App's own engine: the task by primary key, namespace and state tested on it; the slot by
+    its unique key, the attempt by ``ix_dt_attempts_task``."""
     app = make_app()
     running, _ = stale_statistics(app, 4000, running=3000)
-    statement = statements.record_step(
-        running_claim(app, running[0]), "model:0", "model", "1", now=app.clock(), lease=timedelta(seconds=30)
-    )
-    plan = plan_of(app, "record_step", dict(statement.params))
-    scans = [n for n in plan if n.get("Relation Name") in ("dt_tasks", "dt_steps") and n["Node Type"].endswith("Scan")]
-    assert {n["Relation Name"] for n in scans} == {"dt_tasks", "dt_steps"}
-    indexes = {"dt_tasks": "dt_tasks_pkey", "dt_steps": "uq_dt_steps_slot"}
+    claim, now = running_claim(app, running[0]), app.clock()
+    if name == "record_step":
+        params = statements.record_step(claim, "model:0", "model", "1", now=now, lease=timedelta(seconds=30)).params
+    else:
+        params = statements.wait_fenced(claim, now).params
+    plan = plan_of(app, name, dict(params))
+    indexes = {"dt_tasks": "dt_tasks_pkey", "dt_steps": "uq_dt_steps_slot", "dt_attempts": "ix_dt_attempts_task"}
+    scans = [n for n in plan if n.get("Relation Name") in indexes and n["Node Type"].endswith("Scan")]
+    touched = {"record_step": {"dt_tasks", "dt_steps"}, "wait_fenced": {"dt_tasks", "dt_attempts"}}
+    assert {n["Relation Name"] for n in scans} == touched[name], scans
     assert all(n.get("Index Name") == indexes[n["Relation Name"]] for n in scans), scans
 
 

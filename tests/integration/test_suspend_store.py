@@ -82,6 +82,8 @@ async def test_new_waits_are_one_insert_and_the_task_waits_without_a_look_for_op
     assert len([st for st in seen if writes_steps(st)]) == 1, seen
     # one look, for the signal's slot (a signal may be delivered before its wait); none for open waits
     assert len([st for st in seen if reads_steps(st)]) == 1, seen
+    if app.engine.dialect.name == "postgresql":  # the fence and the attempt's close, 3 children, the look, the waits
+        assert len([st for st in seen if not st.lstrip().upper().startswith("BEGIN")]) == 6, seen
     assert app.get_task(parent.task_id).state is TaskState.WAITING
     steps = app.steps(parent.task_id)
     assert [(st.kind, st.done) for st in steps] == [("child", False)] * 3 + [("signal", False)]
@@ -133,3 +135,23 @@ async def test_a_recorded_step_is_fenced_and_its_first_result_wins(app: App) -> 
 def lease_of(app: App, task_id: str) -> Any:
     with app.engine.connect() as conn:
         return conn.execute(sa.select(tasks_table.c.lease_expires_at).where(tasks_table.c.id == task_id)).scalar_one()
+
+
+async def test_a_childs_result_settles_its_parent_and_its_commit_locks_both_rows_itself(app: App) -> None:
+    """A child's result without a hook resumes its parent in the same transaction. PostgreSQL's
+    group commit locks the parent's row with the child's (one pass, id order), so the result
+    and the settle with its resume are two statements, with no lock of their own before them."""
+    parent = await claimed_parent(waiter_app(app))
+    pending = pending_child("child:0", 3)
+    rows = [(pending, child_task(parent, pending, queue="jobs", max_attempts=3))]
+    suspended = await app.runtime.store.suspend(parent, rows, [], now=app.clock())
+    assert suspended is not None
+    [(_, outcome)] = suspended.created
+    child = await claim(app, outcome.task_id)
+    with statements_on(app.engine, keep=lambda st: not st.lstrip().upper().startswith("BEGIN")) as seen:
+        await app.runtime.store.commit_results([FinalWrite(child, "6")], now=app.clock())
+    if app.engine.dialect.name == "postgresql":
+        assert len(seen) == 2, seen
+    resumed = app.get_task(parent.task_id)
+    assert (resumed.state, resumed.delivery) == (TaskState.PENDING, 1)
+    assert [(st.slot, st.done, st.result) for st in app.steps(parent.task_id)] == [("child:0", True, "6")]

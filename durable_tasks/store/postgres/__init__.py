@@ -146,6 +146,9 @@ class PostgresStore(SqlStore):
     ) -> NewDelivery | None:
         return statements.resume_if_ready(namespace, task_id, generation, now).run_on(conn)
 
+    def _wait_fenced(self, conn: sa.Connection, claim: ExecutionClaim, now: datetime) -> bool:
+        return statements.wait_fenced(claim, now).run_on(conn)
+
     def _record_step(
         self,
         conn: sa.Connection,
@@ -203,6 +206,8 @@ class PostgresStore(SqlStore):
             conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
             return 0
         return statements.mark_sent(sent, now).run_on(conn)
+
+    commit_plain_locks_parents = True
 
     def _commit_plain(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> list[FinalWrite]:
         statements.commit_results(writes, now).run_on(conn)

@@ -22,6 +22,7 @@ import psycopg
 import sqlalchemy as sa
 
 from ...journal_records import ChildOutcome, StepKind
+from ...records import AttemptOutcome
 from .. import sql
 from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
 from ..outbox import ClaimedDelivery, NewDelivery, Sent, deliveries
@@ -45,6 +46,7 @@ __all__ = [
     "resume_if_ready",
     "submit_task",
     "submit_tasks",
+    "wait_fenced",
 ]
 
 R = TypeVar("R")
@@ -164,10 +166,11 @@ def _claimed_rows(rows: Rows) -> list[ClaimedRow]:
 
 
 def commit_results(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[None]:
-    """The fenced writes of results without hooks and their attempts' outcomes; reading its
-    rows sets each write's ``outcome``."""
+    """The fenced writes of results without hooks and their attempts' outcomes, the rows of
+    the children's parents locked with theirs; reading its rows sets each write's ``outcome``."""
     params = {
         **_fence_arrays([w.claim for w in writes]),
+        "parent_ids": sorted({w.claim.parent_id for w in writes if w.claim.parent_id is not None}),
         "namespace": writes[0].claim.namespace,
         "results": [w.result_json for w in writes],
         "now": now,
@@ -267,6 +270,19 @@ def record_step(
 def _step_record(rows: Rows) -> StepRecord:
     owned, inserted, existing = rows[0]
     return StepRecord(bool(owned), bool(inserted), existing)
+
+
+def wait_fenced(claim: ExecutionClaim, now: datetime) -> OneStatement[bool]:
+    """:func:`..journal.wait_fenced` in one statement; reads whether the fence held."""
+    params = {
+        "namespace": claim.namespace,
+        "task_id": claim.task_id,
+        "generation": claim.generation,
+        "attempt": claim.attempt,
+        "outcome": AttemptOutcome.SUSPENDED.value,
+        "now": now,
+    }
+    return OneStatement(sql.postgres()["wait_fenced"], params, bool)
 
 
 def redeliver_lost(

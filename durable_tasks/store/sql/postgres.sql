@@ -58,7 +58,8 @@ SELECT * FROM claimed;
 -- Fenced final writes for a batch, and their attempts closed, in one statement: arrays ids,
 -- generations, attempts, results. A row is written only while it is RUNNING under the same
 -- (generation, attempt); its attempt ends 'succeeded', the others' 'fenced_out'. Returns
--- the ids written. A group larger than statements.PREPARED_GROUP_MAX is planned on every
+-- the ids written. The rows of parent_ids (the children's parents, whose journals the same
+-- transaction settles next; usually none) are locked with the batch's, in the same id order. A group larger than statements.PREPARED_GROUP_MAX is planned on every
 -- call, never prepared: the rows are found by key once (t.id / a.task_id = ANY(ids)) and
 -- joined to the batch, a plan that needs the array's length. A prepared statement's generic
 -- plan guesses ten elements and probes ix_dt_attempts_task row by row, each probe testing the
@@ -68,7 +69,7 @@ SELECT * FROM claimed;
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.attempt
     FROM dt_tasks AS c
-    WHERE c.id = ANY(%(ids)b::text[])
+    WHERE c.id = ANY(%(ids)b::text[] || %(parent_ids)b::text[])
     ORDER BY c.id
     FOR UPDATE OF c
 ), fenced AS MATERIALIZED (
@@ -426,3 +427,21 @@ WITH owned AS (
 SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM recorded),
        (SELECT s.result FROM dt_steps AS s
         WHERE s.task_id = %(task_id)s AND s.generation = %(generation)s AND s.slot = %(slot)s::text);
+
+-- name: wait_fenced
+-- store/journal.py's wait_fenced in one statement, a suspension's start: the attempt's fence
+-- (the row found by key, namespace and state tested on it) moves the task to WAITING without a
+-- lease, and the attempt is closed as suspended. Returns a row when the fence held.
+WITH waiting AS (
+    UPDATE dt_tasks AS t
+    SET state = 'WAITING', lease_expires_at = NULL
+    WHERE t.id = %(task_id)s AND (t.namespace || '') = %(namespace)s::text AND t.generation = %(generation)s
+      AND t.attempt = %(attempt)s AND (t.state || '') = 'RUNNING'
+    RETURNING t.id
+), closed AS (
+    UPDATE dt_attempts AS a
+    SET outcome = %(outcome)s, finished_at = %(now)s
+    WHERE a.task_id = %(task_id)s AND a.generation = %(generation)s AND a.attempt = %(attempt)s
+      AND EXISTS (SELECT 1 FROM waiting)
+)
+SELECT id FROM waiting;
