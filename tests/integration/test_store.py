@@ -22,6 +22,7 @@ from durable_tasks.store.outbox import ClaimedDelivery
 from durable_tasks.store.recovery import DeadTask
 from durable_tasks.store.results import CommitOutcome, FinalWrite
 from durable_tasks.store.submit import NewTask
+from tests.helpers import statements_on
 
 pytestmark = pytest.mark.anyio
 
@@ -183,6 +184,32 @@ async def test_a_claim_is_the_execution_fence(app: App, clock: FrozenClock) -> N
     assert second.attempt == 2
     outcomes = [a.outcome for a in app.get_task(task_id).attempts]
     assert outcomes == [AttemptOutcome.LOST, None]
+
+
+async def test_a_reruns_claim_links_its_earlier_attempt_and_closes_what_a_lost_worker_left_open(
+    app: App, clock: FrozenClock
+) -> None:
+    """A re-run's claim reads the trace context of the task's latest earlier attempt (its new
+    attempt's span links to it) and closes that attempt as lost; PostgreSQL's claim statement
+    does both itself, with nothing sent on the App's engine."""
+    store, ns = app.runtime.store, app.settings.namespace
+    [task_id] = submit(app)
+    earlier = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    [first] = await store.claim_executions(
+        ns, [ClaimRequest(task_id, 0, 0, earlier)], worker_id="w", now=app.clock(), lease=LEASE
+    )
+    assert isinstance(first, ExecutionClaim)
+    assert first.previous_traceparent is None
+    clock.advance(LEASE + timedelta(seconds=1))  # its worker is lost
+    with statements_on(app.engine) as seen:
+        second = await claimed(app, task_id)
+    assert (second.attempt, second.previous_traceparent) == (2, earlier)
+    assert [(a.outcome, a.retry_reason) for a in app.get_task(task_id).attempts] == [
+        (AttemptOutcome.LOST, "lease expired: worker lost"),
+        (None, None),
+    ]
+    if app.engine.dialect.name == "postgresql":
+        assert seen == []
 
 
 async def test_a_group_commit_fences_each_result_and_runs_hooks_in_savepoints(app: App) -> None:

@@ -286,22 +286,23 @@ class PostgresStore(SqlStore):
         now: datetime,
         lease: timedelta,
     ) -> list[ExecutionClaim | ClaimRefused]:
-        """One statement claims and opens the attempts; the rare follow-ups (re-runs, ids not
-        claimed) run after it in a transaction of their own (they are idempotent)."""
+        """One statement claims, opens the attempts and does a re-run's follow-up (the earlier
+        attempt's trace context; attempts left open closed as lost); ids not claimed, which
+        are rare, are looked up after it in a transaction of their own."""
         if not requests:
             return []
-        rows = await self.connections.run(
+        rows, previous = await self.connections.run(
             statements.claim_executions(namespace, requests, worker_id=worker_id, now=now, lease=lease)
         )
-        follow_ups = execution.claim_follow_ups(requests, rows)
-        known = execution.NOTHING_KNOWN
-        if follow_ups:
+        known = execution.Known(previous, frozenset()) if previous else execution.NOTHING_KNOWN
+        if missing := {r.task_id for r in requests} - {r.id for r in rows}:
+            follow_ups = execution.FollowUps([], missing)
 
             def after() -> execution.Known:
                 with self.engine.begin() as conn:
                     return execution.after_claim(conn, namespace, follow_ups, now)
 
-            known = await self._in_thread(after)
+            known = execution.Known(previous, (await self._in_thread(after)).existing)
         return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
 
     async def commit_results(self, writes: Sequence[FinalWrite], *, now: datetime) -> None:

@@ -143,8 +143,10 @@ def _first_int(rows: Rows) -> int:
 
 def claim_executions(
     namespace: str, requests: Sequence[ClaimRequest], *, worker_id: str, now: datetime, lease: timedelta
-) -> OneStatement[list[ClaimedRow]]:
-    """The batch claim: it claims the tasks and opens their attempts (one round trip)."""
+) -> OneStatement[tuple[list[ClaimedRow], dict[str, str | None]]]:
+    """The batch claim: it claims the tasks and opens their attempts (one round trip); reads
+    the claimed rows, and the re-runs' earlier trace contexts (:func:`..execution.after_claim`'s
+    ``previous``: the statement closed what lost workers left open too)."""
     keys, traceparents = claim_keys(requests)
     ids, generations, delivery_numbers = zip(*keys, strict=True)
     params = {
@@ -161,8 +163,10 @@ def claim_executions(
     return OneStatement(sql.postgres()["claim_executions"], params, _claimed_rows)
 
 
-def _claimed_rows(rows: Rows) -> list[ClaimedRow]:
-    return [ClaimedRow._make(row) for row in rows]
+def _claimed_rows(rows: Rows) -> tuple[list[ClaimedRow], dict[str, str | None]]:
+    claimed = [ClaimedRow._make(row[:-1]) for row in rows]
+    previous = {c.id: row[-1] for c, row in zip(claimed, rows, strict=True) if c.attempt > 1 or c.generation > 0}
+    return claimed, previous
 
 
 def commit_results(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[None]:

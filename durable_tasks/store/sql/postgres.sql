@@ -19,7 +19,11 @@
 -- execution, in one statement: arrays ids, generations, deliveries; trace_ids and
 -- traceparents (each attempt's trace context). Claimable: same generation and delivery,
 -- PENDING/ENQUEUED/RETRYING, or RUNNING with an expired lease. Returns the claimed rows
--- (attempt already incremented).
+-- (attempt already incremented), each with the trace context of its task's latest earlier
+-- attempt (a re-run: a retry, a resume, a new generation; its new attempt's span links to it),
+-- whose attempts a lost worker left open are closed as lost (store/execution.py's
+-- after_claim, which the other dialects run after the claim). The attempt this statement
+-- opens is not in its snapshot, so neither reads it as an earlier one.
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.delivery, c.lease_expires_at
     FROM dt_tasks AS c
@@ -51,8 +55,20 @@ WITH locked AS MATERIALIZED (
     SELECT %(namespace)s, c.id, c.generation, c.attempt, c.delivery, %(worker_id)s, %(now)s, p.traceparent
     FROM claimed AS c
     LEFT JOIN unnest(%(trace_ids)b::text[], %(traceparents)b::text[]) AS p (id, traceparent) ON p.id = c.id
+), rerun AS MATERIALIZED (
+    SELECT c.id FROM claimed AS c WHERE c.attempt > 1 OR c.generation > 0
+), previous AS (
+    SELECT DISTINCT ON (a.task_id) a.task_id, a.traceparent
+    FROM rerun AS r
+    JOIN dt_attempts AS a ON a.task_id = r.id
+    ORDER BY a.task_id, a.id DESC
+), lost AS (
+    UPDATE dt_attempts AS a
+    SET outcome = 'lost', finished_at = %(now)s, retry_reason = 'lease expired: worker lost'
+    FROM rerun AS r
+    WHERE a.task_id = r.id AND a.outcome IS NULL
 )
-SELECT * FROM claimed;
+SELECT c.*, p.traceparent FROM claimed AS c LEFT JOIN previous AS p ON p.task_id = c.id;
 
 -- name: commit_results
 -- Fenced final writes for a batch, and their attempts closed, in one statement: arrays ids,
