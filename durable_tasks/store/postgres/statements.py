@@ -223,7 +223,7 @@ def resume_if_ready(
 ) -> OneStatement[NewDelivery | None]:
     """:func:`..journal.resume_if_ready` in one statement, or with ``settle`` (a slot and a
     child's outcome) :func:`..journal.settle_child`; reads the new delivery, or None."""
-    slot, outcome = settle if settle is not None else (None, ChildOutcome(""))
+    slot, outcome = settle if settle is not None else (None, None)
     params = {
         "namespace": namespace,
         "task_id": task_id,
@@ -231,10 +231,10 @@ def resume_if_ready(
         "now": now,
         "channel": NOTIFY_CHANNEL,
         "slot": slot,
-        "state": outcome.state or None,
-        "result": outcome.result_json,
-        "error_type": outcome.error_type,
-        "error_message": outcome.error_message,
+        "state": outcome and outcome.state,
+        "result": outcome and outcome.result_json,
+        "error_type": outcome and outcome.error_type,
+        "error_message": outcome and outcome.error_message,
     }
     return OneStatement(sql.postgres()["resume_if_ready"], params, _resumed)
 
