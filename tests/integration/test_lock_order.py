@@ -22,7 +22,7 @@ from durable_tasks.store import ids
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.results import FinalWrite
-from tests.integration.test_suspend_store import claim, claimed_parent, pending_child, waiter_app
+from tests.integration.test_suspend_store import claimed_parent, pending_child, waiter_app, waiting_on_a_claimed_child
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)]
 
@@ -77,13 +77,7 @@ async def test_a_childs_end_waits_for_its_parents_row_before_it_locks_its_own(
     make_app: Callable[..., App], end: Callable[[App, ExecutionClaim], Coroutine[Any, Any, None]]
 ) -> None:
     app = waiter_app(make_app())
-    parent = await claimed_parent(app)
-    pending = pending_child("child:0", 3)
-    rows = [(pending, child_task(parent, pending, queue="jobs", max_attempts=3))]
-    suspended = await app.runtime.store.suspend(parent, rows, [], now=app.clock())
-    assert suspended is not None
-    [(_, outcome)] = suspended.created
-    child = await claim(app, outcome.task_id)
+    parent, child = await waiting_on_a_claimed_child(app)
     assert parent.task_id < child.task_id  # ids in time order: the dispatcher's mark locks the parent first
 
     with app.engine.connect() as dispatcher:  # as the dispatcher's mark: the parent's row first

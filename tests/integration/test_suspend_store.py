@@ -54,6 +54,17 @@ async def claimed_parent(app: App) -> ExecutionClaim:
     return await claim(app, parent_id)
 
 
+async def waiting_on_a_claimed_child(app: App) -> tuple[ExecutionClaim, ExecutionClaim]:
+    """A parent's execution suspended on one child (``double`` of 3), and that child's claim."""
+    parent = await claimed_parent(app)
+    pending = pending_child("child:0", 3)
+    rows = [(pending, child_task(parent, pending, queue="jobs", max_attempts=3))]
+    suspended = await app.runtime.store.suspend(parent, rows, [], now=app.clock())
+    assert suspended is not None
+    [(_, outcome)] = suspended.created
+    return parent, await claim(app, outcome.task_id)
+
+
 def pending_child(slot: str, n: int) -> PendingChild:
     return PendingChild(slot, "double", PreparedChild("double", str(n)), (0, 0))
 
@@ -141,13 +152,7 @@ async def test_a_childs_result_settles_its_parent_and_its_commit_locks_both_rows
     """A child's result without a hook resumes its parent in the same transaction. PostgreSQL's
     group commit locks the parent's row with the child's (one pass, id order), so the result
     and the settle with its resume are two statements, with no lock of their own before them."""
-    parent = await claimed_parent(waiter_app(app))
-    pending = pending_child("child:0", 3)
-    rows = [(pending, child_task(parent, pending, queue="jobs", max_attempts=3))]
-    suspended = await app.runtime.store.suspend(parent, rows, [], now=app.clock())
-    assert suspended is not None
-    [(_, outcome)] = suspended.created
-    child = await claim(app, outcome.task_id)
+    parent, child = await waiting_on_a_claimed_child(waiter_app(app))
     with statements_on(app.engine, keep=lambda st: not st.lstrip().upper().startswith("BEGIN")) as seen:
         await app.runtime.store.commit_results([FinalWrite(child, "6")], now=app.clock())
     if app.engine.dialect.name == "postgresql":
