@@ -75,7 +75,8 @@ SELECT c.*, p.traceparent FROM claimed AS c LEFT JOIN previous AS p ON p.task_id
 -- generations, attempts, results. A row is written only while it is RUNNING under the same
 -- (generation, attempt); its attempt ends 'succeeded', the others' 'fenced_out'. Returns
 -- the ids written. The rows of parent_ids (the children's parents, whose journals the same
--- transaction settles next; usually none) are locked with the batch's, in the same id order. A group larger than statements.PREPARED_GROUP_MAX is planned on every
+-- transaction settles next; usually none) are locked with the batch's, in the same id order.
+-- A group larger than statements.PREPARED_GROUP_MAX is planned on every
 -- call, never prepared: the rows are found by key once (t.id / a.task_id = ANY(ids)) and
 -- joined to the batch, a plan that needs the array's length. A prepared statement's generic
 -- plan guesses ten elements and probes ix_dt_attempts_task row by row, each probe testing the
@@ -431,7 +432,8 @@ WITH owned AS (
     RETURNING t.id
 ), recorded AS (
     INSERT INTO dt_steps (namespace, task_id, generation, slot, kind, label, done, result, created_at, finished_at)
-    SELECT %(namespace)s::text, o.id, %(generation)s, %(slot)s::text, %(kind)s, %(label)s, true, %(result)s, %(now)s, %(now)s
+    SELECT %(namespace)s::text, o.id, %(generation)s, %(slot)s::text, %(kind)s, %(label)s, true, %(result)s,
+           %(now)s, %(now)s
     FROM owned AS o
     WHERE NOT EXISTS (
         SELECT 1 FROM dt_steps AS s
