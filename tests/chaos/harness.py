@@ -603,22 +603,28 @@ class Cluster:
             ).all()
         return [tuple(str(v) for v in row) for row in rows]
 
-    def pause_outside_transactions(self, proc: Proc, *, timeout: float = 10.0) -> None:
+    def pause_outside_transactions(self, proc: Proc, *, timeout: float = 30.0) -> None:
         """SIGSTOP ``proc`` at a moment it holds no open database transaction (so it freezes
-        holding leases, not row locks that would also freeze everyone else). A statement the
-        process sent just before it stopped may not have reached its backend when the first
-        read finds every connection idle (a BEGIN and a row lock, then nothing more: the
-        backend would hold the lock, idle in a transaction, and the other workers block on it
-        until they too can never be paused): the state is read again after
-        ``_IN_FLIGHT_S``, and only two idle reads count."""
+        holding leases, not row locks that would also freeze everyone else). It is stopped
+        right after a read found it idle, not at a random moment: a worker busy on a loaded
+        machine is inside some transaction nearly all the time, and random stops found it idle
+        too rarely to pause it within the timeout. A statement the process sent just before it
+        stopped may not have reached its backend when the next read finds every connection
+        idle (a BEGIN and a row lock, then nothing more: the backend would hold the lock, idle
+        in a transaction, and the other workers block on it until they too can never be
+        paused): the state is read again after ``_IN_FLIGHT_S``, and only two idle reads
+        count."""
         deadline = time.monotonic() + timeout
         while True:
-            self.pause(proc)
-            if self.open_transactions(proc) == 0:
-                time.sleep(_IN_FLIGHT_S)  # the stopped process sends nothing more meanwhile
+            # On MySQL the read is a cached snapshot up to INNODB_TRX_POLL_S old: too stale to
+            # stop on, so the process is stopped first and read after, as ever.
+            if self.on_mysql or self.open_transactions(proc) == 0:
+                self.pause(proc)
                 if self.open_transactions(proc) == 0:
-                    return
-            self.resume(proc)
+                    time.sleep(_IN_FLIGHT_S)  # the stopped process sends nothing more meanwhile
+                    if self.open_transactions(proc) == 0:
+                        return
+                self.resume(proc)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{proc.name} never paused outside a transaction: {self.busy_backends(proc)}")
             time.sleep(random.uniform(0.005, 0.03) + (INNODB_TRX_POLL_S if self.on_mysql else 0))
