@@ -280,7 +280,7 @@ def _reopened(conn: sa.Connection, rows: Sequence[ClaimedRow], now: datetime) ->
     if not rows:
         return {}
     ids = [r.id for r in rows]
-    # The attempts just opened are not "previous" (on Postgres they exist already).
+    # The attempts just opened are not "previous" (the claim opened them, in this transaction).
     earlier = sa.tuple_(a.task_id, a.generation, a.attempt).not_in([(r.id, r.generation, r.attempt) for r in rows])
     latest: dict[str, str | None] = {}
     for task_id, traceparent in conn.execute(

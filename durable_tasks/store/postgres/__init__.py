@@ -210,7 +210,8 @@ class PostgresStore(SqlStore):
     commit_plain_locks_parents = True
 
     def _commit_plain(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> list[FinalWrite]:
-        statements.commit_results(writes, now).run_on(conn)
+        parent_ids = sorted({w.claim.parent_id for w in writes if w.claim.parent_id is not None})
+        statements.commit_results(writes, now, parent_ids=parent_ids).run_on(conn)
         return []  # the statement closed their attempts too
 
     def _finish_attempts(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> None:

@@ -164,17 +164,20 @@ def claim_executions(
 
 
 def _claimed_rows(rows: Rows) -> tuple[list[ClaimedRow], dict[str, str | None]]:
-    claimed = [ClaimedRow._make(row[:-1]) for row in rows]
-    previous = {c.id: row[-1] for c, row in zip(claimed, rows, strict=True) if c.attempt > 1 or c.generation > 0}
-    return claimed, previous
+    # The last column is NULL but for a re-run whose earlier attempt had a trace context (the
+    # statement decides which rows are re-runs; a missing entry reads as None).
+    return [ClaimedRow._make(row[:-1]) for row in rows], {row[0]: row[-1] for row in rows if row[-1] is not None}
 
 
-def commit_results(writes: Sequence[FinalWrite], now: datetime) -> OneStatement[None]:
+def commit_results(
+    writes: Sequence[FinalWrite], now: datetime, *, parent_ids: Sequence[str] = ()
+) -> OneStatement[None]:
     """The fenced writes of results without hooks and their attempts' outcomes, the rows of
-    the children's parents locked with theirs; reading its rows sets each write's ``outcome``."""
+    ``parent_ids`` (the children's parents) locked with theirs; reading its rows sets each
+    write's ``outcome``."""
     params = {
         **_fence_arrays([w.claim for w in writes]),
-        "parent_ids": sorted({w.claim.parent_id for w in writes if w.claim.parent_id is not None}),
+        "parent_ids": list(parent_ids),
         "namespace": writes[0].claim.namespace,
         "results": [w.result_json for w in writes],
         "now": now,
