@@ -2,13 +2,15 @@
 transaction takes its parent's row in the same pass as its own, first. Locking the child's
 row, then the parent's in a later statement, deadlocked with a dispatcher marking the
 parent's resume and a later child of it in one pass (the dispatcher held the parent and
-waited for the child). On the databases with row locks."""
+waited for the child). And two writes of one step's slot meet at their task's row: the one
+that waited returns what the first wrote. On the databases with row locks."""
 
 from __future__ import annotations
 
 import itertools
 import time
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -18,7 +20,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskState
 from durable_tasks.records import tasks_table
-from durable_tasks.store import ids
+from durable_tasks.store import ids, journal
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.results import FinalWrite
@@ -29,21 +31,22 @@ pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["postg
 t = tasks_table.c
 
 
-def blocked_by(conn: sa.Connection) -> int:
+def blocked_by(conn: sa.Connection, locking: str = "%FOR UPDATE%") -> int:
     """How many transactions wait for a lock that ``conn``'s transaction holds (PostgreSQL),
-    or run a locking read in this test's database (MySQL/MariaDB, where nothing else runs one
-    here, so it waits; MariaDB's lock-wait tables can leave out a waiting transaction), read on
-    a connection of its own."""
+    or run a locking statement (SQL ``LIKE locking``) in this test's database (MySQL/MariaDB,
+    where nothing else runs one here, so it waits; MariaDB's lock-wait tables can leave out a
+    waiting transaction), read on a connection of its own."""
     if conn.dialect.name == "postgresql":
         pid = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
-        query = f"SELECT count(*) FROM pg_stat_activity WHERE {pid} = ANY(pg_blocking_pids(pid))"
+        query, params = f"SELECT count(*) FROM pg_stat_activity WHERE {pid} = ANY(pg_blocking_pids(pid))", {}
     else:
         query = (
             "SELECT count(*) FROM information_schema.processlist"
-            " WHERE db = DATABASE() AND id <> CONNECTION_ID() AND info LIKE '%FOR UPDATE%'"
+            " WHERE db = DATABASE() AND id <> CONNECTION_ID() AND info LIKE :locking"
         )
+        params = {"locking": locking}
     with conn.engine.connect() as probe:
-        return int(probe.execute(sa.text(query)).scalar_one())
+        return int(probe.execute(sa.text(query), params).scalar_one())
 
 
 def lock_nowait(conn: sa.Connection, task_id: str) -> None:
@@ -130,4 +133,44 @@ async def test_a_rerun_locks_its_task_and_its_childrens_rows_in_id_order(
             lock_nowait(dispatcher, second)  # the later child's row is free: the rerun holds nothing past the first
             tx.commit()
     assert [app.get_task(c).state for c in (first, second)] == [TaskState.CANCELLED, TaskState.CANCELLED]
+    await app.aclose()
+
+
+async def test_a_step_recorded_while_its_fence_waited_for_the_row_returns_the_result_recorded_first(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writes of one step's slot meet at the task row, which the fence's UPDATE locks. The
+    one that waited finds the slot taken once it has the row, and returns the result written
+    first. On PostgreSQL the fence and the insert are one statement, whose snapshot predates
+    the first write's commit: it reads the slot again, in a statement of its own."""
+    app = waiter_app(make_app())
+    run = await claimed_parent(app)
+    now, lease = app.clock(), timedelta(minutes=5)
+    read_again: list[str] = []
+    recorded_result = journal.recorded_result
+
+    def counted(conn: sa.Connection, claim: ExecutionClaim, slot: str) -> str:
+        read_again.append(slot)
+        return recorded_result(conn, claim, slot)
+
+    monkeypatch.setattr(journal, "recorded_result", counted)
+    returned: list[str | None] = []
+
+    async def second() -> None:
+        returned.append(await app.runtime.store.record_step(run, "model:0", "model", '"second"', now=now, lease=lease))
+
+    with app.engine.connect() as first:
+        tx = first.begin()
+        assert journal.record_step(first, run, "model:0", "model", '"first"', now=now, lease=lease) == '"first"'
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(second)
+            deadline = time.monotonic() + 10
+            while not await anyio.to_thread.run_sync(blocked_by, first, "UPDATE dt_tasks%"):
+                assert time.monotonic() < deadline, "the second write never waited for the task row"
+                await anyio.sleep(0.01)
+            assert not returned
+            tx.commit()
+    assert returned == ['"first"']
+    assert read_again == ["model:0"]
+    assert [(st.slot, st.result) for st in app.steps(run.task_id)] == [("model:0", '"first"')]
     await app.aclose()
