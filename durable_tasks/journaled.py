@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -15,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import failpoints
 from .codec import encode_payload
 from .errors import JournalFencedOutError, UnknownTaskError
+from .flow.policy import dispatch_due
 from .handler_threads import HandlerThreads
 from .journal import (
     Journal,
@@ -29,6 +31,7 @@ from .journal import (
 from .runtime import Runtime
 from .store.execution import ExecutionClaim
 from .store.journal import child_task
+from .store.submit import NewTask
 from .tasks import Task, TaskContext
 
 __all__ = ["StoreJournal", "run_handler"]
@@ -98,20 +101,8 @@ class StoreJournal:
 
     async def suspend(self, children: Sequence[PendingChild], signals: Sequence[PendingSignal]) -> Suspended:
         """Submit the children, open the waits and leave the worker slot."""
-        registry = self.runtime.registry
-        rows = [
-            (
-                child,
-                child_task(
-                    self.claim,
-                    child,
-                    queue=registry[child.prepared.task_name].queue,
-                    max_attempts=registry[child.prepared.task_name].max_attempts,
-                ),
-            )
-            for child in children
-        ]
         now = self.runtime.clock()
+        rows = [(child, self._child_task(child, now)) for child in children]
         done = await self.runtime.store.suspend(self.claim, rows, signals, now=now)
         if done is None:
             raise JournalFencedOutError(f"task {self.claim.task_id} moved on: its suspension is dropped")
@@ -121,6 +112,20 @@ class StoreJournal:
             tasks, outcomes = zip(*done.created, strict=True)
             await self.runtime.publish_committed(self.runtime.first_deliveries(tasks, outcomes, now))
         return done.state
+
+    def _child_task(self, child: PendingChild, now: datetime) -> NewTask:
+        """The child's row as a submit of its task writes it: its queue, attempts and declared
+        priority (a level's head start in the dispatcher's due order included)."""
+        task = self.runtime.registry[child.prepared.task_name]
+        priority = task.flow.priority
+        return child_task(
+            self.claim,
+            child,
+            queue=task.queue,
+            max_attempts=task.max_attempts,
+            priority=priority,
+            due=dispatch_due(now, None, priority),
+        )
 
 
 def run_handler(

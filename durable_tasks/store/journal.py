@@ -63,9 +63,18 @@ SubmitChild = Callable[[sa.Connection, NewTask, datetime], tuple[str, bool]]
 _DELIVERY_COLUMNS = [t[f.name] for f in fields(NewDelivery) if f.name != "task_id"]
 
 
-def child_task(claim: ExecutionClaim, child: PendingChild, *, queue: str, max_attempts: int) -> NewTask:
+def child_task(
+    claim: ExecutionClaim,
+    child: PendingChild,
+    *,
+    queue: str,
+    max_attempts: int,
+    priority: int | None = None,
+    due: datetime | None = None,
+) -> NewTask:
     """The child's task row: idempotency key ``task_id:generation:slot`` (one child per slot and
-    generation, however often a suspension is retried) and the link back to the parent."""
+    generation, however often a suspension is retried) and the link back to the parent; its
+    task's priority and the dispatch due time that goes with it, as a submit writes them."""
     return NewTask(
         namespace=claim.namespace,
         name=child.prepared.task_name,
@@ -75,6 +84,8 @@ def child_task(claim: ExecutionClaim, child: PendingChild, *, queue: str, max_at
         max_attempts=max_attempts,
         traceparent=claim.traceparent,
         shadow=claim.shadow,
+        priority=priority,
+        due=due,
         parent_id=claim.task_id,
         parent_generation=claim.generation,
         parent_slot=child.slot,

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, InvalidFlowControlError, TaskContext
+from durable_tasks import App, InvalidFlowControlError, TaskContext, current_journal
 from durable_tasks.flow.policy import GUARD_SHARE, guard_reserve
 from durable_tasks.records import tasks_table
 from tests.helpers import keys, submit, submit_all
@@ -132,4 +132,40 @@ async def test_a_priority_out_of_range_is_a_typed_error(make_app: Callable[..., 
     app = prioritized_app(make_app, started)
     with Session(app.engine) as session, pytest.raises(InvalidFlowControlError, match="priority="):
         app.submit(session, "job", 1, priority=bad)  # type: ignore[arg-type]
+    await app.aclose()
+
+
+@pytest.mark.parametrize("publish_on_commit", [True, False])
+async def test_a_child_task_goes_at_the_priority_its_task_declares(
+    make_app: Callable[..., App], publish_on_commit: bool
+) -> None:
+    """A suspension's child is written as a submit of its task writes it: at the task's
+    declared level, on that level's stream, whether the worker publishes it at the suspension's
+    commit or the dispatcher does."""
+    started: list[int] = []
+    app = prioritized_app(make_app, started, publish_on_commit=publish_on_commit)
+
+    @app.task(name="urgent", queue="jobs", priority=2)
+    async def urgent(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    @app.task(name="parent", queue="jobs")
+    async def parent(ctx: TaskContext[int], n: int) -> int:
+        journal = current_journal()
+        assert journal is not None
+        return int(await journal.child(urgent, n)) + 1
+
+    submit(app, "parent", 1)
+    await dispatch_all(app)
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1  # runs, then suspends
+    await dispatch_all(app)
+    with app.engine.connect() as conn:
+        levels = conn.execute(
+            sa.select(tasks_table.c.name, tasks_table.c.priority).where(
+                tasks_table.c.namespace == app.settings.namespace
+            )
+        ).all()
+    assert sorted(levels) == [("parent", None), ("urgent", 2)]
+    client = app.runtime.transport().client
+    assert await client.xlen(keys(app).level_stream(2)) == 1
     await app.aclose()
