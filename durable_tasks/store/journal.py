@@ -56,9 +56,9 @@ Resume = Callable[[sa.Connection, str, str, int, datetime], NewDelivery | None]
 Settle = Callable[[sa.Connection, str, str, int, str, ChildOutcome, datetime], NewDelivery | None]
 #: ``wait(conn, claim, now)``: :func:`wait_fenced`, as the store runs it (PostgreSQL: one statement).
 Wait = Callable[[sa.Connection, ExecutionClaim, datetime], bool]
-#: ``submit(conn, task, now) -> (child task id, created now)``: the store's submit (idempotent by
-#: key, waking dispatchers).
-SubmitChild = Callable[[sa.Connection, NewTask, datetime], tuple[str, bool]]
+#: ``submit(conn, tasks, now) -> [(child task id, created now)]``: the store's submit of a
+#: suspension's children, in order (idempotent by key, waking dispatchers; PostgreSQL: one statement).
+SubmitChildren = Callable[[sa.Connection, Sequence[NewTask], datetime], list[tuple[str, bool]]]
 #: A resumed task's new delivery: the columns of a NewDelivery (its id apart), read back.
 _DELIVERY_COLUMNS = [t[f.name] for f in fields(NewDelivery) if f.name != "task_id"]
 
@@ -170,7 +170,7 @@ def suspend(
     signals: Sequence[PendingSignal],
     *,
     now: datetime,
-    submit_child: SubmitChild,
+    submit_children: SubmitChildren,
     wait: Wait,
     resume: Resume,
 ) -> Suspended | None:
@@ -185,8 +185,8 @@ def suspend(
         return None
     opened: dict[str, dict[str, Any]] = {}  # slot -> its row, unless the slot has one already
     found: dict[str, str] = {}  # slot -> the child found rather than created
-    for child, task in children:
-        child_id, created = submit_child(conn, task, now)
+    submitted = submit_children(conn, [task for _, task in children], now) if children else []
+    for (child, _), (child_id, created) in zip(children, submitted, strict=True):
         opened[child.slot] = _wait_row(claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=child_id)
         if not created:
             found[child.slot] = child_id

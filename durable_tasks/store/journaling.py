@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import sqlalchemy as sa
@@ -53,7 +53,9 @@ class JournalStore:
     def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:  # pragma: no cover - dialects
         raise NotImplementedError
 
-    def _submit_conn(self, conn: sa.Connection, task: NewTask, now: datetime) -> Any:  # pragma: no cover
+    def _submit_children(  # pragma: no cover - SubmitStore's
+        self, conn: sa.Connection, tasks: Sequence[NewTask], now: datetime
+    ) -> list[SubmitOutcome]:
         raise NotImplementedError
 
     # -- an attempt's journal (the worker) ---------------------------------------------------
@@ -106,11 +108,10 @@ class JournalStore:
         def write() -> Suspension | None:
             created: list[tuple[NewTask, SubmitOutcome]] = []
 
-            def submit_child(conn: sa.Connection, task: NewTask, at: datetime) -> tuple[str, bool]:
-                outcome: SubmitOutcome = self._submit_conn(conn, task, at)
-                if outcome.created:
-                    created.append((task, outcome))
-                return outcome.task_id, outcome.created
+            def submit_children(conn: sa.Connection, tasks: Sequence[NewTask], at: datetime) -> list[tuple[str, bool]]:
+                outcomes = self._submit_children(conn, tasks, at)
+                created.extend((task, found) for task, found in zip(tasks, outcomes, strict=True) if found.created)
+                return [(outcome.task_id, outcome.created) for outcome in outcomes]
 
             with self._engine.begin() as conn:
                 suspended = journal.suspend(
@@ -119,7 +120,7 @@ class JournalStore:
                     children,
                     signals,
                     now=now,
-                    submit_child=submit_child,
+                    submit_children=submit_children,
                     wait=self._wait_fenced,
                     resume=self._resume_if_ready,
                 )

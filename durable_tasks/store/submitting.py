@@ -77,6 +77,11 @@ class SubmitStore:
         """Each task as :meth:`submit` writes it, in order."""
         return [self.submit(session, task, now) for task in tasks]
 
+    def _submit_children(self, conn: sa.Connection, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
+        """A suspension's children (:func:`.journal.child_task`), each as :meth:`submit` writes
+        it, in order, in the suspension's transaction."""
+        return [self._submit_conn(conn, task, now) for task in tasks]
+
     def rerun(
         self, session: Session, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
     ) -> int | None:

@@ -26,12 +26,14 @@ from durable_tasks.journal import ChildOutcome
 from durable_tasks.records import tasks_table
 from durable_tasks.store import recovery, sql
 from durable_tasks.store.execution import ExecutionClaim
+from durable_tasks.store.journal import child_task
 from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
-from durable_tasks.store.postgres import PostgresStore, statements
+from durable_tasks.store.postgres import PostgresStore, statements, submits
 from durable_tasks.store.postgres.connections import AsyncConnections
 from durable_tasks.store.postgres.statements import OneStatement
 from durable_tasks.store.results import FinalWrite
 from tests.helpers import first_attempt, private_schema
+from tests.integration.test_suspend_store import pending_child
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -542,6 +544,21 @@ def test_an_executions_one_statement_writes_find_their_rows_by_key_with_stale_st
     touched = {"record_step": {"dt_tasks", "dt_steps"}, "wait_fenced": {"dt_tasks", "dt_attempts"}}
     assert {n["Relation Name"] for n in scans} == touched[name], scans
     assert all(n.get("Index Name") == indexes[n["Relation Name"]] for n in scans), scans
+
+
+def test_a_suspensions_children_find_a_taken_key_by_its_unique_index_with_stale_statistics(
+    make_app: Callable[..., App],
+) -> None:
+    """PostgreSQL's one statement for a suspension's children looks a key that was taken (an
+    earlier try's child) up by the key's unique index, never by a scan of the namespace's tasks."""
+    app = make_app()
+    running, _ = stale_statistics(app, 4000, running=3000)
+    claim, now = running_claim(app, running[0]), app.clock()
+    tasks = [child_task(claim, pending_child(f"child:{i}", i), queue="jobs", max_attempts=3) for i in range(2)]
+    plan = plan_of(app, "submit_children", dict(submits.submit_children(tasks, ["c0", "c1"], now).params))
+    scans = [n for n in plan if n.get("Relation Name") == "dt_tasks" and n["Node Type"].endswith("Scan")]
+    assert scans
+    assert all(n.get("Index Name") == "uq_dt_tasks_idem" for n in scans), scans
 
 
 def running_claim(app: App, task_id: str) -> ExecutionClaim:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from durable_tasks.journal import PendingChild, PreparedChild
 from durable_tasks.store import sql
+from durable_tasks.store.execution import ExecutionClaim
+from durable_tasks.store.journal import child_task
+from durable_tasks.store.postgres import submits
 
 PACKAGE = Path(sql.__file__).resolve().parents[1]
 
@@ -41,3 +47,41 @@ def test_every_statement_the_code_names_exists_and_every_statement_is_used() -> 
     for source in PACKAGE.rglob("*.py"):
         used |= set(re.findall(r'sql\.postgres\(\)\["(\w+)"\]', source.read_text(encoding="utf-8")))
     assert used == set(sql.postgres())
+
+
+def test_a_suspensions_children_statement_refuses_tasks_that_are_not_one_parents_children() -> None:
+    """It takes what the children share (namespace, parent, trace context, shadow) once: tasks
+    that differ there, or carry a partition or concurrency key, are refused, not misfiled."""
+    claim = ExecutionClaim(
+        namespace="ns",
+        task_id="p",
+        name="parent",
+        queue="jobs",
+        generation=0,
+        attempt=1,
+        delivery=0,
+        max_attempts=3,
+        failures=0,
+        payload_json="0",
+        idempotency_key=None,
+        traceparent=None,
+        shadow=False,
+        created_at=datetime.now(UTC),
+        enqueued_at=None,
+        worker_id="w",
+    )
+    children = [
+        child_task(
+            claim, PendingChild(f"c:{i}", "c", PreparedChild("double", str(i)), (0, i)), queue="q", max_attempts=3
+        )
+        for i in range(2)
+    ]
+    now = datetime.now(UTC)
+    assert submits.submit_children(children, ["a", "b"], now).params["slots"] == ["c:0", "c:1"]
+    for odd in (
+        dataclasses.replace(children[1], parent_id="other"),
+        dataclasses.replace(children[1], shadow=True),
+        dataclasses.replace(children[1], concurrency_key="k"),
+    ):
+        with pytest.raises(ValueError, match="one suspension"):
+            submits.submit_children([children[0], odd], ["a", "b"], now)

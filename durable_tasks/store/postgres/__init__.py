@@ -1,9 +1,9 @@
 """The store on PostgreSQL.
 
 The hot paths (submit; the dispatcher's lease and mark-SENT; the worker's batch claim, group
-commit and lease renewal) are named statements from ``sql/postgres.sql`` (:mod:`.statements`):
-one fixed text per batch, values in binary arrays, each its own transaction, sent on the
-event loop's own connections (:mod:`.connections`). The rare paths (a pass with dead or held
+commit and lease renewal) are named statements from ``sql/postgres.sql`` (:mod:`.statements`,
+the submits' :mod:`.submits`): one fixed text per batch, values in binary arrays, each its own
+transaction, sent on the event loop's own connections (:mod:`.connections`). The rare paths (a pass with dead or held
 rows, a group with on-commit hooks, a claim's follow-ups) and everything else run the shared
 Core statements of :class:`~..base.SqlStore` in a worker thread.
 
@@ -39,7 +39,7 @@ from ..pooler import PathProbe, conninfo, detect_pooling, listen_reaches, prepar
 from ..protocol import DatabaseFacts
 from ..results import FinalWrite
 from ..submit import NewTask, SubmitOutcome, find_by_key
-from . import planner, statements
+from . import planner, statements, submits
 from .connections import AsyncConnections
 from .notify import LISTEN_CHECK, PostgresNotifyWaiter
 
@@ -116,26 +116,20 @@ class PostgresStore(SqlStore):
     # -- what PostgreSQL does differently ---------------------------------------------------
 
     def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
-        return statements.submit_task(task, task_id, now).run_on(conn)
+        return submits.submit_task(task, task_id, now).run_on(conn)
 
     def submit_many(self, session: Session, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
-        """A batch is ONE statement (postgres.sql: submit_tasks): one round trip. A key that
-        another transaction committed after the statement began comes back NULL and is read
-        again (ON CONFLICT waited for that commit)."""
+        """A batch is ONE statement (postgres.sql: submit_tasks): one round trip."""
         if len(tasks) < 2:
             return super().submit_many(session, tasks, now)
         conn = session.connection()
-        rows = statements.submit_tasks(tasks, [new_task_id() for _ in tasks], now).run_on(conn)
-        found: list[SubmitOutcome] = []
-        for task, (task_id, created, generation, _) in zip(tasks, rows, strict=True):
-            if task_id is not None:
-                found.append(SubmitOutcome(task_id, int(generation), created=bool(created)))
-                continue
-            existing = find_by_key(conn, task)
-            if existing is None:  # pragma: no cover - the conflicting row must be visible now
-                raise RuntimeError("idempotency conflict without a visible task")
-            found.append(existing)
-        return found
+        return _outcomes(conn, tasks, submits.submit_tasks(tasks, [new_task_id() for _ in tasks], now).run_on(conn))
+
+    def _submit_children(self, conn: sa.Connection, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
+        """A suspension's children are ONE statement (postgres.sql: submit_children)."""
+        if len(tasks) < 2:
+            return super()._submit_children(conn, tasks, now)
+        return _outcomes(conn, tasks, submits.submit_children(tasks, [new_task_id() for _ in tasks], now).run_on(conn))
 
     def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:
         # Delivered when the transaction commits; a rollback sends nothing.
@@ -331,3 +325,19 @@ class PostgresStore(SqlStore):
         """The same without waiting on any loop."""
         self._connections.close()
         self.engine.dispose()
+
+
+def _outcomes(conn: sa.Connection, tasks: Sequence[NewTask], rows: statements.Rows) -> list[SubmitOutcome]:
+    """A batch submit's rows (task id or NULL, created, generation), in the tasks' order. A key
+    that another transaction committed after the statement began comes back NULL and is read
+    again (ON CONFLICT waited for that commit)."""
+    found: list[SubmitOutcome] = []
+    for task, (task_id, created, generation, _) in zip(tasks, rows, strict=True):
+        if task_id is not None:
+            found.append(SubmitOutcome(task_id, int(generation), created=bool(created)))
+            continue
+        existing = find_by_key(conn, task)
+        if existing is None:  # pragma: no cover - the conflicting row must be visible now
+            raise RuntimeError("idempotency conflict without a visible task")
+        found.append(existing)
+    return found

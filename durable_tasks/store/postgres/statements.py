@@ -27,7 +27,6 @@ from .. import sql
 from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
 from ..outbox import ClaimedDelivery, NewDelivery, Sent, deliveries
 from ..results import FinalWrite, set_outcomes
-from ..submit import NewTask, task_row
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -44,8 +43,6 @@ __all__ = [
     "redeliver_lost",
     "renew_leases",
     "resume_if_ready",
-    "submit_task",
-    "submit_tasks",
     "wait_fenced",
 ]
 
@@ -314,46 +311,6 @@ def _keys(rows: Rows) -> set[tuple[str, int, int]]:
     return {(row[0], row[1], row[2]) for row in rows}
 
 
-def submit_task(task: NewTask, task_id: str, now: datetime) -> OneStatement[bool]:
-    """A new task, its first outbox row and the dispatchers' wake-up; reads False when the
-    idempotency key was taken (nothing written)."""
-    row = task_row(task, task_id, now)
-    params = {key: row[key] for key in _SUBMIT_COLUMNS} | {
-        "now": now,
-        "due": task.due or now,
-        "channel": NOTIFY_CHANNEL,
-    }
-    return OneStatement(sql.postgres()["submit_task"], params, bool)
-
-
-def submit_tasks(tasks: Sequence[NewTask], task_ids: Sequence[str], now: datetime) -> OneStatement[Rows]:
-    """Several tasks of one name, their first outbox rows and the dispatchers' wake-up: one row
-    per task, in order (id of the task holding its key or NULL, created, generation)."""
-    first = tasks[0]
-    params = {
-        "namespace": first.namespace,
-        "name": first.name,
-        "queue": first.queue,
-        "max_attempts": first.max_attempts,
-        "shadow": first.shadow,
-        "priority": first.priority,
-        "concurrency_key": first.concurrency_key,
-        "now": now,
-        "channel": NOTIFY_CHANNEL,
-        "ids": list(task_ids),
-        "keys": [t.idempotency_key for t in tasks],
-        "payloads": [t.payload_json for t in tasks],
-        "traceparents": [t.traceparent for t in tasks],
-        "partition_keys": [t.partition_key for t in tasks],
-        "dues": [t.due or now for t in tasks],
-    }
-    return OneStatement(sql.postgres()["submit_tasks"], params, _rows)
-
-
-def _rows(rows: Rows) -> Rows:
-    return rows
-
-
 def next_due(namespace: str, now: datetime) -> OneStatement[datetime | None]:
     """When the earliest PENDING row not due at ``now`` will be (one index probe)."""
     return OneStatement(sql.postgres()["next_due"], {"namespaces": [namespace], "now": now}, _first_or_none)
@@ -361,25 +318,6 @@ def next_due(namespace: str, now: datetime) -> OneStatement[datetime | None]:
 
 def _first_or_none(rows: Rows) -> datetime | None:
     return rows[0][0] if rows else None
-
-
-_SUBMIT_COLUMNS = (
-    "id",
-    "namespace",
-    "name",
-    "queue",
-    "idempotency_key",
-    "payload",
-    "max_attempts",
-    "traceparent",
-    "partition_key",
-    "priority",
-    "concurrency_key",
-    "shadow",
-    "parent_id",
-    "parent_generation",
-    "parent_slot",
-)
 
 
 def _fence_arrays(claims: Sequence[ExecutionClaim]) -> dict[str, list[Any]]:

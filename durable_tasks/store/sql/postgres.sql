@@ -318,6 +318,48 @@ LEFT JOIN dt_tasks AS held ON mine.id IS NULL AND twin.id IS NULL AND held.names
      AND held.name = %(name)s AND held.idempotency_key = g.idempotency_key
 ORDER BY g.ord;
 
+-- name: submit_children
+-- A suspension's new children, their first outbox rows and the dispatchers' wake-up, in one
+-- statement inside the suspension's fenced transaction: one row per child, in the given
+-- order. Per child (arrays): ids, names, queues, keys, payloads, max_attempts, priorities,
+-- slots, dues; the rest is the parent's (namespace, traceparent, shadow, parent_id,
+-- parent_generation). Returns (id of the task holding the key or NULL, created, generation). A key
+-- already taken (the child of an earlier try of this suspension) inserts nothing and names
+-- its task, found by the key's unique index. A key committed by another transaction after
+-- this statement began is not visible to it: NULL, and the caller reads the key again.
+WITH given AS (
+    SELECT g.id, g.name, g.queue, g.idempotency_key, g.payload, g.max_attempts, g.priority, g.parent_slot,
+           g.due, g.ord
+    FROM unnest(%(ids)b::text[], %(names)b::text[], %(queues)b::text[], %(keys)b::text[], %(payloads)b::text[],
+                %(max_attempts)b::int[], %(priorities)b::int[], %(slots)b::text[], %(dues)b::timestamptz[])
+         WITH ORDINALITY
+         AS g (id, name, queue, idempotency_key, payload, max_attempts, priority, parent_slot, due, ord)
+), task AS (
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
+                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+                          priority, shadow, parent_id, parent_generation, parent_slot, created_at)
+    SELECT g.id, %(namespace)s, g.name, g.queue, g.idempotency_key, g.payload, 'PENDING', 0, 0,
+           0, 0, 0, 0, g.max_attempts, %(traceparent)s, g.priority, %(shadow)s, %(parent_id)s,
+           %(parent_generation)s, g.parent_slot, %(now)s
+    FROM given AS g
+    ORDER BY g.ord
+    ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
+    RETURNING id
+), intent AS (
+    INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at,
+                           shadow, created_at)
+    SELECT %(namespace)s, task.id, g.queue, 0, 0, 'PENDING', 0, g.due, %(shadow)s, %(now)s
+    FROM task JOIN given AS g ON g.id = task.id
+    ORDER BY g.ord
+)
+SELECT coalesce(mine.id, held.id), mine.id IS NOT NULL, coalesce(held.generation, 0),
+       pg_notify(%(channel)s, %(namespace)s)
+FROM given AS g
+LEFT JOIN task AS mine ON mine.id = g.id
+LEFT JOIN dt_tasks AS held ON mine.id IS NULL AND held.namespace = %(namespace)s
+     AND held.name = g.name AND held.idempotency_key = g.idempotency_key
+ORDER BY g.ord;
+
 -- name: redeliver_lost
 -- Supersede lost deliveries nobody holds, each with the next one (store/recovery.py's
 -- redeliver_many in one statement): arrays ids, generations, deliveries; count_reclaim (a
