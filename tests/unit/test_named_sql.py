@@ -11,9 +11,9 @@ import pytest
 
 from durable_tasks.journal import PendingChild, PreparedChild
 from durable_tasks.store import sql
-from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.postgres import submits
+from tests.helpers import first_attempt
 
 PACKAGE = Path(sql.__file__).resolve().parents[1]
 
@@ -52,24 +52,7 @@ def test_every_statement_the_code_names_exists_and_every_statement_is_used() -> 
 def test_a_suspensions_children_statement_refuses_tasks_that_are_not_one_parents_children() -> None:
     """It takes what the children share (namespace, parent, trace context, shadow) once: tasks
     that differ there, or carry a partition or concurrency key, are refused, not misfiled."""
-    claim = ExecutionClaim(
-        namespace="ns",
-        task_id="p",
-        name="parent",
-        queue="jobs",
-        generation=0,
-        attempt=1,
-        delivery=0,
-        max_attempts=3,
-        failures=0,
-        payload_json="0",
-        idempotency_key=None,
-        traceparent=None,
-        shadow=False,
-        created_at=datetime.now(UTC),
-        enqueued_at=None,
-        worker_id="w",
-    )
+    claim = first_attempt("ns", "p", datetime.now(UTC), name="parent")
     children = [
         child_task(
             claim, PendingChild(f"c:{i}", "c", PreparedChild("double", str(i)), (0, i)), queue="q", max_attempts=3
