@@ -14,6 +14,9 @@
         rate = N / (last finished_at - first sent_at)
     python -m benchmarks.bench_dt submit --n 3000
         one transaction per request: business row + bare outbox row, vs business row + submit()
+    python -m benchmarks.bench_dt batch --n 500 [--db sqlite:////tmp/b.db]
+        submit_many of N tasks in one transaction, without keys and with new keys, 5 times
+        each: the median transaction and its tasks/s
     python -m benchmarks.bench_dt latency --n 1000 --rate 200
         paced submits (one per transaction, NOTIFY on) with a warm worker and dispatcher:
         submit->start (inside the handler) and submit->result (result committed) p50/p99;
@@ -763,6 +766,31 @@ def latency(
         )
 
 
+def batch_submit(n: int, rounds: int = 5) -> None:
+    """``submit_many`` of ``n`` no-op tasks in one transaction, ``rounds`` times without keys and
+    as many with new keys: the median transaction and the tasks/s it gives."""
+    with bench_app() as (app, _db, _ns):
+        for keyed in (False, True):
+            took = []
+            for r in range(rounds):
+                items = [(i, f"batch-{r}-{i}" if keyed else None) for i in range(n)]
+                started = time.perf_counter()
+                with Session(app.engine) as s:
+                    app.submit_many(s, "bench.noop", items)
+                    s.commit()
+                took.append(time.perf_counter() - started)
+            median = statistics.median(took)
+            record(
+                f"submit_many of {n} tasks ({'new keys' if keyed else 'no keys'}), one transaction",
+                n / median,
+                "tasks/s",
+                metric="batch_submit_rate_keyed" if keyed else "batch_submit_rate",
+                n=n,
+                rounds=rounds,
+                median_ms=round(median * 1000, 2),
+            )
+
+
 def submit_overhead(n: int, block: int = 100) -> None:
     """One transaction per simulated request, interleaved in blocks so drift hits all modes alike.
 
@@ -1043,6 +1071,7 @@ def main() -> None:
             "dispatch",
             "pipeline",
             "submit",
+            "batch",
             "latency",
             "embedded",
             "rss",
@@ -1082,6 +1111,8 @@ def main() -> None:
         pipeline(a.n, a.dispatchers, a.workers, a.concurrency, **bound)
     elif a.what == "submit":
         submit_overhead(a.n)
+    elif a.what == "batch":
+        batch_submit(a.n)
     elif a.what == "latency":
         latency(a.n, a.rate, a.producers, **bound)
     elif a.what == "embedded":

@@ -79,6 +79,13 @@ class MySqlStore(SqlStore):
         insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now, due=task.due)
         return True
 
+    def _insert_tasks(self, conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
+        # PyMySQL sends an executemany of an INSERT as multi-row INSERTs (ON DUPLICATE KEY too).
+        if keyless := [row for row in rows if row["idempotency_key"] is None]:
+            conn.execute(_INSERT_TASK, keyless)
+        if keyed := [row for row in rows if row["idempotency_key"] is not None]:
+            conn.execute(_INSERT_TASK_KEYED, keyed)
+
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:
         if task_ids:
             conn.execute(_LOCK_TASKS, {"ids": list(task_ids)}).all()

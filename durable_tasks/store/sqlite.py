@@ -8,6 +8,7 @@ poll: SQLite has no notification channel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,10 @@ __all__ = ["SqliteStore"]
 #: A new task, or nothing where its idempotency key is taken (built once, as the outbox row's
 #: insert is: :mod:`.submit`). RETURNING, not rowcount: drivers disagree on rowcount for ON
 #: CONFLICT DO NOTHING.
-_INSERT_TASK = (
-    sqlite.insert(tasks_table)
-    .on_conflict_do_nothing(index_elements=["namespace", "name", "idempotency_key"])
-    .returning(tasks_table.c.id)
+_INSERT_TASKS = sqlite.insert(tasks_table).on_conflict_do_nothing(
+    index_elements=["namespace", "name", "idempotency_key"]
 )
+_INSERT_TASK = _INSERT_TASKS.returning(tasks_table.c.id)
 
 
 class SqliteStore(SqlStore):
@@ -53,6 +53,10 @@ class SqliteStore(SqlStore):
             return False
         insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now, due=task.due)
         return True
+
+    def _insert_tasks(self, conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            conn.execute(_INSERT_TASKS, rows)  # one prepared statement, stepped per row
 
 
 def _create_engine(url: sa.URL) -> sa.Engine:

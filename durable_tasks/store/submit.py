@@ -6,6 +6,7 @@ needs (how a duplicate idempotency key is ignored, how dispatchers are woken).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,6 +21,8 @@ __all__ = [
     "SubmitOutcome",
     "cancel_task",
     "find_by_key",
+    "find_by_keys",
+    "insert_first_outboxes",
     "insert_outbox",
     "outbox_row",
     "rerun_task",
@@ -105,6 +108,32 @@ def find_by_key(conn: sa.Connection, task: NewTask) -> SubmitOutcome | None:
     return None if row is None else SubmitOutcome(row.id, row.generation, created=False)
 
 
+#: Keys looked up per statement at most (well inside every database's limit on parameters).
+_KEYS_PER_LOOKUP = 500
+
+
+def find_by_keys(conn: sa.Connection, tasks: Sequence[NewTask]) -> dict[tuple[str, str], SubmitOutcome]:
+    """The tasks holding the idempotency keys of ``tasks`` (of one namespace), by (name, key):
+    one statement per task name and 500 keys, each an index range of the key's unique index."""
+    by_name: dict[str, list[str]] = {}
+    for task in tasks:
+        if task.idempotency_key is not None:
+            by_name.setdefault(task.name, []).append(task.idempotency_key)
+    found: dict[tuple[str, str], SubmitOutcome] = {}
+    for name, keys in by_name.items():
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), _KEYS_PER_LOOKUP):
+            rows = conn.execute(
+                sa.select(t.id, t.generation, t.idempotency_key).where(
+                    t.namespace == tasks[0].namespace,
+                    t.name == name,
+                    t.idempotency_key.in_(unique[start : start + _KEYS_PER_LOOKUP]),
+                )
+            )
+            found.update({(name, r.idempotency_key): SubmitOutcome(r.id, r.generation, created=False) for r in rows})
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class RerunRow:
     """What a rerun needs of the task it restarted."""
@@ -185,6 +214,16 @@ def insert_outbox(
     """Write one delivery intent, due at ``due`` (default now). The store wakes dispatchers."""
     row = outbox_row(namespace, task_id, queue, generation, delivery, shadow, now, due=due)
     conn.execute(_INSERT_OUTBOX, row)
+
+
+def insert_first_outboxes(conn: sa.Connection, created: Sequence[tuple[NewTask, str]], now: datetime) -> None:
+    """The first delivery intent of each new task, ``(task, its id)``, in one executemany."""
+    if created:
+        rows = [
+            outbox_row(task.namespace, task_id, task.queue, 0, 0, task.shadow, now, due=task.due)
+            for task, task_id in created
+        ]
+        conn.execute(_INSERT_OUTBOX, rows)
 
 
 def outbox_row(

@@ -9,13 +9,18 @@ PostgreSQL, SQLite), the key is looked up only after an insert that found it tak
 task costs one statement on PostgreSQL (its row, its outbox row and the wake-up), a duplicate
 two. MySQL's insert of a taken key updates (locks) the row that holds it, so its store looks
 the key up first and inserts only a new one.
+
+A batch (``submit_many``, a suspension's children) costs a few statements whatever its size:
+one on PostgreSQL (its store's own); elsewhere one insert of the tasks, one read back of
+their keys (MySQL: and one look before the insert), one insert of their outbox rows
+(docs/performance.md, "Batch submits").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -73,14 +78,54 @@ class SubmitStore:
             raise RuntimeError("idempotency conflict without a visible task")
         return existing
 
+    def _insert_tasks(self, conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert task rows in as few statements as the driver batches; a row whose idempotency
+        key is taken writes nothing (and changes nothing)."""
+        raise NotImplementedError
+
     def submit_many(self, session: Session, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
-        """Each task as :meth:`submit` writes it, in order."""
-        return [self.submit(session, task, now) for task in tasks]
+        """Each task as :meth:`submit` writes it, in order, in a few statements whatever their
+        number (:meth:`_submit_batch`)."""
+        if len(tasks) < 2:
+            return [self.submit(session, task, now) for task in tasks]
+        return self._submit_batch(session.connection(), tasks, now)
 
     def _submit_children(self, conn: sa.Connection, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
         """A suspension's children (:func:`.journal.child_task`), each as :meth:`submit` writes
         it, in order, in the suspension's transaction."""
-        return [self._submit_conn(conn, task, now) for task in tasks]
+        if len(tasks) < 2:
+            return [self._submit_conn(conn, task, now) for task in tasks]
+        return self._submit_batch(conn, tasks, now)
+
+    def _submit_batch(self, conn: sa.Connection, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
+        """Several tasks (of one namespace) as :meth:`submit` writes each, in order: the keys
+        already taken looked up first where the dialect's insert of a taken key would lock its
+        row (:attr:`insert_ignores_taken_keys`), the rest in one insert, their keys read back
+        (a key taken meanwhile, or twice in the batch, names the task that holds it), and the
+        first outbox rows of those created in one insert. A statement per task name and 500
+        keys, whatever the batch's size."""
+        found: dict[int, SubmitOutcome] = {}
+        if not self.insert_ignores_taken_keys:
+            held = submit.find_by_keys(conn, tasks)
+            found = {i: held[key] for i, key in _keys(tasks) if key in held}
+        fresh = {i: new_task_id() for i in range(len(tasks)) if i not in found}
+        self._insert_tasks(conn, [submit.task_row(tasks[i], task_id, now) for i, task_id in fresh.items()])
+        holders = submit.find_by_keys(conn, [tasks[i] for i in fresh])
+        outcomes: list[SubmitOutcome] = []
+        created: list[tuple[NewTask, str]] = []
+        for i, task in enumerate(tasks):
+            if i in found:
+                outcomes.append(found[i])
+                continue
+            task_id = fresh[i]
+            holder = None if task.idempotency_key is None else _holder(conn, task, holders)
+            if holder is None or holder.task_id == task_id:
+                outcomes.append(SubmitOutcome(task_id, 0, created=True))
+                created.append((task, task_id))
+            else:
+                outcomes.append(holder)
+        submit.insert_first_outboxes(conn, created, now)
+        return outcomes
 
     def rerun(
         self, session: Session, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
@@ -115,3 +160,19 @@ class SubmitStore:
         if cancelled and child:
             self._settle_if_child(conn, namespace, task_id, "CANCELLED", now)
         return cancelled
+
+
+def _keys(tasks: Sequence[NewTask]) -> list[tuple[int, tuple[str, str]]]:
+    """(index, (name, key)) of the tasks that have an idempotency key."""
+    return [(i, (task.name, task.idempotency_key)) for i, task in enumerate(tasks) if task.idempotency_key is not None]
+
+
+def _holder(conn: sa.Connection, task: NewTask, holders: dict[tuple[str, str], SubmitOutcome]) -> SubmitOutcome:
+    """The task holding ``task``'s key, as read back after the insert; a key the lookup's dict
+    misses is compared by the database itself (its collation may match keys that differ as
+    strings: MySQL's pads trailing spaces)."""
+    assert task.idempotency_key is not None
+    holder = holders.get((task.name, task.idempotency_key)) or submit.find_by_key(conn, task)
+    if holder is None:  # pragma: no cover - the conflicting row must be visible now
+        raise RuntimeError("idempotency conflict without a visible task")
+    return holder
