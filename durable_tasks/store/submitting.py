@@ -102,8 +102,8 @@ class SubmitStore:
         already taken looked up first where the dialect's insert of a taken key would lock its
         row (:attr:`insert_ignores_taken_keys`), the rest in one insert, their keys read back
         (a key taken meanwhile, or twice in the batch, names the task that holds it), and the
-        first outbox rows of those created in one insert. A statement per task name and 500
-        keys, whatever the batch's size."""
+        first outbox rows of those created in one insert. A lookup is a statement per task name
+        and 500 keys, whatever the batch's size."""
         found: dict[int, SubmitOutcome] = {}
         if not self.insert_ignores_taken_keys:
             held = submit.find_by_keys(conn, tasks)
@@ -117,8 +117,8 @@ class SubmitStore:
             if i in found:
                 outcomes.append(found[i])
                 continue
-            task_id = fresh[i]
-            holder = None if task.idempotency_key is None else _holder(conn, task, holders)
+            task_id, key = fresh[i], task.idempotency_key
+            holder = None if key is None else _holder(conn, task, key, holders)
             if holder is None or holder.task_id == task_id:
                 outcomes.append(SubmitOutcome(task_id, 0, created=True))
                 created.append((task, task_id))
@@ -167,12 +167,13 @@ def _keys(tasks: Sequence[NewTask]) -> list[tuple[int, tuple[str, str]]]:
     return [(i, (task.name, task.idempotency_key)) for i, task in enumerate(tasks) if task.idempotency_key is not None]
 
 
-def _holder(conn: sa.Connection, task: NewTask, holders: dict[tuple[str, str], SubmitOutcome]) -> SubmitOutcome:
-    """The task holding ``task``'s key, as read back after the insert; a key the lookup's dict
-    misses is compared by the database itself (its collation may match keys that differ as
-    strings: MySQL's pads trailing spaces)."""
-    assert task.idempotency_key is not None
-    holder = holders.get((task.name, task.idempotency_key)) or submit.find_by_key(conn, task)
+def _holder(
+    conn: sa.Connection, task: NewTask, key: str, holders: dict[tuple[str, str], SubmitOutcome]
+) -> SubmitOutcome:
+    """The task holding ``task``'s ``key``, as read back after the insert; a key the lookup's
+    dict misses is compared by the database itself (its collation may match keys that differ
+    as strings: MySQL's pads trailing spaces)."""
+    holder = holders.get((task.name, key)) or submit.find_by_key(conn, task)
     if holder is None:  # pragma: no cover - the conflicting row must be visible now
         raise RuntimeError("idempotency conflict without a visible task")
     return holder

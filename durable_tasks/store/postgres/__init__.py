@@ -3,9 +3,9 @@
 The hot paths (submit; the dispatcher's lease and mark-SENT; the worker's batch claim, group
 commit and lease renewal) are named statements from ``sql/postgres.sql`` (:mod:`.statements`,
 the submits' :mod:`.submits`): one fixed text per batch, values in binary arrays, each its own
-transaction, sent on the event loop's own connections (:mod:`.connections`). The rare paths (a pass with dead or held
-rows, a group with on-commit hooks, a claim's follow-ups) and everything else run the shared
-Core statements of :class:`~..base.SqlStore` in a worker thread.
+transaction, sent on the event loop's own connections (:mod:`.connections`). The rare paths (a
+pass with dead or held rows, a group with on-commit hooks, a claim's follow-ups) and everything
+else run the shared Core statements of :class:`~..base.SqlStore` in a worker thread.
 
 Every multi-row write of ``dt_tasks`` locks its rows in ascending id order, so that two of them
 never lock the same rows in opposite orders and deadlock: the named statements in their first

@@ -77,8 +77,8 @@ def submit_tasks(tasks: Sequence[NewTask], task_ids: Sequence[str], now: datetim
 def submit_children(tasks: Sequence[NewTask], task_ids: Sequence[str], now: datetime) -> OneStatement[Rows]:
     """A suspension's new children (of one parent, as :func:`..journal.child_task` makes them),
     their first outbox rows and the dispatchers' wake-up: one row per child, in order (id of
-    the task holding its key or NULL, created, generation). ValueError for tasks that are not one parent's
-    children (the statement takes what they share once)."""
+    the task holding its key or NULL, created, generation). ValueError for tasks that are not
+    one parent's children (the statement takes what they share once)."""
     first = tasks[0]
     shared = {key: getattr(first, key) for key in _PARENTS}
     if first.parent_id is None or any(

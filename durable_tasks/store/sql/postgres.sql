@@ -323,10 +323,11 @@ ORDER BY g.ord;
 -- statement inside the suspension's fenced transaction: one row per child, in the given
 -- order. Per child (arrays): ids, names, queues, keys, payloads, max_attempts, priorities,
 -- slots, dues; the rest is the parent's (namespace, traceparent, shadow, parent_id,
--- parent_generation). Returns (id of the task holding the key or NULL, created, generation). A key
--- already taken (the child of an earlier try of this suspension) inserts nothing and names
--- its task, found by the key's unique index. A key committed by another transaction after
--- this statement began is not visible to it: NULL, and the caller reads the key again.
+-- parent_generation). Returns (id of the task holding the key or NULL, created,
+-- generation). A key already taken (the child of an earlier try of this suspension) inserts
+-- nothing and names its task, found by the key's unique index. A key committed by another
+-- transaction after this statement began is not visible to it: NULL, and the caller reads
+-- the key again.
 WITH given AS (
     SELECT g.id, g.name, g.queue, g.idempotency_key, g.payload, g.max_attempts, g.priority, g.parent_slot,
            g.due, g.ord
