@@ -177,3 +177,31 @@ def test_a_submit_that_waits_for_a_concurrent_duplicate_key_yields_to_it(job_app
     assert got == [f"{held.id} False"]  # the second yields: the first's task, nothing written
     assert counts(job_app) == (1, 1)
     assert job_app.get_task(held.id).idempotency_key == "late"
+
+
+@pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)
+def test_a_batch_that_waits_for_a_concurrent_duplicate_key_yields_to_it(job_app: App) -> None:
+    """As a single submit does: the batch's insert waits for the transaction that holds the
+    key, then names that task (PostgreSQL reads the key again: its statement's snapshot
+    predates that commit; MySQL reads the keys back after its insert)."""
+    first = Session(job_app.engine)
+    held = job_app.submit(first, "job", {"n": 5}, idempotency_key="late")  # the key, not committed yet
+    got: list[tuple[str, bool]] = []
+
+    def second() -> None:
+        with Session(job_app.engine) as s:
+            handles = job_app.submit_many(s, "job", [({"n": 5}, "late"), ({"n": 6}, "new")])
+            s.commit()
+        got.extend((h.id, h.created) for h in handles)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    block_until(
+        lambda: blocked_by(job_app, first), what="the batch waiting on the first's key", poll=INNODB_TRX_POLL_S
+    )
+    first.commit()
+    first.close()
+    thread.join(timeout=30)
+    assert got[0] == (held.id, False)
+    assert got[1][1]
+    assert counts(job_app) == (2, 2)
