@@ -196,9 +196,7 @@ def test_a_batch_that_waits_for_a_concurrent_duplicate_key_yields_to_it(job_app:
 
     thread = threading.Thread(target=second)
     thread.start()
-    block_until(
-        lambda: blocked_by(job_app, first), what="the batch waiting on the first's key", poll=INNODB_TRX_POLL_S
-    )
+    block_until(lambda: blocked_by(job_app, first), what="the batch waiting on the first's key", poll=INNODB_TRX_POLL_S)
     first.commit()
     first.close()
     thread.join(timeout=30)
