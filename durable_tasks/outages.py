@@ -45,6 +45,19 @@ def is_permanent(exc: BaseException) -> bool:
     return False
 
 
+#: A transaction the server rolled back to end a conflict, not an outage: PostgreSQL's
+#: deadlock and serialization failure (SQLSTATE), MySQL's deadlock and lock wait timeout (codes).
+_ROLLED_BACK_SQLSTATES = frozenset({"40P01", "40001"})
+_ROLLED_BACK_MYSQL_CODES = frozenset({1213, 1205})
+
+
+def _rolled_back(cause: BaseException) -> bool:
+    if getattr(cause, "sqlstate", None) in _ROLLED_BACK_SQLSTATES:
+        return True
+    args: tuple[object, ...] = getattr(cause, "args", ())
+    return bool(args) and args[0] in _ROLLED_BACK_MYSQL_CODES
+
+
 def database_error(exc: SQLAlchemyError, engine: sa.Engine) -> DatabaseUnavailableError:
     """What to do about a database error, in one line (the driver's reason, without the SQL)."""
     url = safe_url(engine.url.render_as_string(hide_password=False))
@@ -57,6 +70,11 @@ def database_error(exc: SQLAlchemyError, engine: sa.Engine) -> DatabaseUnavailab
         return DatabaseUnavailableError(
             f"the database {name!r} does not exist on the server of {url}: create it "
             f"(CREATE DATABASE {name}), or point DT_DATABASE_URL at one that exists."
+        )
+    if _rolled_back(cause):
+        return DatabaseUnavailableError(
+            f"the database at {url} rolled the transaction back to let another go on: {reason}. "
+            "Nothing of it was written; run it again."
         )
     if isinstance(exc, UNREACHABLE) and "no such table" not in reason:
         return DatabaseUnavailableError(

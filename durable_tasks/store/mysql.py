@@ -83,7 +83,12 @@ class MySqlStore(SqlStore):
         # PyMySQL sends an executemany of an INSERT as multi-row INSERTs (ON DUPLICATE KEY too).
         if keyless := [row for row in rows if row["idempotency_key"] is None]:
             conn.execute(_INSERT_TASK, keyless)
-        if keyed := [row for row in rows if row["idempotency_key"] is not None]:
+        # Keys in one order (a stable sort: a key twice, the first written first): two batches
+        # that share keys wait for each other one way only, never in a cycle.
+        if keyed := sorted(
+            (row for row in rows if row["idempotency_key"] is not None),
+            key=lambda row: (row["name"], row["idempotency_key"]),
+        ):
             conn.execute(_INSERT_TASK_KEYED, keyed)
 
     def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None:

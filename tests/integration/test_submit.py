@@ -203,3 +203,61 @@ def test_a_batch_that_waits_for_a_concurrent_duplicate_key_yields_to_it(job_app:
     assert got[0] == (held.id, False)
     assert got[1][1]
     assert counts(job_app) == (2, 2)
+
+
+def lock_waits(app: App, holder: Session) -> int:
+    """How many transactions wait, directly or through another waiter, for ``holder``'s (on
+    MySQL: how many of this test's namespace wait for a row lock)."""
+    with app.engine.connect() as probe:
+        if app.engine.dialect.name == "postgresql":
+            pid = holder.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            query = (
+                "WITH RECURSIVE waiting AS ("
+                " SELECT pid FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+                " UNION SELECT a.pid FROM pg_stat_activity AS a"
+                " JOIN waiting AS w ON w.pid = ANY(pg_blocking_pids(a.pid))"
+                ") SELECT count(*) FROM waiting"
+            )
+            return int(probe.execute(sa.text(query), {"pid": pid}).scalar_one())
+        query = (
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :ns"
+        )
+        return int(probe.execute(sa.text(query), {"ns": f"%{app.settings.namespace}%"}).scalar_one())
+
+
+@pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)
+def test_two_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock(job_app: App) -> None:
+    """A batch inserts its keys in key order, not in the order given: two batches that share
+    keys wait for each other one way only. In the order given, the first batch here held "a"
+    and waited for "c" (held by a third transaction) while the second held "b" and waited for
+    "a"; once "c" was free the first needed "b", and PostgreSQL aborted one of them as a
+    deadlock."""
+    holder = Session(job_app.engine)
+    job_app.submit(holder, "job", {"n": 3}, idempotency_key="c")  # not committed yet
+    got: dict[str, list[tuple[str, bool]]] = {}
+    failed: list[BaseException] = []
+
+    def batch(name: str, keys: list[str]) -> None:
+        try:
+            with Session(job_app.engine) as s:
+                handles = job_app.submit_many(s, "job", [({"n": ord(k) - ord("a") + 1}, k) for k in keys])
+                s.commit()
+            got[name] = [(h.id, h.created) for h in handles]
+        except BaseException as exc:  # the deadlock's victim
+            failed.append(exc)
+
+    first = threading.Thread(target=batch, args=("first", ["a", "c", "b"]))
+    first.start()
+    block_until(lambda: lock_waits(job_app, holder) >= 1, what="the first batch waiting for c", poll=INNODB_TRX_POLL_S)
+    second = threading.Thread(target=batch, args=("second", ["b", "a"]))
+    second.start()
+    block_until(lambda: lock_waits(job_app, holder) >= 2, what="the second batch waiting too", poll=INNODB_TRX_POLL_S)
+    holder.commit()
+    holder.close()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert failed == []
+    (a_id, a_new), (_, c_new), (b_id, b_new) = got["first"]
+    assert (a_new, c_new, b_new) == (True, False, True)
+    assert got["second"] == [(b_id, False), (a_id, False)]
+    assert counts(job_app) == (3, 3)

@@ -44,6 +44,20 @@ def test_a_missing_database_is_named_with_what_to_do_and_no_password() -> None:
     assert "s3cret" not in str(error)
 
 
+def test_a_transaction_rolled_back_for_a_deadlock_says_to_run_it_again_not_to_start_the_database() -> None:
+    class DeadlockDetected(Exception):  # as psycopg's: its SQLSTATE on the exception
+        sqlstate = "40P01"
+
+    mysql = Exception(1213, "Deadlock found when trying to get lock")  # as PyMySQL's: (code, message)
+    for cause in (DeadlockDetected("deadlock detected"), mysql):
+        error = database_error(sa.exc.OperationalError("INSERT", {}, cause), ENGINE)
+        assert "rolled the transaction back" in str(error)
+        assert "run it again" in str(error)
+        assert "Start it" not in str(error)
+        assert not is_permanent(error)
+    assert "Start it" in str(database_error(operational("connection failed: Connection refused"), ENGINE))
+
+
 def test_a_refused_redis_login_is_permanent_and_a_refused_connection_is_not() -> None:
     def raised(exc: Exception) -> BrokerUnavailableError:
         with pytest.raises(BrokerUnavailableError) as info, broker_errors(lambda: "redis://:pw@r:6379/0"):

@@ -299,7 +299,7 @@ WITH given AS (
            0, 0, 0, 0, %(max_attempts)s, g.traceparent, g.partition_key, %(priority)s, %(concurrency_key)s,
            %(shadow)s, %(now)s
     FROM given AS g
-    ORDER BY g.ord
+    ORDER BY g.idempotency_key, g.ord  -- keys in one order: two batches sharing keys never deadlock
     ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
     RETURNING id, idempotency_key
 ), intent AS (
