@@ -45,17 +45,24 @@ def is_permanent(exc: BaseException) -> bool:
     return False
 
 
-#: A transaction the server rolled back to end a conflict, not an outage: PostgreSQL's
-#: deadlock and serialization failure (SQLSTATE), MySQL's deadlock and lock wait timeout (codes).
-_ROLLED_BACK_SQLSTATES = frozenset({"40P01", "40001"})
-_ROLLED_BACK_MYSQL_CODES = frozenset({1213, 1205})
+#: A transaction the server rolled back to end a conflict, not an outage: PostgreSQL's deadlock
+#: and serialization failure (SQLSTATE), MySQL's deadlock (error code; InnoDB rolls the whole
+#: transaction back).
+_ROLLED_BACK = frozenset({"40P01", "40001", 1213})
+#: A statement the server stopped, its transaction left to the caller: a lock not had in time
+#: (PostgreSQL's lock_timeout or NOWAIT, InnoDB's innodb_lock_wait_timeout) or a statement
+#: timeout (PostgreSQL's statement_timeout, MySQL's max_execution_time, MariaDB's
+#: max_statement_time).
+_STOPPED = frozenset({"55P03", "57014", 1205, 3024, 1969})
 
 
-def _rolled_back(cause: BaseException) -> bool:
-    if getattr(cause, "sqlstate", None) in _ROLLED_BACK_SQLSTATES:
-        return True
+def _code(cause: BaseException) -> object:
+    """The server's code for ``cause``: PyMySQL's error number (its errors are ``(number,
+    message)``; their ``sqlstate`` is often the generic HY000), else psycopg's SQLSTATE."""
     args: tuple[object, ...] = getattr(cause, "args", ())
-    return bool(args) and args[0] in _ROLLED_BACK_MYSQL_CODES
+    if args and isinstance(args[0], int):
+        return args[0]
+    return getattr(cause, "sqlstate", None)
 
 
 def database_error(exc: SQLAlchemyError, engine: sa.Engine) -> DatabaseUnavailableError:
@@ -71,10 +78,17 @@ def database_error(exc: SQLAlchemyError, engine: sa.Engine) -> DatabaseUnavailab
             f"the database {name!r} does not exist on the server of {url}: create it "
             f"(CREATE DATABASE {name}), or point DT_DATABASE_URL at one that exists."
         )
-    if _rolled_back(cause):
+    code = _code(cause)
+    if code in _ROLLED_BACK:
         return DatabaseUnavailableError(
             f"the database at {url} rolled the transaction back to let another go on: {reason}. "
             "Nothing of it was written; run it again."
+        )
+    if code in _STOPPED:
+        return DatabaseUnavailableError(
+            f"the database at {url} stopped a statement that waited or ran too long: {reason}. "
+            "Roll the transaction back and run it again, or give it more time (the server's lock "
+            "or statement timeout)."
         )
     if isinstance(exc, UNREACHABLE) and "no such table" not in reason:
         return DatabaseUnavailableError(

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Field, Session, SQLModel
 
-from durable_tasks import App, TaskContext, TaskState
+from durable_tasks import App, DatabaseUnavailableError, TaskContext, TaskState
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
 from tests.helpers import INNODB_TRX_POLL_S, block_until
@@ -261,3 +261,24 @@ def test_two_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock(job_a
     assert (a_new, c_new, b_new) == (True, False, True)
     assert got["second"] == [(b_id, False), (a_id, False)]
     assert counts(job_app) == (3, 3)
+
+
+@pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)
+def test_a_submit_that_waits_past_the_servers_lock_timeout_says_to_roll_back_and_run_it_again(job_app: App) -> None:
+    """The server stops the wait for a key another transaction holds: a typed error that says
+    what to do (not "cannot reach the database"), and the transaction keeps nothing of it."""
+    with Session(job_app.engine) as first, Session(job_app.engine) as second:
+        job_app.submit(first, "job", {"n": 5}, idempotency_key="held")  # not committed yet
+        if job_app.engine.dialect.name == "postgresql":
+            second.execute(sa.text("SET LOCAL lock_timeout = '50ms'"))
+        else:
+            second.execute(sa.text("SET SESSION innodb_lock_wait_timeout = 1"))
+        try:
+            with pytest.raises(DatabaseUnavailableError, match="stopped a statement") as raised:
+                job_app.submit(second, "job", {"n": 5}, idempotency_key="held")
+        finally:
+            second.rollback()
+            first.rollback()
+    assert "Roll the transaction back and run it again" in str(raised.value)
+    assert "Start it" not in str(raised.value)
+    assert counts(job_app) == (0, 0)

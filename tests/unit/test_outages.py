@@ -58,6 +58,20 @@ def test_a_transaction_rolled_back_for_a_deadlock_says_to_run_it_again_not_to_st
     assert "Start it" in str(database_error(operational("connection failed: Connection refused"), ENGINE))
 
 
+def test_a_statement_the_server_stopped_says_to_roll_back_and_retry_not_to_start_the_database() -> None:
+    class QueryCanceled(Exception):  # as psycopg's, for statement_timeout
+        sqlstate = "57014"
+
+    mysql = Exception(1205, "Lock wait timeout exceeded; try restarting transaction")
+    mysql.sqlstate = "HY000"  # type: ignore[attr-defined]  # as PyMySQL sets it for this error
+    for cause in (QueryCanceled("canceling statement due to statement timeout"), mysql):
+        error = database_error(sa.exc.OperationalError("UPDATE", {}, cause), ENGINE)
+        assert "stopped a statement" in str(error)
+        assert "Roll the transaction back and run it again" in str(error)
+        assert "Start it" not in str(error)
+        assert "s3cret" not in str(error)
+
+
 def test_a_refused_redis_login_is_permanent_and_a_refused_connection_is_not() -> None:
     def raised(exc: Exception) -> BrokerUnavailableError:
         with pytest.raises(BrokerUnavailableError) as info, broker_errors(lambda: "redis://:pw@r:6379/0"):
