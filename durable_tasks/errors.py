@@ -214,8 +214,9 @@ class SignalError(DurableTasksError):
 
 
 class DatabaseUnavailableError(DurableTasksError):
-    """The database cannot be reached, or refused one of the runtime's statements (its tables
-    are missing, for instance)."""
+    """The database cannot be reached, refused one of the runtime's statements (its tables
+    are missing, for instance), or rolled back or stopped one (a deadlock, a lock or statement
+    timeout); the message says which, and what to do."""
 
 
 class BrokerUnavailableError(DurableTasksError):
