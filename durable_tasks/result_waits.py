@@ -14,7 +14,7 @@ import redis
 from sqlalchemy.exc import SQLAlchemyError
 
 from .errors import DatabaseUnavailableError, TaskCancelledError, TaskFailedError, TaskNotFoundError
-from .outcome import TaskOutcome
+from .outcome import TaskOutcome, encode_outcomes
 from .records import TaskState
 from .transport.cluster_url import is_cluster_url, sync_cluster_client
 from .transport.keys import outcome_channel
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from .tasks import TaskHandle
 
 __all__ = ["ResultWaits"]
+
+#: A close's wake-up of the hub (a publish) gives up after this long: the hub's tick ends the wait.
+_WAKE_TIMEOUT_S = 0.5
 
 
 class ResultWaits:
@@ -51,6 +54,7 @@ class ResultWaits:
                     read=self._read,
                     poll_initial=s.result_poll_initial.total_seconds(),
                     poll_max=s.result_poll_max.total_seconds(),
+                    wake=self._publish_nothing if self._runtime.subscribes_to_results else None,
                 )
                 self._hub = (os.getpid(), hub)
             return self._hub[1]
@@ -65,6 +69,21 @@ class ResultWaits:
             )
         pubsub: Subscription = client.pubsub()
         return pubsub
+
+    def _publish_nothing(self) -> None:
+        """A message of no outcome on the outcome channel, on a connection of its own: the
+        hub's thread, blocked reading its subscription, returns (every subscriber of the
+        namespace reads the message and finds nothing in it)."""
+        url = self._redis_url()
+        client: Any
+        if self._settings.redis_cluster or is_cluster_url(url):
+            client = sync_cluster_client(url, socket_timeout=_WAKE_TIMEOUT_S, socket_connect_timeout=_WAKE_TIMEOUT_S)
+        else:
+            client = redis.Redis.from_url(url, socket_timeout=_WAKE_TIMEOUT_S, socket_connect_timeout=_WAKE_TIMEOUT_S)
+        try:
+            client.publish(outcome_channel(self._settings.namespace), encode_outcomes((), inline_bytes=0))
+        finally:
+            client.close()
 
     def _read(self, task_ids: Any) -> dict[str, TaskOutcome]:
         try:

@@ -82,9 +82,13 @@ class ResultHub:
         poll_initial: float,
         poll_max: float,
         connect_wait: float = 2.0,
+        wake: Callable[[], None] | None = None,
     ) -> None:
         self.channel = channel
         self._connect = connect
+        #: Publishes a message of no outcome on ``channel``: the thread's read of its
+        #: subscription returns, so :meth:`close` does not wait out a tick.
+        self._wake_subscription = wake
         self._read = read
         self._poll_initial = poll_initial
         self._poll_max = poll_max
@@ -158,13 +162,21 @@ class ResultHub:
         return self._attempted.is_set()
 
     def close(self) -> None:
-        """Stop the thread and close the subscription (waits still registered keep waiting)."""
+        """Stop the thread and close the subscription (waits still registered keep waiting).
+        A thread blocked reading its subscription is woken by a message of no outcome, if the
+        hub was given a way to publish one; else it stops within a tick (``_TICK_S``)."""
         with self._lock:
             self._stopping = True
-            thread = self._thread
+            thread, subscribed = self._thread, self._subscribed
         self._wake.set()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
+        if thread is None or thread is threading.current_thread():
+            return
+        if subscribed and self._wake_subscription is not None:
+            try:
+                self._wake_subscription()
+            except (RedisError, RedisClusterException, OSError) as exc:  # the tick ends the wait
+                logger.debug("waking the result hub's subscription failed: %s", exc)
+        thread.join(timeout=5)
 
     # -- the thread ----------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ announcement (lost, or Redis away) the waits fall back to batched reads."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 
@@ -12,8 +12,9 @@ import anyio
 import pytest
 import redis
 
-from durable_tasks import App
+from durable_tasks import App, waiting
 from durable_tasks.errors import ResultTimeoutError, TaskNotFoundError
+from durable_tasks.outcome import TaskOutcome
 from durable_tasks.records import TaskState
 from durable_tasks.store.outcomes import read_outcomes
 from durable_tasks.transport.announce import announce_outcomes
@@ -150,3 +151,30 @@ async def test_a_wait_times_out_with_the_last_state_seen_and_an_unknown_id_is_no
     assert hub.waiting == 0
     hub.close()
     await app.aclose()
+
+
+async def test_closing_the_app_wakes_its_hub_thread_blocked_on_the_subscription(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub's thread blocks reading its subscription for up to a tick; a close publishes a
+    message of no outcome, which the thread reads at once and then ends, rather than when its
+    read times out (here the tick is an hour)."""
+    monkeypatch.setattr(waiting, "_TICK_S", 3600.0)
+    app = doubling_app(make_app)
+    handle = app.handle(submit(app, "double", 4))
+    await run_all(app, 1)
+    assert await handle.wait(timeout=30) == 8  # the hub's thread runs and subscribes
+    hub = app.results.hub()
+    assert hub.subscribed
+    await wait_until(lambda: hub.waiting == 0)
+    heard: list[int] = []
+    hand_out = hub._hand_out
+
+    def counted(outcomes: Sequence[TaskOutcome]) -> None:
+        heard.append(len(outcomes))
+        hand_out(outcomes)
+
+    monkeypatch.setattr(hub, "_hand_out", counted)
+    await app.aclose()
+    assert heard == [0]  # the close's message, read by the blocked thread
+    assert not [t for t in threading.enumerate() if t.name == f"dt-results:{hub.channel}" and t.is_alive()]
