@@ -90,6 +90,10 @@ def dt_cases(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
             )
         ],
         "submit": [("submit overhead", ["submit", "--n", str(a.submit_n)])],
+        "batch": [
+            ("submit_many of 500 in one transaction", ["batch", "--n", "500"]),
+            ("submit_many of 500 in one transaction, MySQL/MariaDB", ["batch", "--n", "500", "--db", a.mysql_url]),
+        ],
         "embedded": [("embedded default drain", ["embedded", "--n", n])],
         "mysql": [
             ("drain, 1 worker, MySQL/MariaDB", ["drain", "--n", n, "--workers", "1", "--db", a.mysql_url]),
