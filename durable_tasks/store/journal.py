@@ -13,14 +13,14 @@ finds the task WAITING and resumes it. A resume is a new delivery of the same ge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
-from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, StepKind, Suspended, signal_slot
+from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, StepKind, Suspended
 from ..records import TERMINAL_STATES, AttemptOutcome, TaskState, attempts_table, steps_table, tasks_table
 from .execution import ExecutionClaim
 from .outbox import NewDelivery
@@ -28,7 +28,7 @@ from .submit import NewTask, insert_outbox
 
 __all__ = [
     "child_task",
-    "deliver_signal",
+    "finish_suspension",
     "load_steps",
     "open_children",
     "record_step",
@@ -198,10 +198,27 @@ def suspend(
             del opened[slot]
     if opened:
         conn.execute(sa.insert(steps_table), list(opened.values()))
-    for slot, child_id in found.items():  # a child of an earlier suspension may have ended meanwhile
+    waits_opened = any(slot not in found for slot in opened)
+    return finish_suspension(conn, claim, found, waits_opened=waits_opened, now=now, resume=resume)
+
+
+def finish_suspension(
+    conn: sa.Connection,
+    claim: ExecutionClaim,
+    found: Mapping[str, str],
+    *,
+    waits_opened: bool,
+    now: datetime,
+    resume: Resume,
+) -> Suspended:
+    """A suspension's end, once its waits' rows are written: a child found rather than created
+    (``found``: slot -> child, an earlier suspension's) may have ended meanwhile, and its slot
+    settles now. A wait opened now is open, so the task waits; a suspension that opened none
+    redelivers its task when no wait is left open."""
+    for slot, child_id in found.items():
         if (outcome := _final_outcome(conn, child_id)) is not None:
             _settle_row(conn, claim.task_id, claim.generation, slot, outcome, now)
-    if any(slot not in found for slot in opened):  # a wait opened now, still open
+    if waits_opened:
         return Suspended.WAITING
     if resume(conn, claim.namespace, claim.task_id, claim.generation, now):
         return Suspended.REDELIVERED
@@ -310,53 +327,6 @@ def open_children(conn: sa.Connection, task_id: str) -> list[str]:
         sa.select(s.child_task_id).where(s.task_id == task_id, s.kind == StepKind.CHILD, s.done.is_(False))
     ).scalars()
     return sorted({child_id for child_id in ids if child_id})
-
-
-def deliver_signal(
-    conn: sa.Connection,
-    namespace: str,
-    task_id: str,
-    name: str,
-    payload_json: str,
-    *,
-    now: datetime,
-    lock: Lock,
-    resume: Resume,
-) -> bool | None:
-    """Deliver a signal to the task's current generation; None when there is no such task,
-    False when that signal was delivered before (the first payload stays)."""
-    lock(conn, [task_id])
-    task = conn.execute(sa.select(t.generation).where(t.id == task_id, t.namespace == namespace)).first()
-    if task is None:
-        return None
-    generation = int(task.generation)
-    slot = signal_slot(name)
-    row = conn.execute(
-        sa.select(s.id, s.done).where(s.task_id == task_id, s.generation == generation, s.slot == slot)
-    ).first()
-    if row is not None and row.done:
-        return False
-    if row is not None:
-        conn.execute(
-            sa.update(steps_table).where(s.id == row.id).values(done=True, result=payload_json, finished_at=now)
-        )
-        resume(conn, namespace, task_id, generation, now)
-        return True
-    conn.execute(
-        sa.insert(steps_table).values(
-            namespace=namespace,
-            task_id=task_id,
-            generation=generation,
-            slot=slot,
-            kind=StepKind.SIGNAL,
-            label=name[:200],
-            done=True,
-            result=payload_json,
-            created_at=now,
-            finished_at=now,
-        )
-    )
-    return True
 
 
 def resume_if_ready(

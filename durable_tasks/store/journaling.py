@@ -107,23 +107,8 @@ class JournalStore:
 
         def write() -> Suspension | None:
             created: list[tuple[NewTask, SubmitOutcome]] = []
-
-            def submit_children(conn: sa.Connection, tasks: Sequence[NewTask], at: datetime) -> list[tuple[str, bool]]:
-                outcomes = self._submit_children(conn, tasks, at)
-                created.extend((task, found) for task, found in zip(tasks, outcomes, strict=True) if found.created)
-                return [(outcome.task_id, outcome.created) for outcome in outcomes]
-
             with self._engine.begin() as conn:
-                suspended = journal.suspend(
-                    conn,
-                    claim,
-                    children,
-                    signals,
-                    now=now,
-                    submit_children=submit_children,
-                    wait=self._wait_fenced,
-                    resume=self._resume_if_ready,
-                )
+                suspended = self._suspend_conn(conn, claim, children, signals, now=now, created=created)
                 if suspended is None:
                     return None
                 if children and not self.notifies_dispatchers:
@@ -131,6 +116,35 @@ class JournalStore:
             return Suspension(suspended, tuple(created))
 
         return await anyio.to_thread.run_sync(write)
+
+    def _suspend_conn(
+        self,
+        conn: sa.Connection,
+        claim: ExecutionClaim,
+        children: Sequence[tuple[PendingChild, NewTask]],
+        signals: Sequence[PendingSignal],
+        *,
+        now: datetime,
+        created: list[tuple[NewTask, SubmitOutcome]],
+    ) -> Suspended | None:
+        """:func:`.journal.suspend` in ``conn``'s transaction, the children it creates appended
+        to ``created`` (PostgreSQL's store: a suspension on children alone is one statement)."""
+
+        def submit_children(conn: sa.Connection, tasks: Sequence[NewTask], at: datetime) -> list[tuple[str, bool]]:
+            outcomes = self._submit_children(conn, tasks, at)
+            created.extend((task, found) for task, found in zip(tasks, outcomes, strict=True) if found.created)
+            return [(outcome.task_id, outcome.created) for outcome in outcomes]
+
+        return journal.suspend(
+            conn,
+            claim,
+            children,
+            signals,
+            now=now,
+            submit_children=submit_children,
+            wait=self._wait_fenced,
+            resume=self._resume_if_ready,
+        )
 
     def _wait_fenced(self, conn: sa.Connection, claim: ExecutionClaim, now: datetime) -> bool:
         """:func:`.journal.wait_fenced` as the dialect runs it (PostgreSQL's store: one statement)."""
@@ -207,7 +221,7 @@ class JournalStore:
     def deliver_signal(self, namespace: str, task_id: str, name: str, payload_json: str, now: datetime) -> bool | None:
         """Deliver a signal to the task's current generation (its own transaction)."""
         with self._engine.begin() as conn:
-            return journal.deliver_signal(
+            return waits.deliver_signal(
                 conn,
                 namespace,
                 task_id,

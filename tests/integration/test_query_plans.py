@@ -561,6 +561,24 @@ def test_a_suspensions_children_find_a_taken_key_by_its_unique_index_with_stale_
     assert all(n.get("Index Name") == "uq_dt_tasks_idem" for n in scans), scans
 
 
+def test_a_suspension_on_children_finds_its_rows_by_key_with_stale_statistics(make_app: Callable[..., App]) -> None:
+    """PostgreSQL's suspension on children alone: the task by primary key (namespace and state
+    tested on it), its attempt by ``ix_dt_attempts_task``, a taken child key by its unique
+    index; nothing scanned by another way."""
+    app = make_app()
+    running, _ = stale_statistics(app, 4000, running=3000)
+    claim, now = running_claim(app, running[0]), app.clock()
+    children = [(p, child_task(claim, p, queue="jobs", max_attempts=3)) for p in map(pending_child, "ab", [1, 2])]
+    plan = plan_of(
+        app, "suspend_on_children", dict(submits.suspend_on_children(claim, children, ["c0", "c1"], now).params)
+    )
+    indexes = {"dt_attempts": {"ix_dt_attempts_task"}, "dt_tasks": {"dt_tasks_pkey", "uq_dt_tasks_idem"}}
+    scans = [n for n in plan if n.get("Relation Name") in indexes and n["Node Type"].endswith("Scan")]
+    assert {n["Relation Name"] for n in scans} == set(indexes), scans
+    assert all(n.get("Index Name") in indexes[n["Relation Name"]] for n in scans), scans
+    assert {n.get("Index Name") for n in scans if n["Relation Name"] == "dt_tasks"} == indexes["dt_tasks"], scans
+
+
 def running_claim(app: App, task_id: str) -> ExecutionClaim:
     """An execution of ``task_id``'s first attempt, as a worker's claim holds it."""
     return ExecutionClaim(

@@ -129,6 +129,54 @@ async def test_a_suspension_finds_the_child_an_earlier_try_created_beside_the_on
     assert tuple(link) == (parent.task_id, parent.generation, "child:1")
 
 
+async def test_a_suspension_on_children_alone_is_one_statement_on_postgres(app: App) -> None:
+    """The fence, the children and their waits: one statement on PostgreSQL (BEGIN apart),
+    whatever the number of children; the task waits, each child linked to its slot."""
+    parent = await claimed_parent(waiter_app(app))
+    rows = [(p, child_task(parent, p, queue="jobs", max_attempts=3)) for p in map(pending_child, ["a", "b"], [1, 2])]
+    with statements_on(app.engine, keep=lambda st: not st.lstrip().upper().startswith("BEGIN")) as seen:
+        done = await app.runtime.store.suspend(parent, rows, [], now=app.clock())
+    assert done is not None
+    assert (done.state, len(done.created)) == (Suspended.WAITING, 2)
+    if app.engine.dialect.name == "postgresql":
+        assert len(seen) == 1, seen
+    assert app.get_task(parent.task_id).state is TaskState.WAITING
+    steps = {st.slot: (st.kind, st.done, st.child_task_id) for st in app.steps(parent.task_id)}
+    created = [outcome.task_id for _, outcome in done.created]
+    assert steps == {slot: ("child", False, task_id) for slot, task_id in zip("ab", created, strict=True)}
+
+
+async def test_a_suspension_on_a_child_that_ended_since_an_earlier_try_redelivers_at_once(app: App) -> None:
+    """Its only child was created by an earlier suspension and has ended: the slot settles
+    with the child's result and the task goes back to PENDING with a new delivery."""
+    parent = await claimed_parent(waiter_app(app))
+    child = pending_child("child:0", 3)
+    task = child_task(parent, child, queue="jobs", max_attempts=3)
+    with Session(app.engine) as s:
+        child_id = app.runtime.store.submit(s, task, app.clock()).task_id
+        s.commit()
+    await app.runtime.store.commit_results([FinalWrite(await claim(app, child_id), "6")], now=app.clock())
+    done = await app.runtime.store.suspend(parent, [(child, task)], [], now=app.clock())
+    assert done is not None
+    assert (done.state, done.created) == (Suspended.REDELIVERED, ())
+    found = app.get_task(parent.task_id)
+    assert (found.state, found.delivery) == (TaskState.PENDING, 1)
+    [step] = app.steps(parent.task_id)
+    assert (step.child_task_id, step.done, step.result) == (child_id, True, "6")
+
+
+async def test_a_suspension_of_an_attempt_that_lost_its_task_writes_nothing(app: App) -> None:
+    parent = await claimed_parent(waiter_app(app))
+    stale = dataclasses.replace(parent, attempt=parent.attempt + 1)
+    rows = [(p, child_task(stale, p, queue="jobs", max_attempts=3)) for p in map(pending_child, ["a", "b"], [1, 2])]
+    assert await app.runtime.store.suspend(stale, rows, [], now=app.clock()) is None
+    assert app.get_task(parent.task_id).state is TaskState.RUNNING
+    assert app.steps(parent.task_id) == []
+    with app.engine.connect() as conn:
+        children = conn.execute(sa.select(sa.func.count()).where(tasks_table.c.parent_id == parent.task_id))
+        assert children.scalar_one() == 0
+
+
 async def test_a_suspension_that_finds_its_child_ended_and_its_signal_delivered_redelivers_at_once(
     app: App,
 ) -> None:

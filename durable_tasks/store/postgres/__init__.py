@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from anyio import to_thread
 from sqlalchemy.orm import Session
 
+from ...journal import PendingChild, PendingSignal, Suspended
 from ...journal_records import ChildOutcome
 from ...loopbound import LoopBound
 from ...records import tasks_table
@@ -130,6 +131,35 @@ class PostgresStore(SqlStore):
         if len(tasks) < 2:
             return super()._submit_children(conn, tasks, now)
         return _outcomes(conn, tasks, submits.submit_children(tasks, [new_task_id() for _ in tasks], now).run_on(conn))
+
+    def _suspend_conn(
+        self,
+        conn: sa.Connection,
+        claim: ExecutionClaim,
+        children: Sequence[tuple[PendingChild, NewTask]],
+        signals: Sequence[PendingSignal],
+        *,
+        now: datetime,
+        created: list[tuple[NewTask, SubmitOutcome]],
+    ) -> Suspended | None:
+        """A suspension on children alone is ONE statement (postgres.sql: suspend_on_children);
+        one with signals takes the general path (a signal's slot may hold its delivery)."""
+        if signals or not children:
+            return super()._suspend_conn(conn, claim, children, signals, now=now, created=created)
+        ids = [new_task_id() for _ in children]
+        rows = submits.suspend_on_children(claim, children, ids, now).run_on(conn)
+        if not rows:
+            return None  # fenced out: nothing was written
+        found: dict[str, str] = {}  # slot -> the child found rather than created
+        for (child, task), (task_id, was_created, generation, _) in zip(children, rows, strict=True):
+            if task_id is None:  # pragma: no cover - a key taken meanwhile: the fence serializes suspensions
+                raise RuntimeError("a suspension's child key is held by a task it cannot see")
+            if was_created:
+                created.append((task, SubmitOutcome(task_id, int(generation), created=True)))
+            else:
+                found[child.slot] = task_id
+        opened = len(found) < len(children)  # a child created now has a new, open wait
+        return journal.finish_suspension(conn, claim, found, waits_opened=opened, now=now, resume=self._resume_if_ready)
 
     def _wake_dispatchers(self, conn: sa.Connection, namespace: str) -> None:
         # Delivered when the transaction commits; a rollback sends nothing.

@@ -1,5 +1,6 @@
 """PostgreSQL's submits as values (``sql/postgres.sql``), run inside the caller's transaction:
-a task, a batch of one task's intents, a suspension's children. Each is ONE statement that
+a task, a batch of one task's intents, a suspension's children (alone, or with the whole
+suspension on children: its fence and its waits). Each is ONE statement that
 writes the task rows, their first outbox rows and the dispatchers' wake-up (a NOTIFY
 delivered at commit); a batch travels as parallel arrays, so the statement text never changes.
 """
@@ -8,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
+from ...journal import PendingChild
+from ...records import AttemptOutcome
 from .. import sql
+from ..execution import ExecutionClaim
 from ..submit import NewTask, task_row
 from .statements import NOTIFY_CHANNEL, OneStatement, Rows
 
-__all__ = ["submit_children", "submit_task", "submit_tasks"]
+__all__ = ["submit_children", "submit_task", "submit_tasks", "suspend_on_children"]
 
 #: The columns of a task row that submit_task writes from its NewTask.
 _SUBMIT_COLUMNS = (
@@ -79,6 +84,36 @@ def submit_children(tasks: Sequence[NewTask], task_ids: Sequence[str], now: date
     their first outbox rows and the dispatchers' wake-up: one row per child, in order (id of
     the task holding its key or NULL, created, generation). ValueError for tasks that are not
     one parent's children (the statement takes what they share once)."""
+    params = {key: getattr(tasks[0], key) for key in _PARENTS} | _children(tasks, task_ids, now)
+    return OneStatement(sql.postgres()["submit_children"], params, _rows)
+
+
+def suspend_on_children(
+    claim: ExecutionClaim, children: Sequence[tuple[PendingChild, NewTask]], task_ids: Sequence[str], now: datetime
+) -> OneStatement[Rows]:
+    """A suspension that waits on ``children`` alone (postgres.sql: suspend_on_children): the
+    fence to WAITING and the attempt closed, the children written as :func:`submit_children`
+    writes them, their waits opened. One row per child, in order (id of the task holding its
+    key, created, generation); none when the fence did not hold."""
+    tasks = [task for _, task in children]
+    if tasks[0].parent_id != claim.task_id:
+        raise ValueError("suspend_on_children takes the children of the claim's task")
+    params = _children(tasks, task_ids, now) | {
+        "namespace": claim.namespace,
+        "task_id": claim.task_id,
+        "generation": claim.generation,
+        "attempt": claim.attempt,
+        "outcome": AttemptOutcome.SUSPENDED.value,
+        "traceparent": claim.traceparent,
+        "shadow": claim.shadow,
+        "labels": [child.label[:200] for child, _ in children],
+    }
+    return OneStatement(sql.postgres()["suspend_on_children"], params, _rows)
+
+
+def _children(tasks: Sequence[NewTask], task_ids: Sequence[str], now: datetime) -> dict[str, Any]:
+    """A suspension's children as parallel arrays; ValueError unless they are one parent's
+    children (:func:`..journal.child_task`: what they share is taken once)."""
     first = tasks[0]
     shared = {key: getattr(first, key) for key in _PARENTS}
     if first.parent_id is None or any(
@@ -88,7 +123,7 @@ def submit_children(tasks: Sequence[NewTask], task_ids: Sequence[str], now: date
         for t in tasks
     ):
         raise ValueError("submit_children takes the children of one suspension (journal.child_task)")
-    params = shared | {
+    return {
         "now": now,
         "channel": NOTIFY_CHANNEL,
         "ids": list(task_ids),
@@ -101,7 +136,6 @@ def submit_children(tasks: Sequence[NewTask], task_ids: Sequence[str], now: date
         "slots": [t.parent_slot for t in tasks],
         "dues": [t.due or now for t in tasks],
     }
-    return OneStatement(sql.postgres()["submit_children"], params, _rows)
 
 
 def _rows(rows: Rows) -> Rows:

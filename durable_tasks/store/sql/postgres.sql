@@ -361,6 +361,70 @@ LEFT JOIN dt_tasks AS held ON mine.id IS NULL AND held.namespace = %(namespace)s
      AND held.name = g.name AND held.idempotency_key = g.idempotency_key
 ORDER BY g.ord;
 
+-- name: suspend_on_children
+-- A suspension that waits on children alone, in one statement (store/journal.py's suspend:
+-- wait_fenced, then submit_children, then the waits' rows): the attempt's fence moves the task
+-- to WAITING and closes the attempt as suspended; the children, their outbox rows and the
+-- dispatchers' wake-up are written as submit_children writes them (key order aside: the fence
+-- serializes the suspensions of one task); each child's wait opens in its slot, unless the
+-- slot has a row (a child found rather than created: an earlier suspension's). Nothing is
+-- written when the fence does not hold, and no row comes back. One row per child, in order:
+-- (id of the task holding its key, created, generation).
+WITH waiting AS (
+    UPDATE dt_tasks AS t
+    SET state = 'WAITING', lease_expires_at = NULL
+    WHERE t.id = %(task_id)s AND (t.namespace || '') = %(namespace)s::text AND t.generation = %(generation)s
+      AND t.attempt = %(attempt)s AND (t.state || '') = 'RUNNING'
+    RETURNING t.id
+), closed AS (
+    UPDATE dt_attempts AS a
+    SET outcome = %(outcome)s, finished_at = %(now)s
+    WHERE a.task_id = %(task_id)s AND a.generation = %(generation)s AND a.attempt = %(attempt)s
+      AND EXISTS (SELECT 1 FROM waiting)
+), given AS (
+    SELECT g.id, g.name, g.queue, g.idempotency_key, g.payload, g.max_attempts, g.priority, g.parent_slot,
+           g.label, g.due, g.ord
+    FROM unnest(%(ids)b::text[], %(names)b::text[], %(queues)b::text[], %(keys)b::text[], %(payloads)b::text[],
+                %(max_attempts)b::int[], %(priorities)b::int[], %(slots)b::text[], %(labels)b::text[],
+                %(dues)b::timestamptz[]) WITH ORDINALITY
+         AS g (id, name, queue, idempotency_key, payload, max_attempts, priority, parent_slot, label, due, ord)
+    WHERE EXISTS (SELECT 1 FROM waiting)
+), task AS (
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
+                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+                          priority, shadow, parent_id, parent_generation, parent_slot, created_at)
+    SELECT g.id, %(namespace)s, g.name, g.queue, g.idempotency_key, g.payload, 'PENDING', 0, 0,
+           0, 0, 0, 0, g.max_attempts, %(traceparent)s, g.priority, %(shadow)s, %(task_id)s,
+           %(generation)s, g.parent_slot, %(now)s
+    FROM given AS g
+    ORDER BY g.ord
+    ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
+    RETURNING id
+), intent AS (
+    INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at,
+                           shadow, created_at)
+    SELECT %(namespace)s, task.id, g.queue, 0, 0, 'PENDING', 0, g.due, %(shadow)s, %(now)s
+    FROM task JOIN given AS g ON g.id = task.id
+    ORDER BY g.ord
+), child AS MATERIALIZED (
+    SELECT g.ord, g.parent_slot AS slot, g.label, coalesce(mine.id, held.id) AS id, mine.id IS NOT NULL AS created,
+           coalesce(held.generation, 0) AS generation
+    FROM given AS g
+    LEFT JOIN task AS mine ON mine.id = g.id
+    LEFT JOIN dt_tasks AS held ON mine.id IS NULL AND held.namespace = %(namespace)s
+         AND held.name = g.name AND held.idempotency_key = g.idempotency_key
+), opened AS (
+    INSERT INTO dt_steps (namespace, task_id, generation, slot, kind, label, done, child_task_id, created_at)
+    SELECT %(namespace)s, %(task_id)s, %(generation)s, c.slot, 'child', c.label, false, c.id, %(now)s
+    FROM child AS c
+    WHERE c.id IS NOT NULL
+    ORDER BY c.ord
+    ON CONFLICT (task_id, generation, slot) DO NOTHING
+)
+SELECT c.id, c.created, c.generation, pg_notify(%(channel)s, %(namespace)s)
+FROM child AS c
+ORDER BY c.ord;
+
 -- name: redeliver_lost
 -- Supersede lost deliveries nobody holds, each with the next one (store/recovery.py's
 -- redeliver_many in one statement): arrays ids, generations, deliveries; count_reclaim (a
