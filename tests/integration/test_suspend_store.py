@@ -18,6 +18,7 @@ from durable_tasks.records import tasks_table
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.results import FinalWrite
+from durable_tasks.store.submit import NewTask
 from tests.helpers import statements_on
 
 pytestmark = pytest.mark.anyio
@@ -146,16 +147,23 @@ async def test_a_suspension_on_children_alone_is_one_statement_on_postgres(app: 
     assert steps == {slot: ("child", False, task_id) for slot, task_id in zip("ab", created, strict=True)}
 
 
-async def test_a_suspension_on_a_child_that_ended_since_an_earlier_try_redelivers_at_once(app: App) -> None:
-    """Its only child was created by an earlier suspension and has ended: the slot settles
-    with the child's result and the task goes back to PENDING with a new delivery."""
-    parent = await claimed_parent(waiter_app(app))
+async def an_earlier_child_that_ended(app: App, parent: ExecutionClaim) -> tuple[PendingChild, NewTask, str]:
+    """An earlier suspension's child of ``parent`` (the same slot, so the same idempotency key),
+    which has run and ended since (result 6): its pending child, its row, its id."""
     child = pending_child("child:0", 3)
     task = child_task(parent, child, queue="jobs", max_attempts=3)
     with Session(app.engine) as s:
         child_id = app.runtime.store.submit(s, task, app.clock()).task_id
         s.commit()
     await app.runtime.store.commit_results([FinalWrite(await claim(app, child_id), "6")], now=app.clock())
+    return child, task, child_id
+
+
+async def test_a_suspension_on_a_child_that_ended_since_an_earlier_try_redelivers_at_once(app: App) -> None:
+    """Its only child was created by an earlier suspension and has ended: the slot settles
+    with the child's result and the task goes back to PENDING with a new delivery."""
+    parent = await claimed_parent(waiter_app(app))
+    child, task, child_id = await an_earlier_child_that_ended(app, parent)
     done = await app.runtime.store.suspend(parent, [(child, task)], [], now=app.clock())
     assert done is not None
     assert (done.state, done.created) == (Suspended.REDELIVERED, ())
@@ -181,13 +189,7 @@ async def test_a_suspension_that_finds_its_child_ended_and_its_signal_delivered_
     app: App,
 ) -> None:
     parent = await claimed_parent(waiter_app(app))
-    child = pending_child("child:0", 3)
-    task = child_task(parent, child, queue="jobs", max_attempts=3)
-    # an earlier suspension's child (the same idempotency key), which has run and ended since
-    with Session(app.engine) as s:
-        child_id = app.runtime.store.submit(s, task, app.clock()).task_id
-        s.commit()
-    await app.runtime.store.commit_results([FinalWrite(await claim(app, child_id), "6")], now=app.clock())
+    child, task, child_id = await an_earlier_child_that_ended(app, parent)
     assert app.signal(parent.task_id, "go", {"ok": True})  # delivered before the wait opens
 
     done = await app.runtime.store.suspend(parent, [(child, task)], [pending_signal("go")], now=app.clock())
