@@ -1,7 +1,7 @@
 """The step journal's SQL (``dt_steps``): recorded steps, suspension, children's outcomes,
-signals, and the resume of a WAITING task. Core statements on a connection; the store runs
-them in its transactions and supplies what its dialect does differently (locking a task row,
-submitting a child, waking dispatchers).
+and the resume of a WAITING task (a signal's delivery: :mod:`.waits`). Core statements on a
+connection; the store runs them in its transactions and supplies what its dialect does
+differently (locking a task row, submitting a child, waking dispatchers).
 
 Every write that concerns one task happens under that task's row lock: the attempt's fenced
 UPDATE (record a step, suspend), or the store's lock (a child's outcome, a signal). So exactly
@@ -44,7 +44,8 @@ t = tasks_table.c
 s = steps_table.c
 a = attempts_table.c
 
-#: ``lock(conn, task_ids)``: the store's row lock (FOR UPDATE; a no-op where transactions are serialized).
+#: ``lock(conn, task_ids)``: the store's row lock (FOR UPDATE; a no-op where transactions are
+#: serialized), as :func:`.waits.deliver_signal` takes it.
 Lock = Callable[[sa.Connection, Sequence[str]], None]
 #: ``wake(conn, namespace)``: tell dispatchers an outbox row was written.
 Wake = Callable[[sa.Connection, str], None]
