@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import failpoints
 from .codec import encode_payload
 from .errors import JournalFencedOutError, UnknownTaskError
-from .flow.policy import dispatch_due
+from .flow.policy import dispatch_due, submit_flow
 from .handler_threads import HandlerThreads
 from .journal import (
     Journal,
@@ -117,7 +117,8 @@ class StoreJournal:
         """The child's row as a submit of its task writes it: its queue, attempts and declared
         priority (a level's head start in the dispatcher's due order included)."""
         task = self.runtime.registry[child.prepared.task_name]
-        priority = task.flow.priority
+        prioritized = self.runtime.prioritized(task.queue)
+        priority, _ = submit_flow(task.flow, task.queue, prioritized=prioritized, priority=None, concurrency_key=None)
         return child_task(
             self.claim,
             child,

@@ -24,7 +24,7 @@ from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, S
 from ..records import TERMINAL_STATES, AttemptOutcome, TaskState, attempts_table, steps_table, tasks_table
 from .execution import ExecutionClaim
 from .outbox import NewDelivery
-from .submit import NewTask, insert_outbox
+from .submit import NewTask, SubmitOutcome, insert_outbox
 
 __all__ = [
     "child_task",
@@ -57,9 +57,9 @@ Resume = Callable[[sa.Connection, str, str, int, datetime], NewDelivery | None]
 Settle = Callable[[sa.Connection, str, str, int, str, ChildOutcome, datetime], NewDelivery | None]
 #: ``wait(conn, claim, now)``: :func:`wait_fenced`, as the store runs it (PostgreSQL: one statement).
 Wait = Callable[[sa.Connection, ExecutionClaim, datetime], bool]
-#: ``submit(conn, tasks, now) -> [(child task id, created now)]``: the store's submit of a
-#: suspension's children, in order (idempotent by key, waking dispatchers; PostgreSQL: one statement).
-SubmitChildren = Callable[[sa.Connection, Sequence[NewTask], datetime], list[tuple[str, bool]]]
+#: ``submit(conn, tasks, now)``: the store's submit of a suspension's children, in order
+#: (idempotent by key, waking dispatchers; PostgreSQL: one statement).
+SubmitChildren = Callable[[sa.Connection, Sequence[NewTask], datetime], Sequence[SubmitOutcome]]
 #: A resumed task's new delivery: the columns of a NewDelivery (its id apart), read back.
 _DELIVERY_COLUMNS = [t[f.name] for f in fields(NewDelivery) if f.name != "task_id"]
 
@@ -187,10 +187,12 @@ def suspend(
     opened: dict[str, dict[str, Any]] = {}  # slot -> its row, unless the slot has one already
     found: dict[str, str] = {}  # slot -> the child found rather than created
     submitted = submit_children(conn, [task for _, task in children], now) if children else []
-    for (child, _), (child_id, created) in zip(children, submitted, strict=True):
-        opened[child.slot] = _wait_row(claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=child_id)
-        if not created:
-            found[child.slot] = child_id
+    for (child, _), outcome in zip(children, submitted, strict=True):
+        opened[child.slot] = _wait_row(
+            claim, child.slot, StepKind.CHILD, child.label, now, child_task_id=outcome.task_id
+        )
+        if not outcome.created:
+            found[child.slot] = outcome.task_id
     for signal in signals:
         opened[signal.slot] = _wait_row(claim, signal.slot, signal.kind, signal.name, now, request=signal.request_json)
     if maybe_there := [*found, *(signal.slot for signal in signals)]:

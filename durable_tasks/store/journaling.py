@@ -130,10 +130,10 @@ class JournalStore:
         """:func:`.journal.suspend` in ``conn``'s transaction, the children it creates appended
         to ``created`` (PostgreSQL's store: a suspension on children alone is one statement)."""
 
-        def submit_children(conn: sa.Connection, tasks: Sequence[NewTask], at: datetime) -> list[tuple[str, bool]]:
+        def submit_children(conn: sa.Connection, tasks: Sequence[NewTask], at: datetime) -> list[SubmitOutcome]:
             outcomes = self._submit_children(conn, tasks, at)
             created.extend((task, found) for task, found in zip(tasks, outcomes, strict=True) if found.created)
-            return [(outcome.task_id, outcome.created) for outcome in outcomes]
+            return outcomes
 
         return journal.suspend(
             conn,

@@ -12,11 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from ...journal import PendingChild
-from ...records import AttemptOutcome
 from .. import sql
 from ..execution import ExecutionClaim
 from ..submit import NewTask, task_row
-from .statements import NOTIFY_CHANNEL, OneStatement, Rows
+from .statements import NOTIFY_CHANNEL, OneStatement, Rows, wait_fenced
 
 __all__ = ["submit_children", "submit_task", "submit_tasks", "suspend_on_children"]
 
@@ -98,12 +97,9 @@ def suspend_on_children(
     tasks = [task for _, task in children]
     if tasks[0].parent_id != claim.task_id:
         raise ValueError("suspend_on_children takes the children of the claim's task")
-    params = _children(tasks, task_ids, now) | {
-        "namespace": claim.namespace,
-        "task_id": claim.task_id,
-        "generation": claim.generation,
-        "attempt": claim.attempt,
-        "outcome": AttemptOutcome.SUSPENDED.value,
+    params = {
+        **_children(tasks, task_ids, now),
+        **wait_fenced(claim, now).params,  # the fence, and the attempt's close as suspended
         "traceparent": claim.traceparent,
         "shadow": claim.shadow,
         "labels": [child.label[:200] for child, _ in children],
