@@ -10,6 +10,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -86,7 +87,8 @@ PrepareThreshold = Annotated[
 class Settings(BaseSettings):
     """Runtime settings; every default of DESIGN.md is a field here."""
 
-    model_config = SettingsConfigDict(env_prefix="DT_", extra="forbid")
+    # A rejected value is not repeated in the error: URLs and keys may hold secrets.
+    model_config = SettingsConfigDict(env_prefix="DT_", extra="forbid", hide_input_in_errors=True)
 
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; None means a SQLite file in data_dir.")
     redis_url: str | None = Field(
@@ -247,6 +249,18 @@ class Settings(BaseSettings):
         # Heroku, Render, Supabase and libpq write postgres://; SQLAlchemy knows only postgresql.
         if value is not None and _POSTGRES_SCHEME.match(value):
             return "postgresql" + value[len("postgres") :]
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_port_is_a_number(cls, value: str | None) -> str | None:
+        # Checked here, not at the first connection: a malformed port was a traceback there.
+        # The message never repeats the URL (it may hold a password).
+        if value is not None:
+            try:
+                _ = urlsplit(value).port  # urllib checks the port when it is read
+            except ValueError:
+                raise ValueError("redis_url's port is not a number from 0 to 65535") from None
         return value
 
     @field_validator("namespace")

@@ -157,8 +157,11 @@ def test_a_refused_redis_login_fails_at_once_in_one_line(
     postgres_url: str, redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     server = urlsplit(redis_url)
+    where = (
+        server.path if server.scheme == "unix" else f"{server.hostname}:{server.port}/0"
+    )  # the embedded Valkey's socket
     env = {"DT_DATABASE_URL": postgres_url, "DT_NAMESPACE": namespace, "DT_DATA_DIR": str(tmp_path)}
-    env |= {"DT_REDIS_URL": f"redis://dt:not-the-password@{server.hostname}:{server.port}/0", "DT_STARTUP_WAIT": "600"}
+    env |= {"DT_REDIS_URL": f"{server.scheme}://dt:not-the-password@{where}", "DT_STARTUP_WAIT": "600"}
     code, lines = run_cli("worker", "tests.apps.cli_app:app", env=env)
     assert code == 2, lines
     assert len(lines) == 1, lines

@@ -7,6 +7,9 @@ import typing
 from datetime import timedelta
 from typing import Any, get_type_hints
 
+import pytest
+from pydantic import ValidationError
+
 from durable_tasks import App, Settings, SettingsOverrides
 
 POSITIONAL = {"database_url", "redis_url", "namespace"}  # App's own parameters
@@ -36,3 +39,11 @@ def test_each_keyword_admits_the_settings_type() -> None:
 def test_the_keywords_reach_the_settings() -> None:
     app = App("sqlite:///unused.sqlite3", "redis://127.0.0.1:1", "kw", lease_timeout=timedelta(seconds=42))
     assert app.settings.lease_timeout == timedelta(seconds=42)
+
+
+def test_a_redis_url_whose_port_is_not_a_number_is_refused_at_once_without_repeating_it() -> None:
+    with pytest.raises(ValidationError) as raised:
+        Settings(redis_url="redis://dt:s3cret@None:None/0")
+    assert "redis_url's port is not a number" in str(raised.value)
+    assert "s3cret" not in str(raised.value)
+    assert Settings(redis_url="unix:///tmp/valkey.sock").redis_url == "unix:///tmp/valkey.sock"
