@@ -257,8 +257,10 @@ class Settings(BaseSettings):
         # Checked here, not at the first connection: a malformed port was a traceback there.
         # The message never repeats the URL (it may hold a password).
         if value is not None:
+            hosts = urlsplit(value).netloc.rpartition("@")[2]  # a cluster's seeds: host:port,host:port
             try:
-                _ = urlsplit(value).port  # urllib checks the port when it is read
+                for seed in hosts.split(","):
+                    _ = urlsplit(f"//{seed}").port  # urllib checks the port when it is read
             except ValueError:
                 raise ValueError("redis_url's port is not a number from 0 to 65535") from None
         return value

@@ -46,4 +46,7 @@ def test_a_redis_url_whose_port_is_not_a_number_is_refused_at_once_without_repea
         Settings(redis_url="redis://dt:s3cret@None:None/0")
     assert "redis_url's port is not a number" in str(raised.value)
     assert "s3cret" not in str(raised.value)
-    assert Settings(redis_url="unix:///tmp/valkey.sock").redis_url == "unix:///tmp/valkey.sock"
+    with pytest.raises(ValidationError, match="port is not a number"):
+        Settings(redis_url="redis+cluster://h1:7000,h2:x/0")
+    for fine in ("unix:///tmp/valkey.sock", "rediss+cluster://u:p@h1:7000,h2:7001,h3/0?ssl_cert_reqs=none"):
+        assert Settings(redis_url=fine).redis_url == fine
