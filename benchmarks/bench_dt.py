@@ -174,6 +174,10 @@ def build(db: str | None, namespace: str, redis: str | None = REDIS, **settings:
     async def stamp(ctx: TaskContext[float], ts: float) -> float:
         return time.time()  # when the handler ran: submit->start is this minus the payload
 
+    @app.task(name="bench.stamp_body", queue="bench")
+    async def stamp_body(ctx: TaskContext[list[Any]], sent: list[Any]) -> list[float]:
+        return [sent[0], time.time()]  # [submitted, handler ran]; the body (sent[1]) came along
+
     return app
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "AttemptOutcome",
     "AttemptRecord",
     "AuditRecord",
+    "JsonText",
     "OutboxRecord",
     "OutboxState",
     "RuntimeRecord",
@@ -54,6 +55,11 @@ class RuntimeRecord(SQLModel, registry=registry(metadata=metadata)):
 
 
 _MYSQL = ("mysql", "mariadb")
+
+#: The JSON users hand over and get back (payloads, results, journal steps, agent records): TEXT,
+#: up to 1 GB on PostgreSQL and SQLite; MEDIUMTEXT (16 MiB) on MySQL/MariaDB, whose TEXT holds
+#: 65,535 bytes, less than a payload may have (``max_payload_bytes``).
+JsonText = sa.Text().with_variant(mysql.MEDIUMTEXT(), *_MYSQL)
 
 
 def _key(length: int) -> sa.types.TypeEngine[str]:
@@ -169,7 +175,7 @@ class TaskRecord(RuntimeRecord, table=True):
     name: str = Field(max_length=200, sa_type=_key(200))
     queue: str = Field(max_length=64, sa_type=_ascii(64))
     idempotency_key: str | None = Field(default=None, max_length=512, sa_type=_key(512))
-    payload: str = Field(sa_type=sa.Text)
+    payload: str = Field(sa_type=JsonText)
     state: str = Field(default=TaskState.PENDING, max_length=16)
     generation: int = 0
     attempt: int = 0
@@ -181,7 +187,7 @@ class TaskRecord(RuntimeRecord, table=True):
     max_attempts: int = 1
     lease_expires_at: datetime | None = _maybe_at()
     worker_id: str | None = Field(default=None, max_length=200)
-    result: str | None = Field(default=None, sa_type=sa.Text)
+    result: str | None = Field(default=None, sa_type=JsonText)
     error_type: str | None = Field(default=None, max_length=200)
     error_message: str | None = Field(default=None, sa_type=sa.Text)
     traceparent: str | None = Field(default=None, max_length=128)
@@ -333,8 +339,8 @@ class StepRecord(RuntimeRecord, table=True):
     kind: str = Field(max_length=16)
     label: str = Field(max_length=200)
     done: bool = False
-    result: str | None = Field(default=None, sa_type=sa.Text)
-    request: str | None = Field(default=None, sa_type=sa.Text)
+    result: str | None = Field(default=None, sa_type=JsonText)
+    request: str | None = Field(default=None, sa_type=JsonText)
     child_task_id: str | None = Field(default=None, max_length=36)
     child_state: str | None = Field(default=None, max_length=16)
     error_type: str | None = Field(default=None, max_length=200)
@@ -354,8 +360,8 @@ class AgentRun(RuntimeRecord, table=True):
     agent: str = Field(max_length=200)
     generation: int = 0
     state: str = Field(default="RUNNING", max_length=16)
-    input: str = Field(sa_type=sa.Text)
-    output: str | None = Field(default=None, sa_type=sa.Text)
+    input: str = Field(sa_type=JsonText)
+    output: str | None = Field(default=None, sa_type=JsonText)
     created_at: datetime
     finished_at: datetime | None = None
 
@@ -369,9 +375,9 @@ class AgentTurn(RuntimeRecord, table=True):
     run_id: str = Field(max_length=36, index=True)
     generation: int
     index: int
-    output: str = Field(sa_type=sa.Text)
-    calls: str = Field(default="[]", sa_type=sa.Text)  # [{id, task_id, error}] in call order
-    tool_results: str | None = Field(default=None, sa_type=sa.Text)
+    output: str = Field(sa_type=JsonText)
+    calls: str = Field(default="[]", sa_type=JsonText)  # [{id, task_id, error}] in call order
+    tool_results: str | None = Field(default=None, sa_type=JsonText)
     created_at: datetime
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ import anyio
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
+from ..errors import ConfigurationError
 from ..records import CLAIMABLE_STATES, OutboxState, TaskState, outbox_table, tasks_table
 from ..settings import Settings
 from . import execution, outbox, results
@@ -56,13 +57,25 @@ class MySqlStore(SqlStore):
     @classmethod
     def open(cls, url: sa.URL, settings: Settings | None = None) -> MySqlStore:
         """A store on the database at ``url`` (``mysql://`` and ``mariadb://`` mean PyMySQL)."""
+        if settings is not None and settings.max_payload_bytes > MEDIUMTEXT_BYTES:
+            raise ConfigurationError(
+                f"max_payload_bytes={settings.max_payload_bytes} is over the {MEDIUMTEXT_BYTES:,} bytes that "
+                f"MySQL/MariaDB store in a payload or result; set DT_MAX_PAYLOAD_BYTES to {MEDIUMTEXT_BYTES} or less"
+            )
         if url.drivername in ("mysql", "mariadb"):
             url = url.set(drivername=f"{url.drivername}+pymysql")
         if "charset" not in url.query:
             url = url.update_query_dict({"charset": "utf8mb4"})
         engine = sa.create_engine(url, pool_size=10, max_overflow=20, isolation_level="READ COMMITTED")
         ping_when_idle(engine)
-        return cls(engine)
+        store = cls(engine)
+        if settings is not None:
+            store.max_value_bytes = settings.max_payload_bytes
+        return store
+
+    #: The largest payload or result the runtime writes (``max_payload_bytes``): doctor checks
+    #: that one statement of that size fits the server's ``max_allowed_packet``.
+    max_value_bytes = 1024 * 1024
 
     # -- what MySQL does differently --------------------------------------------------------
 
@@ -102,14 +115,14 @@ class MySqlStore(SqlStore):
     def _commit_plain(self, conn: sa.Connection, writes: Sequence[FinalWrite], now: datetime) -> list[FinalWrite]:
         locked = _lock_running(conn, [w.claim for w in writes])
         current = [w for w in writes if locked.get(w.claim.task_id) == _token(w.claim)]
-        if current:
+        for part in _parts_of_bounded_size(current):
             conn.execute(
                 sa.update(tasks_table)
-                .where(t.id.in_([w.claim.task_id for w in current]))
+                .where(t.id.in_([w.claim.task_id for w in part]))
                 .values(
                     **results.SUCCEEDED,
                     finished_at=now,
-                    result=sa.case({w.claim.task_id: w.result_json for w in current}, value=t.id),
+                    result=sa.case({w.claim.task_id: w.result_json for w in part}, value=t.id),
                 )
             )
         results.set_outcomes(writes, {w.claim.task_id for w in current})
@@ -222,7 +235,7 @@ class MySqlStore(SqlStore):
 
         def read() -> list[DatabaseProblem]:
             with self.engine.connect() as conn:
-                return _problems(conn)
+                return _problems(conn, self.max_value_bytes)
 
         facts.problems = await self._in_thread(read)
         return facts
@@ -234,6 +247,28 @@ _INSERT_TASK = sa.insert(tasks_table)
 _INSERT_TASK_KEYED = mysql.insert(tasks_table).on_duplicate_key_update(id=t.id)
 #: The task rows of the list ``ids`` (an expanding bind parameter).
 _BY_IDS = t.id.in_(sa.bindparam("ids", expanding=True))
+
+
+#: Characters of results one group commit statement carries at most (a larger result goes
+#: alone): a statement must fit the server's ``max_allowed_packet`` (16 MiB on MariaDB, 64 MiB
+#: on MySQL 8), and 512 results of a megabyte each would not.
+_STATEMENT_CHARS = 1024 * 1024
+#: What a MEDIUMTEXT column (a payload, a result) holds.
+MEDIUMTEXT_BYTES = 16 * 1024 * 1024 - 1
+
+
+def _parts_of_bounded_size(writes: Sequence[FinalWrite]) -> Iterator[list[FinalWrite]]:
+    """``writes`` in order, in parts whose results hold at most ``_STATEMENT_CHARS`` together."""
+    part: list[FinalWrite] = []
+    size = 0
+    for w in writes:
+        if part and size + len(w.result_json) > _STATEMENT_CHARS:
+            yield part
+            part, size = [], 0
+        part.append(w)
+        size += len(w.result_json)
+    if part:
+        yield part
 
 
 def _locking(*columns: Any) -> sa.Select[Any]:
@@ -283,8 +318,21 @@ def _variable(conn: sa.Connection, *names: str) -> str | None:
     return None
 
 
-def _problems(conn: sa.Connection) -> list[DatabaseProblem]:
+def _problems(conn: sa.Connection, max_value_bytes: int) -> list[DatabaseProblem]:
     found: list[DatabaseProblem] = []
+    packet = _variable(conn, "max_allowed_packet")
+    # One statement carries a payload (a submit's insert) or up to _STATEMENT_CHARS of results
+    # (a group commit), and a larger result alone, with its SQL around it.
+    needed = max(max_value_bytes, _STATEMENT_CHARS) + 64 * 1024
+    if packet is not None and int(packet) < needed:
+        found.append(
+            DatabaseProblem(
+                "max_allowed_packet",
+                f"is {int(packet):,} bytes, under the {needed:,} that a payload or result of max_payload_bytes "
+                f"({max_value_bytes:,}) takes in one statement: such a write fails. Raise max_allowed_packet to "
+                f"{needed} or more, or lower DT_MAX_PAYLOAD_BYTES.",
+            )
+        )
     isolation = _variable(conn, "session.transaction_isolation", "session.tx_isolation") or "?"
     if isolation.upper().replace("-", " ") != "READ COMMITTED":
         found.append(

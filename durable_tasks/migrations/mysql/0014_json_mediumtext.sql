@@ -1,0 +1,11 @@
+-- The JSON that users hand over and get back (payloads, results, journal steps, agent runs and
+-- turns) as MEDIUMTEXT, up to 16 MiB: TEXT holds 65,535 bytes, less than a payload may have
+-- (DT_MAX_PAYLOAD_BYTES, 1 MiB by default). Older code reads and writes these columns as before.
+-- InnoDB copies each table to change a column's type: on a large dt_tasks, run it when writes
+-- can wait (it takes as long as a copy of the table, and blocks the table's writes meanwhile).
+
+ALTER TABLE dt_tasks MODIFY payload MEDIUMTEXT NOT NULL, MODIFY result MEDIUMTEXT;
+ALTER TABLE dt_steps MODIFY result MEDIUMTEXT, MODIFY request MEDIUMTEXT;
+ALTER TABLE dt_agent_runs MODIFY input MEDIUMTEXT NOT NULL, MODIFY output MEDIUMTEXT;
+ALTER TABLE dt_agent_turns MODIFY output MEDIUMTEXT NOT NULL, MODIFY calls MEDIUMTEXT NOT NULL,
+    MODIFY tool_results MEDIUMTEXT;

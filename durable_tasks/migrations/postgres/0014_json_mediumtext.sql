@@ -1,0 +1,2 @@
+-- Nothing to do on this backend: its TEXT holds up to 1 GB. On MySQL/MariaDB this step widens
+-- the JSON columns of users' values from TEXT (65,535 bytes) to MEDIUMTEXT (16 MiB).

@@ -1,0 +1,139 @@
+"""Values up to the size the settings allow are stored whole on every database: a payload and a
+result at ``max_payload_bytes``, many large results in one group commit, and a journal step's
+result past 64 KiB.
+
+MySQL's TEXT holds 65,535 bytes: a larger payload failed its submit with the driver's
+DataError, and a server without strict mode would have cut it short without a word. Its JSON
+columns are MEDIUMTEXT (16 MiB), a group commit splits its results into statements that fit
+the server's ``max_allowed_packet``, and a ``max_payload_bytes`` above what MEDIUMTEXT holds is
+refused when the App opens its database."""
+
+from __future__ import annotations
+
+import base64
+import random
+from collections.abc import Callable
+from datetime import timedelta
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlmodel import Session
+
+from durable_tasks import App, ConfigurationError, TaskContext, TaskState
+from durable_tasks.records import StepRecord
+from durable_tasks.store.engine import read_only
+from durable_tasks.store.mysql import MEDIUMTEXT_BYTES
+from tests.helpers import run_until
+
+pytestmark = pytest.mark.anyio
+
+steps = StepRecord.__table__.c  # type: ignore[attr-defined]
+
+
+def text_of(size: int, seed: int) -> str:
+    """``size`` characters that do not compress (random bytes in base64)."""
+    return base64.b64encode(random.Random(seed).randbytes(size))[:size].decode()
+
+
+async def test_a_payload_and_a_result_at_the_size_limit_are_stored_whole(app: App) -> None:
+    body = text_of(app.settings.max_payload_bytes - 8, seed=1)  # its JSON: a list of one string
+
+    @app.task(name="reverse", queue="large")
+    def reverse(ctx: TaskContext[list[str]], parts: list[str]) -> list[str]:
+        return [parts[0][::-1]]
+
+    with Session(app.engine) as session:
+        handle = app.submit(session, "reverse", [body])
+        session.commit()
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=60)) == 1
+    info = app.get_task(handle.id)
+    assert info.state == TaskState.SUCCEEDED
+    assert info.payload == [body]
+    assert info.result == [body[::-1]]
+
+
+async def test_a_group_commit_of_large_results_writes_them_all(make_app: Callable[..., App]) -> None:
+    """Twenty results of 900 KB go in one group commit: 18 MB, over MariaDB's max_allowed_packet
+    (16 MiB) if it were one statement."""
+    app = make_app(concurrency=32)
+    started, all_started = [0], anyio.Event()
+    try:
+
+        @app.task(name="large_result", queue="large")
+        async def large_result(ctx: TaskContext[int], seed: int) -> str:
+            result = text_of(900_000, seed)
+            started[0] += 1
+            if started[0] == 20:
+                all_started.set()
+            await all_started.wait()  # all twenty end together: one group commit
+            return result
+
+        with Session(app.engine) as session:
+            handles = [app.submit(session, "large_result", seed) for seed in range(20)]
+            session.commit()
+        assert await app.dispatch_once() == 20
+        assert await app.work(max_tasks=20, timeout=timedelta(seconds=120)) == 20
+        for seed, handle in enumerate(handles):
+            info = app.get_task(handle.id)
+            assert (info.state, info.attempt) == (TaskState.SUCCEEDED, 1)
+            assert info.result == text_of(900_000, seed)
+    finally:
+        await app.aclose()
+
+
+async def test_a_step_result_past_64_kib_is_recorded_whole_and_replayed(app: App) -> None:
+    long = text_of(300_000, seed=2)
+    seen: list[tuple[int, str]] = []
+
+    @app.task(name="stepper", queue="large", max_attempts=2)
+    async def stepper(ctx: TaskContext[int], n: int) -> int:
+        assert ctx.journal is not None
+        value = await ctx.journal.step("fetch", lambda: long if ctx.attempt == 1 else "computed again")
+        seen.append((ctx.attempt, value))
+        if ctx.attempt == 1:
+            raise RuntimeError("failed after the step: the next attempt replays it")
+        return len(value)
+
+    with Session(app.engine) as session:
+        handle = app.submit(session, "stepper", 1)
+        session.commit()
+    await run_until(app, lambda: app.get_task(handle.id).state == TaskState.SUCCEEDED)
+    assert seen == [(1, long), (2, long)]
+    assert app.get_task(handle.id).result == len(long)
+    with read_only(app.engine).connect() as conn:
+        stored = conn.execute(sa.select(steps.result).where(steps.task_id == handle.id)).scalar_one()
+    assert stored == f'"{long}"'
+
+
+@pytest.mark.parametrize("database_url", ["mysql"], indirect=True)  # the others store up to 1 GB
+def test_a_payload_limit_over_what_mysql_stores_is_refused_in_one_line(
+    database_url: str, redis_url: str, namespace: str
+) -> None:
+    over = App(database_url, redis_url, namespace, max_payload_bytes=MEDIUMTEXT_BYTES + 1)
+    with pytest.raises(ConfigurationError, match="set DT_MAX_PAYLOAD_BYTES to 16777215 or less") as raised:
+        over.create_all()
+    assert "\n" not in str(raised.value)
+    at_limit = App(database_url, redis_url, namespace, max_payload_bytes=MEDIUMTEXT_BYTES)
+    at_limit.create_all()
+    assert at_limit.runtime.store_opened
+    at_limit.runtime.store.close()
+
+
+@pytest.mark.parametrize("database_url", ["mysql"], indirect=True)
+async def test_doctor_says_when_a_value_of_the_limit_does_not_fit_the_servers_packet(
+    database_url: str, redis_url: str, namespace: str
+) -> None:
+    with read_only(sa.create_engine(database_url)).connect() as conn:
+        packet = int(conn.execute(sa.text("SELECT @@max_allowed_packet")).scalar_one())
+    for limit, expected in ((1024 * 1024, False), (min(packet, MEDIUMTEXT_BYTES), True)):
+        app = App(database_url, redis_url, namespace, max_payload_bytes=limit)
+        try:
+            problems = {p.check: p for p in (await app.runtime.store.facts()).problems}
+        finally:
+            await app.aclose()
+        assert ("max_allowed_packet" in problems) is expected, (limit, packet)
+        if expected:
+            assert problems["max_allowed_packet"].severe
+            assert "Raise max_allowed_packet" in problems["max_allowed_packet"].message
