@@ -342,6 +342,15 @@ def _problems(conn: sa.Connection, max_value_bytes: int) -> list[DatabaseProblem
                 "claims and commits deadlock (something overrides the engine's isolation_level).",
             )
         )
+    mode = _variable(conn, "session.sql_mode")
+    if mode is not None and not {"STRICT_TRANS_TABLES", "STRICT_ALL_TABLES"} & set(mode.upper().split(",")):
+        found.append(
+            DatabaseProblem(
+                "sql_mode",
+                f"is {mode or 'empty'!r}, without STRICT_TRANS_TABLES: a value too long for its column is cut "
+                "short with a warning, not refused. Add STRICT_TRANS_TABLES to the server's sql_mode.",
+            )
+        )
     flush = _variable(conn, "innodb_flush_log_at_trx_commit")
     if flush is not None and flush != "1":
         found.append(

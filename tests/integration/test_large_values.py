@@ -24,6 +24,7 @@ from durable_tasks import App, ConfigurationError, TaskContext, TaskState
 from durable_tasks.records import StepRecord
 from durable_tasks.store.engine import read_only
 from durable_tasks.store.mysql import MEDIUMTEXT_BYTES
+from durable_tasks.store.mysql import _problems as mysql_problems
 from tests.helpers import run_until
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +138,17 @@ async def test_doctor_says_when_a_value_of_the_limit_does_not_fit_the_servers_pa
         if expected:
             assert problems["max_allowed_packet"].severe
             assert "Raise max_allowed_packet" in problems["max_allowed_packet"].message
+
+
+@pytest.mark.parametrize("database_url", ["mysql"], indirect=True)
+def test_doctor_says_when_the_server_would_cut_a_long_value_short(database_url: str) -> None:
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            assert "sql_mode" not in {p.check for p in mysql_problems(conn, 1024 * 1024)}
+            conn.execute(sa.text("SET SESSION sql_mode = 'NO_ENGINE_SUBSTITUTION'"))
+            [problem] = [p for p in mysql_problems(conn, 1024 * 1024) if p.check == "sql_mode"]
+    finally:
+        engine.dispose()
+    assert problem.severe
+    assert "Add STRICT_TRANS_TABLES" in problem.message
