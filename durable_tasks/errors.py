@@ -106,7 +106,8 @@ class PayloadTooLargeError(PayloadError):
 
 
 class ResultNotSerializableError(DurableTasksError):
-    """A handler returned a value that cannot be stored as plain JSON."""
+    """A handler (or a journal step) returned a value that cannot be stored: not plain JSON, or
+    over ``max_payload_bytes``."""
 
 
 class InvalidIdempotencyKeyError(DurableTasksError):
@@ -210,7 +211,8 @@ class JournalFencedOutError(DurableTasksError):
 
 
 class SignalError(DurableTasksError):
-    """A signal cannot be delivered: no such task, or a payload that is not plain JSON."""
+    """A signal cannot be delivered: no such task, or a payload that is not plain JSON or is over
+    ``max_payload_bytes``."""
 
 
 class DatabaseUnavailableError(DurableTasksError):

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import failpoints
 from .codec import encode_payload
-from .errors import JournalFencedOutError, UnknownTaskError
+from .errors import JournalFencedOutError, ResultNotSerializableError, UnknownTaskError
 from .flow.policy import dispatch_due, submit_flow
 from .handler_threads import HandlerThreads
 from .journal import (
@@ -76,6 +76,12 @@ class StoreJournal:
     async def record_step(self, slot: str, label: str, result_json: str) -> str:
         """Record a step (extending the lease); raises once the attempt is fenced out."""
         runtime = self.runtime
+        limit = runtime.settings.max_payload_bytes
+        if (size := len(result_json.encode())) > limit:
+            raise ResultNotSerializableError(
+                f"step {label!r} of task {self.claim.name!r} returned {size} bytes of JSON, over "
+                f"max_payload_bytes={limit}; store large data elsewhere and record its key"
+            )
         stored = await runtime.store.record_step(
             self.claim, slot, label, result_json, now=runtime.clock(), lease=runtime.settings.lease_timeout
         )

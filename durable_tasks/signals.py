@@ -44,6 +44,11 @@ class SignalsMixin:
             raise SignalError(
                 f"signal {name!r}: the payload is not plain JSON ({exc}); send dicts, lists, text"
             ) from exc
+        if (size := len(payload_json.encode())) > self.settings.max_payload_bytes:
+            raise SignalError(
+                f"signal {name!r}: the payload is {size} bytes of JSON, over max_payload_bytes="
+                f"{self.settings.max_payload_bytes}; store large data elsewhere and send its key"
+            )
         with self._database_errors():
             delivered = self.runtime.store.deliver_signal(
                 self.settings.namespace, task_id, name, payload_json, self.clock()

@@ -1,6 +1,6 @@
 """Values up to the size the settings allow are stored whole on every database: a payload and a
 result at ``max_payload_bytes``, many large results in one group commit, and a journal step's
-result past 64 KiB.
+result past 64 KiB; a step's result or a signal's payload over the limit is refused in one line.
 
 MySQL's TEXT holds 65,535 bytes: a larger payload failed its submit with the driver's
 DataError, and a server without strict mode would have cut it short without a word. Its JSON
@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, ConfigurationError, TaskContext, TaskState
+from durable_tasks import App, ConfigurationError, SignalError, TaskContext, TaskState
 from durable_tasks.records import StepRecord
 from durable_tasks.store.engine import read_only
 from durable_tasks.store.mysql import MEDIUMTEXT_BYTES
@@ -152,3 +152,49 @@ def test_doctor_says_when_the_server_would_cut_a_long_value_short(database_url: 
         engine.dispose()
     assert problem.severe
     assert "Add STRICT_TRANS_TABLES" in problem.message
+
+
+async def test_a_step_result_over_the_limit_fails_the_task_in_one_line_and_records_nothing(
+    make_app: Callable[..., App],
+) -> None:
+    app = make_app(max_payload_bytes=100_000)
+    try:
+
+        @app.task(name="too_long_step", queue="large", max_attempts=3)
+        async def too_long_step(ctx: TaskContext[int], n: int) -> int:
+            assert ctx.journal is not None
+            return len(await ctx.journal.step("fetch", lambda: text_of(100_000, seed=3)))
+
+        with Session(app.engine) as session:
+            handle = app.submit(session, "too_long_step", 1)
+            session.commit()
+        await run_until(app, lambda: app.get_task(handle.id).state == TaskState.FAILED)
+        info = app.get_task(handle.id)
+    finally:
+        await app.aclose()
+    assert (info.error_type, info.attempt) == ("ResultNotSerializableError", 1)  # not retried: it would fail again
+    assert info.error_message is not None
+    assert "over max_payload_bytes=100000" in info.error_message
+    assert "\n" not in info.error_message
+    with read_only(app.engine).connect() as conn:
+        assert conn.execute(sa.select(steps.slot).where(steps.task_id == handle.id)).all() == []
+
+
+async def test_a_signal_over_the_limit_is_refused_and_delivers_nothing(make_app: Callable[..., App]) -> None:
+    app = make_app(max_payload_bytes=1_000)
+    try:
+
+        @app.task(name="waits", queue="large")
+        async def waits(ctx: TaskContext[int], n: int) -> str:
+            assert ctx.journal is not None
+            return str(await ctx.journal.wait_signal("answer"))
+
+        with Session(app.engine) as session:
+            handle = app.submit(session, "waits", 1)
+            session.commit()
+        with pytest.raises(SignalError, match="over max_payload_bytes=1000") as raised:
+            app.signal(handle.id, "answer", text_of(1_000, seed=4))
+        assert "\n" not in str(raised.value)
+        assert app.signal(handle.id, "answer", "short")  # the refused one took no slot: this one is first
+    finally:
+        await app.aclose()
