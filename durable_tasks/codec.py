@@ -197,12 +197,12 @@ def encode_payload(adapter: TypeAdapter[Any], value: Any, *, task: str, max_byte
         ) from exc
     try:
         text = _serialize(adapter, obj, max_depth)
+        size = _utf8_length(text)
     except (ValueError, TypeError, RecursionError, PydanticSerializationError) as exc:
         raise PayloadNotSerializableError(
             f"payload for task {task!r} is not plain JSON ({exc}); pass strings, numbers, "
             "lists and objects only (no NaN/Infinity, bytes or custom objects)"
         ) from exc
-    size = len(text.encode())
     if size > max_bytes:
         raise PayloadTooLargeError(
             f"payload for task {task!r} is {size} bytes, over max_payload_bytes={max_bytes}; "
@@ -223,10 +223,24 @@ def encode_result(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes
     """Serialize a handler's return value, or raise ResultNotSerializableError."""
     try:
         text = _serialize(adapter, value, max_depth)
+        size = _utf8_length(text)
     except Exception as exc:
         raise ResultNotSerializableError(f"task {task!r} returned a value that is not plain JSON: {exc}") from exc
-    if len(text.encode()) > max_bytes:
+    if size > max_bytes:
         raise ResultNotSerializableError(
-            f"task {task!r} returned {len(text.encode())} bytes of JSON, over max_payload_bytes={max_bytes}"
+            f"task {task!r} returned {size} bytes of JSON, over max_payload_bytes={max_bytes}"
         )
     return text
+
+
+def _utf8_length(text: str) -> int:
+    """The bytes of ``text`` in UTF-8, as the database stores it. A lone surrogate (what
+    ``errors="surrogateescape"`` makes of bytes that are not UTF-8: a file name, a process's
+    output) has no UTF-8 form: ValueError, saying where."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"a lone surrogate {text[exc.start]!r} at character {exc.start} of its JSON is not text; decode "
+            "bytes with errors='replace', or send them as base64"
+        ) from exc

@@ -58,8 +58,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import TypeAdapter
+from pydantic_core import PydanticSerializationError
 
-from .errors import ChildTaskFailedError
+from .errors import ChildTaskFailedError, ResultNotSerializableError
 from .journal_records import (
     ChildOutcome,
     JournalBackend,
@@ -172,8 +173,7 @@ class Journal:
             value = fn()
             if inspect.isawaitable(value):
                 value = await value
-            encoded = adapter.dump_json(value).decode() if adapter is not None else json.dumps(value, allow_nan=False)
-            stored = await self.backend.record_step(slot, label, encoded)
+            stored = await self.backend.record_step(slot, label, _encode(adapter, value, label))
             return _decode(adapter, stored)
         finally:
             self._end()
@@ -359,6 +359,15 @@ def _bounded(label: str) -> str:
         return label
     digest = hashlib.sha256(label.encode()).hexdigest()[:16]
     return f"{label[: MAX_LABEL - 17]}~{digest}"
+
+
+def _encode(adapter: TypeAdapter[Any] | None, value: Any, label: str) -> str:
+    """A step's value as JSON text, or ResultNotSerializableError (the task fails unretried, as
+    for a result: running the step again would give the same value)."""
+    try:
+        return adapter.dump_json(value).decode() if adapter is not None else json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, PydanticSerializationError) as exc:
+        raise ResultNotSerializableError(f"step {label!r} returned a value that is not plain JSON: {exc}") from exc
 
 
 def _decode(adapter: TypeAdapter[Any] | None, text: str) -> Any:

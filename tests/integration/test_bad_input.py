@@ -398,6 +398,7 @@ BAD_RESULTS = {
     "nan-declared-float": BadResult(float("nan"), typed=True),
     "nan-untyped": BadResult(float("nan"), typed=False),
     "bytes-untyped": BadResult(b"raw", typed=False),
+    "lone-surrogate": BadResult("out\udcff", typed=False),  # bytes decoded with surrogateescape
 }
 
 

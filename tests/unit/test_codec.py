@@ -299,6 +299,35 @@ def test_non_serializable_result_is_refused(adapter: TypeAdapter[Any], value: An
     assert not isinstance(exc_info.value, PayloadError)
 
 
+#: What ``errors="surrogateescape"`` makes of bytes that are not UTF-8 (a file name, a judged
+#: program's output): text that UTF-8, and so the database, cannot hold.
+LONE_SURROGATES = {
+    "str": (ANY, "out\udcff"),
+    "in-a-dict": (DICT, {"stdout": "\ud800"}),
+    "in-a-model": (JOB, {"user_id": 1, "name": "x\udcffy"}),
+}
+
+
+@pytest.mark.parametrize(("adapter", "value"), LONE_SURROGATES.values(), ids=LONE_SURROGATES.keys())
+def test_a_payload_with_a_lone_surrogate_is_refused_saying_where_and_what_to_do(
+    adapter: TypeAdapter[Any], value: Any
+) -> None:
+    with pytest.raises(PayloadNotSerializableError, match="lone surrogate") as exc_info:
+        payload(adapter, value)
+    assert "errors='replace'" in str(exc_info.value)
+    assert "\n" not in str(exc_info.value)
+
+
+@pytest.mark.parametrize(
+    ("adapter", "value"),
+    [(ANY, "out\udcff"), (DICT, {"stdout": "\ud800"}), (JOB, Job(user_id=1, name="x\udcffy"))],
+    ids=LONE_SURROGATES.keys(),
+)
+def test_a_result_with_a_lone_surrogate_is_refused_as_not_serializable(adapter: TypeAdapter[Any], value: Any) -> None:
+    with pytest.raises(ResultNotSerializableError, match=r"lone surrogate|surrogates not allowed"):
+        result(adapter, value)
+
+
 def test_oversize_result_is_refused() -> None:
     with pytest.raises(ResultNotSerializableError) as exc_info:
         result(ANY, "x" * 2000, max_bytes=1024)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from durable_tasks import App, TaskContext
-from durable_tasks.errors import ChildTaskFailedError
+from durable_tasks.errors import ChildTaskFailedError, ResultNotSerializableError
 from durable_tasks.journal import Journal, StepKind, current_journal
 from tests.journal_fake import FakeStore, drive
 
@@ -167,3 +167,30 @@ async def test_a_bad_child_payload_fails_the_caller_before_anything_is_submitted
     run = await drive(store, caller, None)
     assert run.result == "PayloadValidationError"
     assert store.suspensions == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "result_type", "reason"),
+    [
+        (float("nan"), None, "Out of range float values are not JSON compliant"),
+        (object(), None, "is not JSON serializable"),
+        ("x\udcff", str, "surrogates not allowed"),  # bytes decoded with surrogateescape
+    ],
+    ids=["nan", "object", "lone-surrogate-typed"],
+)
+async def test_a_step_whose_value_is_not_json_raises_the_typed_error_and_records_nothing(
+    app: App, value: Any, result_type: Any, reason: str
+) -> None:
+    @app.task(name="stepper")
+    async def stepper(ctx: TaskContext[None], _: None) -> str:
+        try:
+            await journal().step("bad", lambda: value, result_type=result_type)
+        except ResultNotSerializableError as exc:
+            return str(exc)
+        return "unexpected"
+
+    store = FakeStore(app)
+    run = await drive(store, stepper, None)
+    assert run.result.startswith("step 'bad' returned a value that is not plain JSON")
+    assert reason in run.result
+    assert store.steps_recorded == 0
