@@ -426,3 +426,16 @@ def test_typed_containers_too_deep_are_refused_at_max_depth() -> None:
     deep: TypeAdapter[Any] = TypeAdapter(dict[str, dict[str, dict[str, int]]])
     with pytest.raises(ResultNotSerializableError):
         result(deep, {"a": {"b": {"c": 1}}}, max_depth=2)
+
+
+@pytest.mark.parametrize(
+    "value", [2**53 + 1, 2**63, 2**64 + 1, -(2**70) - 1], ids=["2^53+1", "2^63", "2^64+1", "-2^70-1"]
+)
+def test_integers_past_double_and_int64_precision_round_trip_exactly(value: int) -> None:
+    """Stored as JSON text, never through a float or a 64-bit column: nothing is rounded."""
+    for adapter in (ANY, TypeAdapter(int)):
+        text = payload(adapter, {"n": value} if adapter is ANY else value)
+        back = decode_payload(adapter, text, task="demo.task")
+        assert back == ({"n": value} if adapter is ANY else value)
+        assert str(value) in text
+    assert json.loads(result(ANY, [value])) == [value]
