@@ -11,11 +11,11 @@ Every error the library raises on purpose derives from one root, so callers can 
     │   ├── PayloadNotSerializableError  not plain JSON (NaN, bytes, objects, too deep)
     │   └── PayloadTooLargeError      over ``max_payload_bytes``
     ├── ResultNotSerializableError    a handler returned something that is not plain JSON
-    ├── InvalidIdempotencyKeyError    empty, too long, or with control characters
+    ├── InvalidIdempotencyKeyError    empty, too long, or with control characters or a lone surrogate
     ├── IdempotencyConflictError      a key already used for the same task with a different payload
     ├── InvalidSessionError           submit given an Engine, a Connection or an AsyncSession, not a Session
     ├── InvalidDelayError             a negative delay, both delay and not_before, a naive datetime
-    ├── InvalidFlowControlError       a priority out of range, a bad concurrency key or rate
+    ├── InvalidFlowControlError       a priority out of range, a bad concurrency or partition key, a bad rate
     ├── TaskNotFoundError             no task with that id in this namespace
     ├── InvalidQueryError             a search or page cursor an operator's view cannot run
     ├── TaskDeadLetteredError         given to on_failure hooks when the reaper gives up on a task
@@ -111,7 +111,7 @@ class ResultNotSerializableError(DurableTasksError):
 
 
 class InvalidIdempotencyKeyError(DurableTasksError):
-    """An idempotency key is empty, too long or contains control characters."""
+    """An idempotency key is empty, too long, or contains control characters or a lone surrogate."""
 
 
 class IdempotencyConflictError(DurableTasksError):
@@ -138,7 +138,7 @@ class InvalidDelayError(DurableTasksError):
 
 
 class InvalidFlowControlError(DurableTasksError):
-    """A priority, concurrency key, rate or limit cannot be used (durable_tasks.flow)."""
+    """A priority, concurrency key, partition key, rate or limit cannot be used (durable_tasks.flow)."""
 
 
 class TaskNotFoundError(DurableTasksError):

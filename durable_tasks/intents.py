@@ -20,7 +20,7 @@ from .errors import (
     TaskNotFoundError,
     UnknownTaskError,
 )
-from .flow.policy import dispatch_due, submit_flow
+from .flow.policy import check_partition_key, dispatch_due, submit_flow
 from .outages import UNREACHABLE, database_error
 from .store.submit import NewTask, SubmitOutcome
 from .submit_checks import check_same_payloads, check_session, undo_submits
@@ -127,6 +127,7 @@ class IntentsMixin:
             concurrency_key=concurrency_key,
         )
         due = dispatch_due(now, due, priority)  # a level goes ahead in the dispatcher's due order
+        partition_key = check_partition_key(partition_key)
         checked = [self._checked_item(task, i, item) for i, item in enumerate(items)]
         with telemetry.submit_span(task.name, task.queue) as span:
             if len(checked) == 1:
@@ -221,8 +222,14 @@ class IntentsMixin:
             raise InvalidIdempotencyKeyError("idempotency_key is empty; pass None or a stable request id")
         if len(key) > limit:
             raise InvalidIdempotencyKeyError(f"idempotency_key is {len(key)} characters, over {limit}; hash it")
-        if any(unicodedata.category(c) == "Cc" for c in key):
+        categories = {unicodedata.category(c) for c in key}
+        if "Cc" in categories:
             raise InvalidIdempotencyKeyError("idempotency_key contains control characters; strip or hash it")
+        if "Cs" in categories:  # what surrogateescape makes of bytes that are not UTF-8
+            raise InvalidIdempotencyKeyError(
+                "idempotency_key contains a lone surrogate, which is not text; "
+                "decode it with errors='replace' or hash it"
+            )
 
     def rerun(
         self,

@@ -21,6 +21,7 @@ __all__ = [
     "Rate",
     "TaskFlow",
     "check_concurrency_key",
+    "check_partition_key",
     "check_priority",
     "dispatch_due",
     "guard_reserve",
@@ -76,9 +77,21 @@ def check_priority(priority: int) -> int:
 
 def check_concurrency_key(key: str) -> str:
     """``key`` if it can name a concurrency slot set, else InvalidFlowControlError."""
+    return _printable_key("concurrency_key", key)
+
+
+def check_partition_key(key: str | None) -> str | None:
+    """``key`` if it can pick a partitioned queue's stream (None: the task id picks it), else
+    InvalidFlowControlError: not a NUL byte or a lone surrogate for the driver to refuse, nor
+    a key longer than its column for one database to refuse and another to keep."""
+    return None if key is None else _printable_key("partition_key", key)
+
+
+def _printable_key(what: str, key: str) -> str:
+    # isprintable() is False for control characters (NUL too) and lone surrogates
     if not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY or not key.isprintable():
         raise InvalidFlowControlError(
-            f"concurrency_key={str(key)[:40]!r}: pass a printable string of 1-{_MAX_KEY} characters, e.g. 'user:42'"
+            f"{what}={str(key)[:40]!r}: pass a printable string of 1-{_MAX_KEY} characters, e.g. 'user:42'"
         )
     return key
 

@@ -23,6 +23,7 @@ from durable_tasks import (
     ConfigurationError,
     DatabaseUnavailableError,
     DurableTasksError,
+    InvalidFlowControlError,
     InvalidIdempotencyKeyError,
     PayloadNotSerializableError,
     PayloadTooLargeError,
@@ -121,6 +122,7 @@ class BadSubmit:
     payload: Any = field(default_factory=lambda: {"user_id": 1, "name": "ok"})
     key: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # submit's keyword arguments
 
 
 BAD_SUBMITS: dict[str, BadSubmit] = {
@@ -163,6 +165,21 @@ BAD_SUBMITS: dict[str, BadSubmit] = {
     "key-with-escape": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req\x1b[31m"),
     "key-with-del": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req\x7f"),
     "key-with-c1-control": BadSubmit(InvalidIdempotencyKeyError, "strip or hash it", key="req\x85next-line"),
+    # what surrogateescape makes of bytes that are not UTF-8 (a file name, a program's output)
+    "lone-surrogate-in-payload": BadSubmit(
+        PayloadNotSerializableError, "errors='replace'", task="loose", payload={"stdout": "out\udcff"}
+    ),
+    "key-with-lone-surrogate": BadSubmit(InvalidIdempotencyKeyError, "errors='replace'", key="req\udcff"),
+    "partition-key-with-nul": BadSubmit(
+        InvalidFlowControlError, "printable string", options={"partition_key": "p\x00"}
+    ),
+    "partition-key-with-lone-surrogate": BadSubmit(
+        InvalidFlowControlError, "printable string", options={"partition_key": "p\udcff"}
+    ),
+    "partition-key-over-its-column": BadSubmit(
+        InvalidFlowControlError, "1-200 characters", options={"partition_key": "p" * 201}
+    ),
+    "empty-partition-key": BadSubmit(InvalidFlowControlError, "printable string", options={"partition_key": ""}),
 }
 
 
@@ -174,7 +191,7 @@ async def test_bad_submit_writes_nothing_and_rollback_discards_the_business_row(
     with Session(app.engine) as session:
         session.connection().execute(sa.insert(orders).values(namespace=namespace, ref="order-1"))
         with pytest.raises(case.error) as exc_info:
-            app.submit(session, case.task, case.payload, idempotency_key=case.key)
+            app.submit(session, case.task, case.payload, idempotency_key=case.key, **case.options)
         assert case.advice in str(exc_info.value)
         # Nothing half-written, not even inside the caller's still-open transaction.
         assert count_rows(session.connection(), namespace) == (0, 0, 1)
@@ -190,7 +207,7 @@ async def test_session_stays_usable_after_a_bad_submit(
     with Session(app.engine) as session:
         session.connection().execute(sa.insert(orders).values(namespace=namespace, ref="order-1"))
         with pytest.raises(case.error):
-            app.submit(session, case.task, case.payload, idempotency_key=case.key)
+            app.submit(session, case.task, case.payload, idempotency_key=case.key, **case.options)
         handle = app.submit(session, "job", {"user_id": 2, "name": "fine"}, idempotency_key="good-key")
         session.commit()
     assert committed_rows(app) == (1, 1, 1)
