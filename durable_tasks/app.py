@@ -33,6 +33,7 @@ from .scheduler import ScheduleInfo, Scheduler, list_schedules, pause_schedule
 from .settings import NAME_PATTERN, Settings, SettingsOverrides
 from .signals import SignalsMixin
 from .store import open_store
+from .store.ids import is_task_id_shaped
 from .store.retention import PruneReport
 from .tasks import Task, TaskContext, TaskDecorator
 from .telemetry import Redactor, Telemetry
@@ -302,7 +303,9 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
     def get_task(self, task_id: str) -> TaskInfo:
         """The task's state, generation, attempt, result, error and attempts history."""
         with self._database_errors():
-            loaded = self.runtime.store.load_task(self.settings.namespace, task_id)
+            loaded = (
+                self.runtime.store.load_task(self.settings.namespace, task_id) if is_task_id_shaped(task_id) else None
+            )
         if loaded is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return TaskInfo.from_records(*loaded)

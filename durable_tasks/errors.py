@@ -26,7 +26,7 @@ Every error the library raises on purpose derives from one root, so callers can 
     ├── UnknownScheduleError          no periodic schedule registered under that name
     ├── ChildTaskFailedError          a child task a handler waited on ended FAILED, DEAD or CANCELLED
     ├── JournalFencedOutError         a journal write of an attempt that no longer owns its task
-    ├── SignalError                   a signal names no task, or its payload is not plain JSON
+    ├── SignalError                   a bad signal name, or a payload that is not plain JSON or too large
     ├── DatabaseUnavailableError      the database cannot be reached (or refused a statement)
     ├── BrokerUnavailableError        Redis / Valkey cannot be reached
     │   └── EmbeddedServerError       the embedded Valkey did not start
@@ -211,8 +211,9 @@ class JournalFencedOutError(DurableTasksError):
 
 
 class SignalError(DurableTasksError):
-    """A signal cannot be delivered: no such task, or a payload that is not plain JSON or is over
-    ``max_payload_bytes``."""
+    """A signal cannot be delivered or waited for: a name that is not printable text of 1-200
+    characters, or a payload that is not plain JSON or is over ``max_payload_bytes``. A signal
+    to no task raises :class:`TaskNotFoundError`."""
 
 
 class DatabaseUnavailableError(DurableTasksError):

@@ -22,6 +22,7 @@ from .errors import (
 )
 from .flow.policy import check_partition_key, dispatch_due, submit_flow
 from .outages import UNREACHABLE, database_error
+from .store.ids import is_task_id_shaped
 from .store.submit import NewTask, SubmitOutcome
 from .submit_checks import check_same_payloads, check_session, undo_submits
 from .tasks import SubmitOptions, Task, TaskHandle
@@ -248,7 +249,11 @@ class IntentsMixin:
         now = self.clock()
         due = due_time(now, delay=delay, not_before=not_before)
         with self._database_errors():
-            generation = self.runtime.store.rerun(session, self.settings.namespace, task_id, now, due=due)
+            generation = (
+                self.runtime.store.rerun(session, self.settings.namespace, task_id, now, due=due)
+                if is_task_id_shaped(task_id)
+                else None
+            )
         if generation is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         self.runtime.wake_dispatchers_after_commit(session)
@@ -261,7 +266,11 @@ class IntentsMixin:
         """
         check_session(session, "cancel")
         with self._database_errors():
-            cancelled = self.runtime.store.cancel(session, self.settings.namespace, task_id, self.clock())
+            cancelled = (
+                self.runtime.store.cancel(session, self.settings.namespace, task_id, self.clock())
+                if is_task_id_shaped(task_id)
+                else None
+            )
         if cancelled is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return cancelled

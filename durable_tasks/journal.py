@@ -60,7 +60,7 @@ from typing import Any, Protocol
 from pydantic import TypeAdapter
 from pydantic_core import PydanticSerializationError
 
-from .errors import ChildTaskFailedError, ResultNotSerializableError
+from .errors import ChildTaskFailedError, ResultNotSerializableError, SignalError
 from .journal_records import (
     ChildOutcome,
     JournalBackend,
@@ -83,6 +83,7 @@ __all__ = [
     "RecordedStep",
     "StepKind",
     "Suspended",
+    "check_signal_name",
     "current_journal",
     "end_journal_source",
     "journal_source",
@@ -201,7 +202,7 @@ class Journal:
     ) -> Any:
         """Wait for ``app.signal(task_id, name, payload)`` and return the payload (decoded JSON);
         ``request`` (JSON) says what is asked, for whoever answers (the approvals CLI shows it)."""
-        slot = signal_slot(name)
+        slot = signal_slot(check_signal_name(name))
         self._begin()
         try:
             recorded = await self._lookup(slot)
@@ -352,6 +353,14 @@ def using_journal(journal: Journal) -> Iterator[Journal]:
 def signal_slot(name: str) -> str:
     """The journal slot of the signal ``name`` (one per generation)."""
     return f"signal:{_bounded(name)}"
+
+
+def check_signal_name(name: str) -> str:
+    """``name`` if it can name a signal (a printable string of 1-200 characters), else
+    SignalError: a NUL byte or a lone surrogate is no text a database stores alike."""
+    if not isinstance(name, str) or not 0 < len(name) <= 200 or not name.isprintable():
+        raise SignalError(f"signal name {str(name)[:40]!r}: pass a printable string of 1-200 characters")
+    return name
 
 
 def _bounded(label: str) -> str:

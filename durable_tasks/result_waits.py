@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .errors import DatabaseUnavailableError, TaskCancelledError, TaskFailedError, TaskNotFoundError
 from .outcome import TaskOutcome, encode_outcomes
 from .records import TaskState
+from .store.ids import is_task_id_shaped
 from .transport.cluster_url import is_cluster_url, sync_cluster_client
 from .transport.keys import outcome_channel
 from .waiting import ResultHub, Subscription, await_outcome, wait_outcome
@@ -103,7 +104,11 @@ class ResultWaits:
     def identity(self, task_id: str) -> tuple[str, int]:
         """The task's name and current generation; TaskNotFoundError if there is none."""
         try:
-            found = self._runtime.store.read_identity(self._settings.namespace, task_id)
+            found = (
+                self._runtime.store.read_identity(self._settings.namespace, task_id)
+                if is_task_id_shaped(task_id)
+                else None
+            )
         except SQLAlchemyError as exc:
             raise DatabaseUnavailableError(f"cannot read task {task_id}: {type(exc).__name__}") from exc
         if found is None:

@@ -13,7 +13,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .errors import SignalError, TaskNotFoundError
-from .journal import StepKind
+from .journal import StepKind, check_signal_name
+from .store.ids import is_task_id_shaped
 from .views import PendingApproval, StepInfo
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class SignalsMixin:
         """Deliver the signal ``name`` with ``payload`` (plain JSON) to the task's current
         generation, in a transaction of its own; a task waiting for it (and for nothing else)
         resumes. Returns False when that signal was delivered before (the first payload stays)."""
+        check_signal_name(name)
         try:
             payload_json = json.dumps(payload, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -50,8 +52,10 @@ class SignalsMixin:
                 f"{self.settings.max_payload_bytes}; store large data elsewhere and send its key"
             )
         with self._database_errors():
-            delivered = self.runtime.store.deliver_signal(
-                self.settings.namespace, task_id, name, payload_json, self.clock()
+            delivered = (
+                self.runtime.store.deliver_signal(self.settings.namespace, task_id, name, payload_json, self.clock())
+                if is_task_id_shaped(task_id)
+                else None
             )
         if delivered is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
@@ -88,7 +92,9 @@ class SignalsMixin:
         """The journal of the task's current generation, in the order it was written: recorded
         steps, children with their outcome, signals, and the waits still open."""
         with self._database_errors():
-            found = self.runtime.store.list_steps(self.settings.namespace, task_id)
+            found = (
+                self.runtime.store.list_steps(self.settings.namespace, task_id) if is_task_id_shaped(task_id) else None
+            )
         if found is None:
             raise TaskNotFoundError(f"no task {task_id!r} in namespace {self.settings.namespace!r}")
         return found

@@ -15,12 +15,19 @@ import secrets
 import time
 import uuid
 
-__all__ = ["new_task_id"]
+__all__ = ["is_task_id_shaped", "new_task_id"]
 
 _VERSION = 0x7 << 76
 _VARIANT = 0x2 << 62
 #: The clock the timestamp comes from (a test sets its own).
 _now_ns = time.time_ns
+
+
+def is_task_id_shaped(task_id: object) -> bool:
+    """Whether ``task_id`` could name a task: ids are 36 printable characters. Anything else
+    names none and is answered without a query (a NUL byte or a lone surrogate would be refused
+    by the driver or the server, as if the database were at fault)."""
+    return isinstance(task_id, str) and 0 < len(task_id) <= 36 and task_id.isprintable()
 
 
 def new_task_id() -> str:

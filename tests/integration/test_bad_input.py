@@ -28,7 +28,9 @@ from durable_tasks import (
     PayloadNotSerializableError,
     PayloadTooLargeError,
     PayloadValidationError,
+    SignalError,
     TaskContext,
+    TaskNotFoundError,
     TaskState,
     UnknownTaskError,
 )
@@ -358,6 +360,46 @@ async def test_every_call_against_an_unreachable_database_raises_the_librarys_er
             act(session, "some-task")
     with pytest.raises(DatabaseUnavailableError):
         await app.stats()
+
+
+#: What cannot be a task id (ids are 36 printable characters): a NUL byte (PostgreSQL refuses it
+#: in text, which read as an outage), a lone surrogate (no UTF-8 form), a string too long, none.
+NOT_TASK_IDS = {"nul": "01a2\x00b", "lone-surrogate": "01a2\udcffb", "too-long": "x" * 37, "empty": ""}
+
+
+@pytest.mark.parametrize("task_id", NOT_TASK_IDS.values(), ids=NOT_TASK_IDS.keys())
+async def test_what_cannot_be_a_task_id_names_no_task_on_every_call(build: Callable[..., App], task_id: str) -> None:
+    app = build()
+    calls: dict[str, Callable[[], object]] = {
+        "get_task": lambda: app.get_task(task_id),
+        "steps": lambda: app.steps(task_id),
+        "signal": lambda: app.signal(task_id, "answer", 1),
+        "handle": lambda: app.handle(task_id),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TaskNotFoundError, match="no task") as raised:
+            call()
+        assert "\n" not in str(raised.value), name
+    for act in (app.rerun, app.cancel):
+        with Session(app.engine) as session, pytest.raises(TaskNotFoundError):
+            act(session, task_id)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "n\x00m", "n\udcffm", "tab\tname", "x" * 201],
+    ids=["empty", "nul", "lone-surrogate", "tab", "too-long"],
+)
+async def test_a_signal_name_that_is_not_printable_text_is_refused_before_anything_is_read(
+    build: Callable[..., App], name: str
+) -> None:
+    app = build()
+    with Session(app.engine) as session:
+        handle = app.submit(session, "job", {"user_id": 1, "name": "n"})
+        session.commit()
+    with pytest.raises(SignalError, match="pass a printable string of 1-200 characters"):
+        app.signal(handle.id, name, 1)
+    assert app.steps(handle.id) == []  # no slot was written
 
 
 async def test_a_database_without_the_runtimes_tables_says_to_create_them(tmp_path: Path, redis_url: str) -> None:

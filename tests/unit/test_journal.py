@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from durable_tasks import App, TaskContext
-from durable_tasks.errors import ChildTaskFailedError, ResultNotSerializableError
+from durable_tasks.errors import ChildTaskFailedError, ResultNotSerializableError, SignalError
 from durable_tasks.journal import Journal, StepKind, current_journal
 from tests.journal_fake import FakeStore, drive
 
@@ -194,3 +194,18 @@ async def test_a_step_whose_value_is_not_json_raises_the_typed_error_and_records
     assert run.result.startswith("step 'bad' returned a value that is not plain JSON")
     assert reason in run.result
     assert store.steps_recorded == 0
+
+
+async def test_a_wait_for_a_signal_name_that_is_not_printable_text_raises_signal_error(app: App) -> None:
+    @app.task(name="waiter")
+    async def waiter(ctx: TaskContext[None], _: None) -> str:
+        try:
+            await journal().wait_signal("answer\x00")
+        except SignalError as exc:
+            return str(exc)
+        return "unexpected"
+
+    store = FakeStore(app)
+    run = await drive(store, waiter, None)
+    assert "pass a printable string of 1-200 characters" in run.result
+    assert store.suspensions == 0
