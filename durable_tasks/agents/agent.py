@@ -16,6 +16,7 @@ from sqlmodel import Session, col, select
 from ..app import App
 from ..errors import ConfigurationError, DurableTasksError, TaskNotFoundError
 from ..records import TERMINAL_STATES, AgentRun, AgentTurn, TaskState, tasks_table
+from ..store.ids import is_task_id_shaped
 from ..tasks import Task, TaskContext
 from .model import ChatModel, Message, ModelTurn, RunInfo, ToolCall, ToolRequest, ToolSpec, TurnRequest
 
@@ -164,7 +165,7 @@ class Agent:
     def get_run(self, run_id: str) -> RunInfo:
         """The run's state, answer, and its current generation's turns with tool results."""
         with Session(self.app.engine) as session:
-            run = session.get(AgentRun, run_id)
+            run = session.get(AgentRun, run_id) if is_task_id_shaped(run_id) else None
             if run is None or run.namespace != self.app.settings.namespace:
                 raise TaskNotFoundError(f"no agent run {run_id!r}")
             turns = session.exec(
@@ -335,7 +336,8 @@ class Agent:
     def _lock_run(self, session: Session, run_id: str) -> AgentRun:
         # FOR UPDATE serializes the hooks of concurrent tool results on Postgres, so exactly
         # one of them sees all calls settled; SQLite transactions are serialized already.
-        run = session.exec(select(AgentRun).where(AgentRun.id == run_id).with_for_update()).first()
+        query = select(AgentRun).where(AgentRun.id == run_id).with_for_update()
+        run = session.exec(query).first() if is_task_id_shaped(run_id) else None  # a run id is a UUID
         if run is None:
             raise TaskNotFoundError(f"no agent run {run_id!r}")
         return run

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 from sqlmodel import Session
 
-from durable_tasks import App, TaskContext
+from durable_tasks import App, TaskContext, TaskNotFoundError
 from durable_tasks.agents import Agent, ModelTurn, RunInfo, ScriptedModel, ToolCall
 from tests.helpers import run_until_quiet
 
@@ -158,3 +158,12 @@ async def test_a_model_that_keeps_failing_ends_the_run_failed(make_app: Callable
     assert run.state == "FAILED"
     assert run.output is not None
     assert "model endpoint timed out" in run.output
+
+
+@pytest.mark.parametrize("run_id", ["01a2\x00b", "01a2\udcffb", "r" * 37], ids=["nul", "lone-surrogate", "too-long"])
+async def test_what_cannot_be_a_run_id_names_no_run(app: App, run_id: str) -> None:
+    agent = build(app, ScriptedModel(script), [])
+    with pytest.raises(TaskNotFoundError, match="no agent run"):
+        agent.get_run(run_id)
+    with Session(app.engine) as session, pytest.raises(TaskNotFoundError, match="no agent run"):
+        agent.retry_from(session, run_id, 0)
