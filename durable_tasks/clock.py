@@ -36,14 +36,18 @@ def due_time(now: datetime, *, delay: timedelta | None, not_before: datetime | N
     """When a task submitted at ``now`` with ``delay`` or ``not_before`` is due (None: now).
 
     Raises :class:`~durable_tasks.errors.InvalidDelayError` for both at once, a negative
-    delay, or a naive ``not_before``; a ``not_before`` in the past means now.
+    delay or one past the year 9999, or a naive ``not_before``; a ``not_before`` in the past
+    means now.
     """
     if delay is not None and not_before is not None:
         raise InvalidDelayError("give delay= or not_before=, not both")
     if delay is not None:
         if not isinstance(delay, timedelta) or delay < timedelta(0):
             raise InvalidDelayError(f"delay={delay!r} must be a timedelta of zero or more")
-        return now + delay if delay else None
+        try:
+            return now + delay if delay else None
+        except OverflowError:  # past datetime's year 9999
+            raise InvalidDelayError(f"delay={delay} ends past the year 9999; pass years, not millennia") from None
     if not_before is not None:
         if not isinstance(not_before, datetime) or not_before.tzinfo is None or not_before.utcoffset() is None:
             raise InvalidDelayError(
