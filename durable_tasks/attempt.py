@@ -180,8 +180,8 @@ async def _fail(
     in_hook: bool = False,
 ) -> ExecutionOutcome:
     s = runtime.settings
-    runtime.telemetry.record_failure(span, exc)
     failure = Failure.of(exc, in_hook=in_hook)
+    runtime.telemetry.record_failure(span, exc, failure.message)
     retryable = not isinstance(exc, _NOT_RETRYABLE) and (
         task is None or not task.retry_on or isinstance(exc, task.retry_on)
     )

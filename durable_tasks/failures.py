@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .urls import MASK
 
-__all__ = ["MAX_MESSAGE_CHARS", "MAX_TRACEBACK_CHARS", "Failure", "scrub"]
+__all__ = ["MAX_MESSAGE_CHARS", "MAX_TRACEBACK_CHARS", "Failure", "scrub", "storable"]
 
 #: The longest error message stored (its start is kept).
 MAX_MESSAGE_CHARS = 4000
@@ -69,10 +69,32 @@ class Failure:
     @classmethod
     def of(cls, exc: BaseException, *, in_hook: bool = False) -> Failure:
         """The record of ``exc``, raised by a task body or (``in_hook``) by its on_commit hook."""
-        formatted = "".join(traceback.format_exception(exc))
+        formatted = "".join(traceback.format_exception(exc))  # "<exception str() failed>" if it raises
         return cls(
             error_type=type(exc).__qualname__,
-            message=scrub(f"{exc}")[:MAX_MESSAGE_CHARS],
-            traceback=_cut_keeping_end(scrub(formatted), MAX_TRACEBACK_CHARS),
+            message=storable(scrub(_message_of(exc)))[:MAX_MESSAGE_CHARS],
+            traceback=_cut_keeping_end(storable(scrub(formatted)), MAX_TRACEBACK_CHARS),
             in_hook=in_hook,
         )
+
+
+def _message_of(exc: BaseException) -> str:
+    """``str(exc)``; an exception whose ``__str__`` raises is named by its type instead (its
+    failure would otherwise go unrecorded, and the task redelivered until dead-lettered)."""
+    try:
+        return str(exc)
+    except Exception as broken:
+        return f"<{type(exc).__qualname__}: str() raised {type(broken).__name__}>"
+
+
+def storable(text: str) -> str:
+    """``text`` as every database stores it: a NUL byte (which PostgreSQL refuses in text) and a
+    lone surrogate (which UTF-8 cannot hold: what ``surrogateescape`` makes of a judged
+    program's output that is not UTF-8) written as backslash escapes."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text

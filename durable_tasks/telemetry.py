@@ -245,7 +245,11 @@ class Telemetry:
             span.add_event(name, dict(attributes))
 
     @staticmethod
-    def record_failure(span: Span, exc: BaseException) -> None:
-        """Record an exception on the attempt span and mark it failed."""
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+    def record_failure(span: Span, exc: BaseException, message: str) -> None:
+        """Record an exception on the attempt span and mark it failed; ``message`` is what the
+        runtime made of ``str(exc)`` (:class:`~durable_tasks.failures.Failure`), which may raise."""
+        try:
+            span.record_exception(exc)
+        except Exception:  # its str() raised: the event without the exception's own text
+            span.add_event("exception", {"exception.type": type(exc).__qualname__, "exception.message": message})
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {message}"[:200]))

@@ -494,6 +494,42 @@ async def test_non_serializable_result_fails_the_task_without_retry(app: App, ca
     assert await app.dispatch_once() == 0
 
 
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot say what it is")
+
+
+#: Exceptions a judge raises with a judged program's output in them: a NUL byte (PostgreSQL
+#: refuses it in text), a lone surrogate (what surrogateescape makes of bytes that are not
+#: UTF-8), and one whose str() raises. Their failures could not be recorded, and the task was
+#: redelivered until dead-lettered with none of them said.
+AWKWARD_ERRORS: dict[str, tuple[Callable[[], Exception], str]] = {
+    "nul": (lambda: ValueError("stderr: a\x00b"), "stderr: a\\x00b"),
+    "lone-surrogate": (lambda: ValueError("stdout: out\udcff"), "stdout: out\\udcff"),
+    "str-raises": (UnprintableError, "<UnprintableError: str() raised RuntimeError>"),
+}
+
+
+@pytest.mark.parametrize("case", AWKWARD_ERRORS.values(), ids=AWKWARD_ERRORS.keys())
+async def test_a_failure_whose_message_no_database_stores_as_it_is_is_recorded_escaped(
+    app: App, case: tuple[Callable[[], Exception], str]
+) -> None:
+    make_error, recorded = case
+
+    @app.task(name="judge", queue="results", max_attempts=1)
+    def judge(ctx: TaskContext[Job], p: Job) -> None:
+        raise make_error()
+
+    with Session(app.engine) as session:
+        handle = app.submit(session, "judge", Job(user_id=1, name="n"))
+        session.commit()
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
+    info = app.get_task(handle.id)
+    assert (info.state, info.attempt, info.error_message) == (TaskState.FAILED, 1, recorded)
+    assert [a.outcome for a in info.attempts] == ["failed"]
+
+
 async def stream_length(redis_url: str, key: str) -> int:
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:

@@ -22,7 +22,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from tests.apps.traced_app import register, span_record
-from tests.helpers import FULL, wait_until
+from tests.helpers import FULL, submit_all, wait_until
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,3 +243,29 @@ async def test_unknown_tasks_held_and_handed_back_are_counted(make_app: Any) -> 
     )
     await old_release.aclose()
     await new_release.aclose()
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot say what it is")
+
+
+async def test_a_failure_whose_str_raises_is_recorded_on_its_span_and_in_its_row(
+    make_app: Any, spans: InMemorySpanExporter
+) -> None:
+    app: App = make_app()
+
+    @app.task(name="unprintable", queue="jobs", max_attempts=1)
+    async def unprintable(ctx: TaskContext[int], n: int) -> int:
+        raise _Unprintable
+
+    [handle] = submit_all(app, unprintable, [1])
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
+    info = app.get_task(handle.id)
+    assert (info.state, info.error_message) == (TaskState.FAILED, "<_Unprintable: str() raised RuntimeError>")
+    [process] = [s for s in spans.get_finished_spans() if s.name.startswith("process ")]
+    assert process.status.description == "_Unprintable: <_Unprintable: str() raised RuntimeError>"
+    [event] = [e for e in process.events if e.name == "exception"]
+    assert event.attributes is not None
+    assert event.attributes["exception.type"] == "_Unprintable"
