@@ -30,6 +30,7 @@ from durable_tasks import (
     PayloadValidationError,
     SignalError,
     TaskContext,
+    TaskInfo,
     TaskNotFoundError,
     TaskState,
     UnknownTaskError,
@@ -446,6 +447,16 @@ async def test_unreachable_redis_at_start_is_reported(database_url: str, namespa
 # -- errors found after the submit -------------------------------------------------------
 
 
+async def run_one(app: App, task: str) -> TaskInfo:
+    """Submit one ``task`` with a Job, run it once, and read it back."""
+    with Session(app.engine) as session:
+        handle = app.submit(session, task, Job(user_id=1, name="n"))
+        session.commit()
+    assert await app.dispatch_once() == 1
+    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
+    return app.get_task(handle.id)
+
+
 @dataclass(frozen=True)
 class BadResult:
     value: Any
@@ -475,13 +486,7 @@ async def test_non_serializable_result_fails_the_task_without_retry(app: App, ca
         def bad_untyped(ctx: TaskContext[Job], p: Job) -> Any:
             return case.value
 
-    with Session(app.engine) as session:
-        handle = app.submit(session, "bad", Job(user_id=1, name="n"))
-        session.commit()
-    assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
-
-    info = app.get_task(handle.id)
+    info = await run_one(app, "bad")
     assert info.state == TaskState.FAILED
     assert info.error_type == "ResultNotSerializableError"
     assert info.result is None
@@ -489,7 +494,7 @@ async def test_non_serializable_result_fails_the_task_without_retry(app: App, ca
     assert [(a.outcome, a.error_type) for a in info.attempts] == [("failed", "ResultNotSerializableError")]
     # No retry was scheduled: the only outbox row is the original, already sent.
     with read_only(app.engine).connect() as conn:
-        states = conn.execute(sa.select(outbox_table.c.state).where(outbox_table.c.task_id == handle.id)).all()
+        states = conn.execute(sa.select(outbox_table.c.state).where(outbox_table.c.task_id == info.id)).all()
     assert [s.state for s in states] == [OutboxState.SENT]
     assert await app.dispatch_once() == 0
 
@@ -520,12 +525,7 @@ async def test_a_failure_whose_message_no_database_stores_as_it_is_is_recorded_e
     def judge(ctx: TaskContext[Job], p: Job) -> None:
         raise make_error()
 
-    with Session(app.engine) as session:
-        handle = app.submit(session, "judge", Job(user_id=1, name="n"))
-        session.commit()
-    assert await app.dispatch_once() == 1
-    assert await app.work(max_tasks=1, timeout=timedelta(seconds=30)) == 1
-    info = app.get_task(handle.id)
+    info = await run_one(app, "judge")
     assert (info.state, info.attempt, info.error_message) == (TaskState.FAILED, 1, recorded)
     assert [a.outcome for a in info.attempts] == ["failed"]
 
