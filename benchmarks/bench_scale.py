@@ -273,7 +273,9 @@ def payload(n: int, latency_n: int, rate: float) -> None:
             register(app)
             written = bytes_written()
             submit(app, count, body)
+            rss_before = reset_peak_rss()
             anyio.run(dispatch_all, app)
+            dispatch_peak_mb = rss_mb()[1] - rss_before  # what a pass of large payloads holds
             rate_s = anyio.run(drain, app, count)
             # SQLite writes in this process: its file's bytes per payload byte, WAL and checkpoints
             # included, from the submit to the result (the servers' writes are not counted here)
@@ -283,10 +285,18 @@ def payload(n: int, latency_n: int, rate: float) -> None:
              latency_n=len(start), latency_rate=rate, start_p50_ms=round(statistics.median(start), 2),
              start_p99_ms=round(pct(start, 99), 2), result_p50_ms=round(statistics.median(result), 2),
              result_p99_ms=round(pct(result, 99), 2),
-             sqlite_bytes_written_per_payload_byte=None if rewrites is None else round(rewrites, 1))  # fmt: skip
+             sqlite_bytes_written_per_payload_byte=None if rewrites is None else round(rewrites, 1),
+             dispatch_peak_rss_growth_mb=round(dispatch_peak_mb, 1))  # fmt: skip
         SERIES.setdefault("payload", []).append((size, rate_s))
         target(f"payload {size:,} B: drain", "reported", rate_s, "tasks/s", True)
         target(f"payload {size:,} B: submit->start p50 @{rate:g}/s", "reported", statistics.median(start), "ms", True)
+
+
+def reset_peak_rss() -> float:
+    """Start the process's peak RSS (VmHWM) again from its RSS now (Linux: clear_refs 5); the RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return rss_mb()[0]
 
 
 def bytes_written() -> int:

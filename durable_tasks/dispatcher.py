@@ -97,7 +97,7 @@ class Dispatcher:
                 else:
                     dead.append((row, f"{_unknown(row)} for longer than unknown_task_grace ({s.unknown_task_grace})"))
                 continue
-            reason = self._invalid_reason(row)
+            reason = await self._invalid_reason(row)
             if reason is not None:
                 dead.append((row, reason))
             elif runtime.transport_for(row.queue) is None:
@@ -182,12 +182,17 @@ class Dispatcher:
                 grace,
             )
 
-    def _invalid_reason(self, row: ClaimedDelivery) -> str | None:
+    async def _invalid_reason(self, row: ClaimedDelivery) -> str | None:
         task = self.runtime.registry.get(row.name)
         if task is None:
             return _unknown(row)
+        payload = row.payload_json
+        if payload is None:  # over the claim's inline bound: read alone, checked, let go
+            payload = await self.runtime.store.read_payload(row.task_id)
+            if payload is None:  # pragma: no cover - the leased row's task is gone: the worker drops it
+                return None
         try:
-            decode_payload(task.payload_adapter, row.payload_json, task=row.name)
+            decode_payload(task.payload_adapter, payload, task=row.name)
         except PayloadValidationError as exc:
             return str(exc)
         return None

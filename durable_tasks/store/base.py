@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from ..journal import ChildOutcome
 from ..outcome import TaskOutcome
-from ..records import AttemptRecord, TaskRecord
+from ..records import AttemptRecord, TaskRecord, tasks_table
 from . import execution, leases, outbox, outcomes, queries, results, retention, schema
 from .commit_wakes import CommitWakes
 from .engine import read_only
@@ -184,6 +184,19 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
         if failed is not None:
             raise failed
         return rows, due
+
+    async def read_payload(self, task_id: str) -> str | None:
+        """One task's payload, in a thread (the rows a dispatcher leased carry payloads up to
+        ``INLINE_PAYLOAD_BYTES`` only)."""
+
+        def read() -> str | None:
+            with self._read_engine.connect() as conn:
+                payload: str | None = conn.execute(
+                    sa.select(tasks_table.c.payload).where(tasks_table.c.id == task_id)
+                ).scalar()
+                return payload
+
+        return await self._in_thread(read)
 
     async def settle_outbox(
         self,

@@ -21,6 +21,7 @@ from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tas
 from .queries import UNKNOWN_TASK_ERROR
 
 __all__ = [
+    "INLINE_PAYLOAD_BYTES",
     "ClaimedDelivery",
     "Dead",
     "NewDelivery",
@@ -41,6 +42,12 @@ __all__ = [
 o = outbox_table.c
 t = tasks_table.c
 
+#: The largest payload a dispatcher's claim reads with its row: a pass of ``batch_size`` rows
+#: holds at most that many such payloads (32 MiB at 500), where payloads of a megabyte each
+#: held 500 MB and the dispatcher peaked at 1 GB. A larger payload is read alone, when the
+#: dispatcher checks it (:meth:`.base.SqlStore.read_payload`).
+INLINE_PAYLOAD_BYTES = 64 * 1024
+
 
 @immutable
 class ClaimedDelivery:
@@ -55,7 +62,9 @@ class ClaimedDelivery:
     delivery: int
     attempts: int
     shadow: bool
-    payload_json: str
+    #: The task's payload, or None when it is over :data:`INLINE_PAYLOAD_BYTES`: a pass holds
+    #: at most a batch of small ones, and reads a large one when it needs it (see the dispatcher).
+    payload_json: str | None
     traceparent: str | None
     created_at: datetime
     partition_key: str | None = None
@@ -180,10 +189,13 @@ def claim_rows(
 
 
 def claimed_rows(ids: Sequence[int]) -> sa.Select[Any]:
-    """The leased rows ``ids`` with what publishing needs, in :func:`deliveries`' column order."""
+    """The leased rows ``ids`` with what publishing needs, in :func:`deliveries`' column order
+    (a payload over :data:`INLINE_PAYLOAD_BYTES` as NULL: LENGTH counts bytes on MySQL,
+    characters on SQLite, either way a bound)."""
+    inline = sa.case((sa.func.length(t.payload) <= INLINE_PAYLOAD_BYTES, t.payload))
     return (
         sa.select(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
-        .add_columns(t.name, t.payload, t.traceparent, t.partition_key, t.priority, t.concurrency_key)
+        .add_columns(t.name, inline, t.traceparent, t.partition_key, t.priority, t.concurrency_key)
         .join_from(outbox_table, tasks_table, t.id == o.task_id)
         .where(o.id.in_(ids))
     )

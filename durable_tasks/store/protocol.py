@@ -172,6 +172,11 @@ class Store(Protocol):
         that will wait after this pass needs, in one round trip where the store can."""
         ...
 
+    async def read_payload(self, task_id: str) -> str | None:
+        """The task's payload JSON (None: no such task): what a leased row over
+        ``INLINE_PAYLOAD_BYTES`` carries instead of its payload."""
+        ...
+
     async def settle_outbox(
         self,
         *,

@@ -256,7 +256,7 @@ async def test_the_dispatchers_statements_do_not_wait_for_the_wal_flush(make_app
     now = app.clock()
     with app.engine.begin() as conn:
         params = {"namespaces": [app.settings.namespace], "now": now, "lease_until": now + timedelta(seconds=30),
-                  "token": "t", "limit": 10, "watermark": 0}  # fmt: skip
+                  "token": "t", "limit": 10, "watermark": 0, "inline_payload": 65536}  # fmt: skip
         assert len(conn.exec_driver_sql(sql.postgres()["claim_outbox"], params).all()) == 3
         assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
         conn.rollback()

@@ -21,10 +21,11 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, ConfigurationError, SignalError, TaskContext, TaskState
-from durable_tasks.records import StepRecord
+from durable_tasks.records import StepRecord, tasks_table
 from durable_tasks.store.engine import read_only
 from durable_tasks.store.mysql import MEDIUMTEXT_BYTES
 from durable_tasks.store.mysql import _problems as mysql_problems
+from durable_tasks.store.outbox import INLINE_PAYLOAD_BYTES
 from tests.helpers import run_until
 
 pytestmark = pytest.mark.anyio
@@ -196,5 +197,48 @@ async def test_a_signal_over_the_limit_is_refused_and_delivers_nothing(make_app:
             app.signal(handle.id, "answer", text_of(1_000, seed=4))
         assert "\n" not in str(raised.value)
         assert app.signal(handle.id, "answer", "short")  # the refused one took no slot: this one is first
+    finally:
+        await app.aclose()
+
+
+async def test_a_dispatcher_pass_reads_large_payloads_one_at_a_time_and_still_checks_them(
+    make_app: Callable[..., App],
+) -> None:
+    """The claim carries payloads up to INLINE_PAYLOAD_BYTES (a pass of 500 payloads of 1 MB
+    held 500 MB, and the dispatcher peaked at 1 GB); a larger one is read alone when checked,
+    so a stored payload that no longer validates is still dead-lettered, with the reason."""
+    app = make_app(publish_on_commit=False)
+    try:
+
+        @app.task(name="echo", queue="large")
+        def echo(ctx: TaskContext[list[str]], parts: list[str]) -> int:
+            return len(parts[0])
+
+        large, small = text_of(INLINE_PAYLOAD_BYTES + 1, seed=5), "short"
+        with Session(app.engine) as session:
+            handles = [app.submit(session, "echo", [body]) for body in (large, small, large)]
+            session.commit()
+        with app.engine.begin() as conn:  # the third no longer validates: an object, not a list
+            conn.execute(
+                sa.update(tasks_table).where(tasks_table.c.id == handles[2].id).values(payload=f'{{"x": "{large}"}}')
+            )
+        store = app.runtime.store
+        leased = await store.lease_outbox(
+            app.settings.namespace, now=app.clock(), lease=timedelta(seconds=30), limit=10, watermark=None
+        )
+        assert {row.task_id: row.payload_json for row in leased} == {
+            handles[0].id: None,
+            handles[1].id: '["short"]',
+            handles[2].id: None,
+        }
+        now = app.clock()
+        await store.settle_outbox(sent=[], dead=[], retry=[], held=leased, now=now, release_at=now)  # given back
+        assert await app.dispatch_once() == 3  # two sent, one dead
+        dead = app.get_task(handles[2].id)
+        assert dead.state == TaskState.DEAD
+        assert dead.error_message is not None
+        assert "no longer validates" in dead.error_message
+        assert await app.work(max_tasks=2, timeout=timedelta(seconds=60)) == 2
+        assert [app.get_task(h.id).result for h in handles[:2]] == [len(large), len(small)]
     finally:
         await app.aclose()

@@ -70,6 +70,7 @@ def statement_params(name: str, namespace: str, now: datetime, ids: list[str]) -
             "token": "t",
             "limit": 500,
             "watermark": 0,
+            "inline_payload": 65536,
         },
         "mark_sent": common
         | {

@@ -25,7 +25,7 @@ from ...journal_records import ChildOutcome, StepKind
 from ...records import AttemptOutcome
 from .. import sql
 from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
-from ..outbox import ClaimedDelivery, NewDelivery, Sent, deliveries
+from ..outbox import INLINE_PAYLOAD_BYTES, ClaimedDelivery, NewDelivery, Sent, deliveries
 from ..results import FinalWrite, set_outcomes
 
 __all__ = [
@@ -108,6 +108,7 @@ def claim_outbox(
         "token": token,
         "limit": limit,
         "watermark": watermark or 0,
+        "inline_payload": INLINE_PAYLOAD_BYTES,
     }
     return OneStatement(sql.postgres()["claim_outbox"], params, partial(_leased_and_due, token=token))
 

@@ -227,7 +227,8 @@ WHERE o.id = ANY(ARRAY(
   AND t.id = o.task_id
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
-          t.name, t.payload, t.traceparent, t.partition_key, t.priority, t.concurrency_key
+          t.name, CASE WHEN octet_length(t.payload) <= %(inline_payload)s THEN t.payload END,
+          t.traceparent, t.partition_key, t.priority, t.concurrency_key
 )
 SELECT l.*, n.due
 FROM (
