@@ -276,7 +276,9 @@ def payload(n: int, latency_n: int, rate: float) -> None:
             rss_before = reset_peak_rss()
             anyio.run(dispatch_all, app)
             dispatch_peak_mb = rss_mb()[1] - rss_before  # what a pass of large payloads holds
+            rss_before = reset_peak_rss()
             rate_s = anyio.run(drain, app, count)
+            drain_peak_mb = rss_mb()[1] - rss_before  # the payloads of the tasks in flight
             # SQLite writes in this process: its file's bytes per payload byte, WAL and checkpoints
             # included, from the submit to the result (the servers' writes are not counted here)
             rewrites = (bytes_written() - written) / (count * size) if app.engine.dialect.name == "sqlite" else None
@@ -286,7 +288,8 @@ def payload(n: int, latency_n: int, rate: float) -> None:
              start_p99_ms=round(pct(start, 99), 2), result_p50_ms=round(statistics.median(result), 2),
              result_p99_ms=round(pct(result, 99), 2),
              sqlite_bytes_written_per_payload_byte=None if rewrites is None else round(rewrites, 1),
-             dispatch_peak_rss_growth_mb=round(dispatch_peak_mb, 1))  # fmt: skip
+             dispatch_peak_rss_growth_mb=round(dispatch_peak_mb, 1),
+             drain_peak_rss_growth_mb=round(drain_peak_mb, 1))  # fmt: skip
         SERIES.setdefault("payload", []).append((size, rate_s))
         target(f"payload {size:,} B: drain", "reported", rate_s, "tasks/s", True)
         target(f"payload {size:,} B: submit->start p50 @{rate:g}/s", "reported", statistics.median(start), "ms", True)
