@@ -127,8 +127,14 @@ def test_a_payload_limit_over_what_mysql_stores_is_refused_in_one_line(
 async def test_doctor_says_when_a_value_of_the_limit_does_not_fit_the_servers_packet(
     database_url: str, redis_url: str, namespace: str
 ) -> None:
-    with read_only(sa.create_engine(database_url)).connect() as conn:
-        packet = int(conn.execute(sa.text("SELECT @@max_allowed_packet")).scalar_one())
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            packet = int(conn.execute(sa.text("SELECT @@max_allowed_packet")).scalar_one())
+    finally:
+        engine.dispose()
+    if packet >= MEDIUMTEXT_BYTES + 64 * 1024:  # MySQL 8's default is 64 MiB
+        pytest.skip(f"max_allowed_packet is {packet:,} bytes: every max_payload_bytes MySQL stores fits in it")
     for limit, expected in ((1024 * 1024, False), (min(packet, MEDIUMTEXT_BYTES), True)):
         app = App(database_url, redis_url, namespace, max_payload_bytes=limit)
         try:
