@@ -364,7 +364,8 @@ async def test_every_call_against_an_unreachable_database_raises_the_librarys_er
 
 
 #: What cannot be a task id (ids are 36 printable characters): a NUL byte (PostgreSQL refuses it
-#: in text, which read as an outage), a lone surrogate (no UTF-8 form), a string too long, none.
+#: in text, which must not read as an outage), a lone surrogate (no UTF-8 form), a string too
+#: long, none.
 NOT_TASK_IDS = {"nul": "01a2\x00b", "lone-surrogate": "01a2\udcffb", "too-long": "x" * 37, "empty": ""}
 
 
@@ -506,8 +507,8 @@ class UnprintableError(Exception):
 
 #: Exceptions a judge raises with a judged program's output in them: a NUL byte (PostgreSQL
 #: refuses it in text), a lone surrogate (what surrogateescape makes of bytes that are not
-#: UTF-8), and one whose str() raises. Their failures could not be recorded, and the task was
-#: redelivered until dead-lettered with none of them said.
+#: UTF-8), and one whose str() raises. None may keep its failure from being recorded: the task
+#: would be redelivered until dead-lettered, with nothing said.
 AWKWARD_ERRORS: dict[str, tuple[Callable[[], Exception], str]] = {
     "nul": (lambda: ValueError("stderr: a\x00b"), "stderr: a\\x00b"),
     "lone-surrogate": (lambda: ValueError("stdout: out\udcff"), "stdout: out\\udcff"),

@@ -2,11 +2,11 @@
 result at ``max_payload_bytes``, many large results in one group commit, and a journal step's
 result past 64 KiB; a step's result or a signal's payload over the limit is refused in one line.
 
-MySQL's TEXT holds 65,535 bytes: a larger payload failed its submit with the driver's
-DataError, and a server without strict mode would have cut it short without a word. Its JSON
-columns are MEDIUMTEXT (16 MiB), a group commit splits its results into statements that fit
-the server's ``max_allowed_packet``, and a ``max_payload_bytes`` above what MEDIUMTEXT holds is
-refused when the App opens its database."""
+MySQL's TEXT holds 65,535 bytes, less than a payload may have, and a server without strict
+mode cuts a longer value short without a word. So on MySQL the JSON columns are MEDIUMTEXT
+(16 MiB), a group commit splits its results into statements that fit the server's
+``max_allowed_packet``, a ``max_payload_bytes`` above what MEDIUMTEXT holds is refused when
+the App opens its database, and doctor reports a packet or an sql_mode that would not do."""
 
 from __future__ import annotations
 
