@@ -78,7 +78,7 @@ async def test_a_rerun_can_be_delayed(make_app: Callable[..., App]) -> None:
         ({"not_before": datetime(2030, 1, 1, 9)}, "naive"),
         ({"delay": timedelta(seconds=-1)}, "zero or more"),
         ({"delay": timedelta(seconds=1), "not_before": T0}, "not both"),
-        ({"delay": timedelta.max}, "ends past the year 9999"),  # was datetime's OverflowError
+        ({"delay": timedelta.max}, "ends past the year 9999"),  # not datetime's OverflowError
     ],
 )
 async def test_a_bad_delay_is_a_typed_error_and_writes_nothing(
