@@ -194,8 +194,10 @@ def plan_ticks(schedule: Schedule, *, last_tick: datetime, now: datetime, grace:
 
 
 def _check_common(name: str, task: str, catch_up: str) -> None:
-    if not 0 < len(name) <= _MAX_NAME or any(unicodedata.category(c) == "Cc" for c in name):
-        raise ConfigurationError(f"schedule name {name[:40]!r} must be 1-{_MAX_NAME} characters, no control characters")
+    if not 0 < len(name) <= _MAX_NAME or any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        raise ConfigurationError(
+            f"schedule name {name[:40]!r} must be 1-{_MAX_NAME} characters, no control characters or lone surrogates"
+        )
     if not task:
         raise ConfigurationError(f"schedule {name!r}: name the task it submits")
     if catch_up not in get_args(CatchUp):

@@ -292,12 +292,17 @@ async def test_duplicate_task_name_is_refused_and_the_first_registration_kept(of
     assert app.runtime.queues() == ["default"]
 
 
-async def test_task_name_longer_than_the_database_column_is_refused(offline_app: App) -> None:
+@pytest.mark.parametrize(
+    "name", ["n" * 201, "a\x00b", "a\udcffb", "a\nb"], ids=["over-the-column", "nul", "lone-surrogate", "newline"]
+)
+async def test_a_task_name_no_database_stores_alike_is_refused_at_registration(offline_app: App, name: str) -> None:
+    """Longer than its column, or not printable text (PostgreSQL refuses a NUL, UTF-8 a lone
+    surrogate): refused when registered, not at the first submit with a driver's error."""
     app = offline_app
 
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match="must be printable text of 1-200 characters"):
 
-        @app.task(name="n" * 201)
+        @app.task(name=name)
         def job(ctx: TaskContext[Job], p: Job) -> None:
             return None
 

@@ -121,6 +121,8 @@ def test_the_default_payload_is_the_tick_and_a_fixed_one_is_kept() -> None:
         (lambda: every(0), "whole number of seconds"),
         (lambda: Schedule.interval("s", "task", timedelta(milliseconds=1500)), "whole number of seconds"),
         (lambda: Schedule.cron_schedule("", "task", "* * * * *"), "schedule name"),
+        (lambda: Schedule.cron_schedule("nightly\x00", "task", "* * * * *"), "no control characters"),
+        (lambda: Schedule.cron_schedule("nightly\udcff", "task", "* * * * *"), "lone surrogates"),
     ],
 )
 def test_a_bad_schedule_is_a_configuration_error(build: object, says: str) -> None:
