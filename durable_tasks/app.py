@@ -139,9 +139,7 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
             if not NAME_PATTERN.fullmatch(queue):
                 raise ConfigurationError(f"queue name {queue!r} must match {NAME_PATTERN.pattern}")
             if not 0 < len(task_name) <= _MAX_TASK_NAME or not task_name.isprintable():
-                raise ConfigurationError(
-                    f"task name {task_name[:40]!r} must be printable text of 1-{_MAX_TASK_NAME} characters"
-                )
+                raise ConfigurationError(f"task name {task_name[:40]!r}: printable, 1-{_MAX_TASK_NAME} characters")
             if task_name in self._registry:
                 raise ConfigurationError(
                     f"a task named {task_name!r} is already registered; pass name=... to register this one apart"
