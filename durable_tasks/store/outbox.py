@@ -43,7 +43,7 @@ o = outbox_table.c
 t = tasks_table.c
 
 #: The largest payload a dispatcher's claim reads with its row: a pass of ``batch_size`` rows
-#: holds at most that many such payloads (32 MiB at 500), where payloads of a megabyte each
+#: holds at most that many such payloads (32 MiB at 500; SQLite counts characters), where payloads of a megabyte each
 #: held 500 MB and the dispatcher peaked at 1 GB. A larger payload is read alone, when the
 #: dispatcher checks it (:meth:`.base.SqlStore.read_payload`).
 INLINE_PAYLOAD_BYTES = 64 * 1024
