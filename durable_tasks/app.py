@@ -30,7 +30,7 @@ from .result_waits import ResultWaits
 from .running import RunningMixin
 from .runtime import Runtime
 from .scheduler import ScheduleInfo, Scheduler, list_schedules, pause_schedule
-from .settings import NAME_PATTERN, Settings, SettingsOverrides
+from .settings import NAME_PATTERN, Settings, SettingsOverrides, printable_text
 from .signals import SignalsMixin
 from .store import open_store
 from .store.ids import is_task_id_shaped
@@ -138,7 +138,7 @@ class App(IntentsMixin, RunningMixin, SignalsMixin):
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             if not NAME_PATTERN.fullmatch(queue):
                 raise ConfigurationError(f"queue name {queue!r} must match {NAME_PATTERN.pattern}")
-            if not 0 < len(task_name) <= _MAX_TASK_NAME or not task_name.isprintable():
+            if not printable_text(task_name, _MAX_TASK_NAME):
                 raise ConfigurationError(f"task name {task_name[:40]!r}: printable, 1-{_MAX_TASK_NAME} characters")
             if task_name in self._registry:
                 raise ConfigurationError(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .policy import TaskLeaseView
 from .runtime import Runtime
+from .store.ids import is_task_id_shaped
 
 __all__ = ["DeadLetter", "forget_rerun", "forget_rerun_oldest", "read_dead_letters", "rerun_since"]
 
@@ -61,7 +62,7 @@ async def forget_rerun(runtime: Runtime, queue: str, letters: Sequence[DeadLette
     """Delete the entries of tasks rerun since they were dead-lettered; return the others."""
     # A malformed entry's fields are whatever was written to Redis: only a possible task id
     # (36 printable characters at most, as the column) is looked up.
-    ids = {d.task_id for d in letters if d.task_id and len(d.task_id) <= 36 and d.task_id.isprintable()}
+    ids = {d.task_id for d in letters if is_task_id_shaped(d.task_id)}
     if not ids:
         return list(letters)
     gone = rerun_since(letters, await runtime.store.lease_views(runtime.settings.namespace, ids))

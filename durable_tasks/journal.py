@@ -71,6 +71,7 @@ from .journal_records import (
     StepKind,
     Suspended,
 )
+from .settings import printable_text
 
 __all__ = [
     "ChildOutcome",
@@ -358,7 +359,7 @@ def signal_slot(name: str) -> str:
 def check_signal_name(name: str) -> str:
     """``name`` if it can name a signal (a printable string of 1-200 characters), else
     SignalError: a NUL byte or a lone surrogate is no text a database stores alike."""
-    if not isinstance(name, str) or not 0 < len(name) <= 200 or not name.isprintable():
+    if not printable_text(name, 200):
         raise SignalError(f"signal name {str(name)[:40]!r}: pass a printable string of 1-200 characters")
     return name
 

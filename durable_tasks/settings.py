@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict, TypeGuard
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
@@ -22,10 +22,19 @@ __all__ = [
     "Settings",
     "SettingsOverrides",
     "parse_prepare_threshold",
+    "printable_text",
 ]
 
 #: Namespaces and queue names end up inside Redis keys and hash tags: no braces, colons or spaces.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def printable_text(value: object, max_chars: int) -> TypeGuard[str]:
+    """Whether ``value`` is a string of 1 to ``max_chars`` printable characters: what a name,
+    key or id given at run time may be (task, signal and limit names, concurrency and partition
+    keys, task ids). ``isprintable()`` is False for control characters (NUL too), which
+    PostgreSQL refuses in text, and for lone surrogates, which UTF-8 cannot hold."""
+    return isinstance(value, str) and 0 < len(value) <= max_chars and value.isprintable()
 
 
 #: ``postgres://`` and ``postgres+driver://``, which SQLAlchemy does not read as PostgreSQL.

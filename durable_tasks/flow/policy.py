@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ..errors import InvalidFlowControlError
+from ..settings import printable_text
 
 __all__ = [
     "CONCURRENCY_RETRY",
@@ -88,8 +89,7 @@ def check_partition_key(key: str | None) -> str | None:
 
 
 def _printable_key(what: str, key: str) -> str:
-    # isprintable() is False for control characters (NUL too) and lone surrogates
-    if not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY or not key.isprintable():
+    if not printable_text(key, _MAX_KEY):
         raise InvalidFlowControlError(
             f"{what}={str(key)[:40]!r}: pass a printable string of 1-{_MAX_KEY} characters, e.g. 'user:42'"
         )
@@ -145,7 +145,7 @@ class Limit:
     concurrency: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < len(self.name) <= _MAX_KEY or not self.name.isprintable():
+        if not printable_text(self.name, _MAX_KEY):
             raise InvalidFlowControlError(f"limit name {self.name[:40]!r}: 1-{_MAX_KEY} printable characters")
         if self.burst < 1:
             raise InvalidFlowControlError(f"limit {self.name!r}: burst={self.burst} must be 1 or more")

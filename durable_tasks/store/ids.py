@@ -14,6 +14,9 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
+from typing import TypeGuard
+
+from ..settings import printable_text
 
 __all__ = ["is_task_id_shaped", "new_task_id"]
 
@@ -23,11 +26,11 @@ _VARIANT = 0x2 << 62
 _now_ns = time.time_ns
 
 
-def is_task_id_shaped(task_id: object) -> bool:
+def is_task_id_shaped(task_id: object) -> TypeGuard[str]:
     """Whether ``task_id`` could name a task: ids are 36 printable characters. Anything else
     names none and is answered without a query (a NUL byte or a lone surrogate would be refused
     by the driver or the server, as if the database were at fault)."""
-    return isinstance(task_id, str) and 0 < len(task_id) <= 36 and task_id.isprintable()
+    return printable_text(task_id, 36)
 
 
 def new_task_id() -> str:
