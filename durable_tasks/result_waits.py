@@ -60,14 +60,16 @@ class ResultWaits:
                 self._hub = (os.getpid(), hub)
             return self._hub[1]
 
-    def _subscribe(self) -> Subscription:
+    def _client(self, single_node: dict[str, Any] | None = None, **options: Any) -> Any:
+        """A sync client of the App's Redis, a cluster's when it is one, with ``options``
+        (``single_node``'s too on a single node)."""
         url = self._redis_url()
         if self._settings.redis_cluster or is_cluster_url(url):
-            client: Any = sync_cluster_client(url, decode_responses=True, socket_connect_timeout=2)
-        else:
-            client = redis.Redis.from_url(
-                url, decode_responses=True, socket_connect_timeout=2, health_check_interval=30
-            )
+            return sync_cluster_client(url, **options)
+        return redis.Redis.from_url(url, **options, **(single_node or {}))
+
+    def _subscribe(self) -> Subscription:
+        client = self._client({"health_check_interval": 30}, decode_responses=True, socket_connect_timeout=2)
         pubsub: Subscription = client.pubsub()
         return pubsub
 
@@ -75,12 +77,7 @@ class ResultWaits:
         """A message of no outcome on the outcome channel, on a connection of its own: the
         hub's thread, blocked reading its subscription, returns (every subscriber of the
         namespace reads the message and finds nothing in it)."""
-        url = self._redis_url()
-        client: Any
-        if self._settings.redis_cluster or is_cluster_url(url):
-            client = sync_cluster_client(url, socket_timeout=_WAKE_TIMEOUT_S, socket_connect_timeout=_WAKE_TIMEOUT_S)
-        else:
-            client = redis.Redis.from_url(url, socket_timeout=_WAKE_TIMEOUT_S, socket_connect_timeout=_WAKE_TIMEOUT_S)
+        client = self._client(socket_timeout=_WAKE_TIMEOUT_S, socket_connect_timeout=_WAKE_TIMEOUT_S)
         try:
             client.publish(outcome_channel(self._settings.namespace), encode_outcomes((), inline_bytes=0))
         finally:
