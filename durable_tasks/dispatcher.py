@@ -10,6 +10,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import anyio
 
@@ -22,6 +23,7 @@ from .records import TaskState
 from .runtime import Runtime, delivery_message
 from .store.outbox import ClaimedDelivery, dead_error_type
 from .store.queries import UNKNOWN_TASK_ERROR
+from .tasks import Task
 from .transport.announce import announce_outcomes
 
 __all__ = ["Dispatcher"]
@@ -90,14 +92,18 @@ class Dispatcher:
         ready: dict[str, list[ClaimedDelivery]] = defaultdict(list)
         claimed_at = runtime.clock()
         for row in rows:
-            if runtime.registry.get(row.name) is None:
+            task = runtime.registry.get(row.name)
+            if task is None:
                 # A rolling deploy: the producer knows a task this process does not know yet.
                 if claimed_at - row.created_at < s.unknown_task_grace:
                     unknown.append(row)
                 else:
                     dead.append((row, f"{_unknown(row)} for longer than unknown_task_grace ({s.unknown_task_grace})"))
                 continue
-            reason = await self._invalid_reason(row)
+            payload = row.payload_json
+            if payload is None:  # over the claim's inline bound: read alone, checked, let go
+                payload = await runtime.store.read_payload(row.task_id)
+            reason = _invalid_reason(task, row.name, payload)
             if reason is not None:
                 dead.append((row, reason))
             elif runtime.transport_for(row.queue) is None:
@@ -181,21 +187,6 @@ class Dispatcher:
                 f"{oldest + grace:%Y-%m-%dT%H:%M:%S}Z",
                 grace,
             )
-
-    async def _invalid_reason(self, row: ClaimedDelivery) -> str | None:
-        task = self.runtime.registry.get(row.name)
-        if task is None:
-            return _unknown(row)
-        payload = row.payload_json
-        if payload is None:  # over the claim's inline bound: read alone, checked, let go
-            payload = await self.runtime.store.read_payload(row.task_id)
-            if payload is None:  # pragma: no cover - the leased row's task is gone: the worker drops it
-                return None
-        try:
-            decode_payload(task.payload_adapter, payload, task=row.name)
-        except PayloadValidationError as exc:
-            return str(exc)
-        return None
 
     async def _publish(
         self, rows: Sequence[ClaimedDelivery]
@@ -320,3 +311,15 @@ class Dispatcher:
 
 def _unknown(row: ClaimedDelivery) -> str:
     return f"{UNKNOWN_TASK_ERROR} {row.name!r} (queue {row.queue!r}): no task is registered under it"
+
+
+def _invalid_reason(task: Task[Any, Any], name: str, payload: str | None) -> str | None:
+    """Why a row's payload cannot run as ``task`` (it no longer validates), or None. A payload
+    of None is a task row gone since the lease: the worker finds no task and drops it."""
+    if payload is None:  # pragma: no cover - the lease holds the outbox row, not its task's
+        return None
+    try:
+        decode_payload(task.payload_adapter, payload, task=name)
+    except PayloadValidationError as exc:
+        return str(exc)
+    return None
