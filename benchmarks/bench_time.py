@@ -51,6 +51,7 @@ from durable_tasks.periodic import Schedule
 from durable_tasks.records import tasks_table
 from durable_tasks.scheduler import Scheduler
 from durable_tasks.store import sql
+from durable_tasks.store.payloads import INLINE_PAYLOAD_BYTES
 
 t = tasks_table.c
 
@@ -239,6 +240,7 @@ def delayed_index(rows: int, due: int) -> None:
                 "token": "t",
                 "limit": 500,
                 "watermark": 0,
+                "inline_payload": INLINE_PAYLOAD_BYTES,
             }
             for name in ("claim_outbox", "next_due"):
                 with app.engine.connect() as conn, conn.begin():

@@ -84,8 +84,13 @@ async def run_attempt(
     task = runtime.registry.get(claim.name)
     if task is None:
         return await _fail(runtime, claim, None, ctx, LookupError(f"no task {claim.name!r} is registered here"), span)
+    payload_json = claim.payload_json
+    if payload_json is None:  # larger than a claim carries: read alone (a worker has made room for it)
+        payload_json = await runtime.store.read_payload(claim.task_id)
+        if payload_json is None:
+            raise LookupError(f"task {claim.task_id} was deleted while it ran")
     try:
-        ctx.payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
+        ctx.payload = decode_payload(task.payload_adapter, payload_json, task=claim.name)
     except PayloadValidationError as exc:
         return await _fail(runtime, claim, task, ctx, exc, span)
     started = time.perf_counter()

@@ -181,6 +181,13 @@ class Settings(BaseSettings):
         description="How long a starting dispatcher, worker or reaper keeps retrying an unreachable "
         "Postgres or Redis (a failover, a server still starting) before it gives up; 0 gives up at once.",
     )
+    payload_memory: int = Field(
+        default=128 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of payloads over 64 KiB that one worker holds at once; an attempt whose payload does "
+        "not fit waits (its lease kept) for running ones to end, and one larger than this runs alone. A payload "
+        "costs about twice its size while its task runs (its text and its decoded value).",
+    )
     commit_batch_max: int = Field(default=512, ge=1, description="Results per group-commit transaction.")
     commit_window: Duration = Field(default=timedelta(0), description="Extra wait to fill a group commit.")
 
@@ -338,6 +345,7 @@ class SettingsOverrides(TypedDict, total=False):
     retry_backoff_max: timedelta
     shutdown_grace: timedelta
     startup_wait: timedelta
+    payload_memory: int
     commit_batch_max: int
     commit_window: timedelta
     gc_young_threshold: int

@@ -32,6 +32,7 @@ from .batching import Coalescer
 from .handler_threads import HandlerThreads
 from .isolation import IsolationGate
 from .outcome import TaskOutcome
+from .payload_memory import PayloadMemory
 from .policy import suspect_group_limit
 from .records import TaskState
 from .runtime import Runtime
@@ -98,6 +99,7 @@ class Worker:
         # Sync handlers' own threads: never anyio's pool, where claims, commits and leases run.
         self._handler_threads = HandlerThreads(self.concurrency)
         self._gate = IsolationGate()
+        self._payloads = PayloadMemory(s.payload_memory)  # payloads the claims did not carry
         self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts
         # Claims of consecutive reads overlap: while one batch's claim transaction runs, the next batch is
         # read and claimed (the database answers both; one claim at a time waits a round trip per read).
@@ -132,9 +134,6 @@ class Worker:
                         await self._cancel_background_tasks()
                 tg.cancel_scope.cancel()
         return self.counters.settled - start
-
-    def _spawn(self, entry: StreamEntry, claim: ExecutionClaim, span: Span) -> None:
-        self._background(self._execute(entry, claim, span))
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         # A plain asyncio task: an anyio task group's start_soon costs several times more per
@@ -272,7 +271,7 @@ class Worker:
             elif claim is ClaimRefused.STALE:
                 stale.append((entry, span))
             else:
-                self._spawn(entry, claim, span)
+                self._background(self._execute(entry, claim, span))
         if stale:
             try:
                 await self._ack_now([(e.stream, e.entry_id) for e, _ in stale])
@@ -309,6 +308,7 @@ class Worker:
         settled = False
         outcome = "unreachable"
         commit = _Commit(self._committer, entry)  # the committer acknowledges what it settles
+        payload_bytes = 0
         try:
             with runtime.telemetry.current(span):
                 if failpoints.ENABLED:
@@ -319,6 +319,7 @@ class Worker:
                 runtime.telemetry.queue_delay.record(
                     (runtime.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
+                payload_bytes = await self._payloads.room_for(claim, self._leases)
                 if claim.reclaims > 0:
                     outcome = await self._run_suspect(claim, span, commit)
                 else:  # beside the others (in this frame: one coroutine fewer per attempt in flight)
@@ -341,6 +342,7 @@ class Worker:
         except Exception:
             logger.exception("unexpected error running %s; its entry stays pending", claim.task_id)
         finally:
+            self._payloads.release(payload_bytes)
             self._leases.release(claim)  # held from a wait at the gate on; a no-op once run_attempt released it
             runtime.flow.release_soon(claim.task_id)
             self._end(span, outcome, settled=settled)

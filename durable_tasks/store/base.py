@@ -186,8 +186,8 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
         return rows, due
 
     async def read_payload(self, task_id: str) -> str | None:
-        """One task's payload, in a thread (the rows a dispatcher leased carry payloads up to
-        ``INLINE_PAYLOAD_BYTES`` only)."""
+        """One task's payload, in a thread (a dispatcher's leased rows and a worker's claims carry
+        payloads up to ``INLINE_PAYLOAD_BYTES`` only: :mod:`.payloads`)."""
 
         def read() -> str | None:
             with self._read_engine.connect() as conn:

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import CLAIMABLE_STATES, AttemptOutcome, TaskState, attempts_table, tasks_table
+from .payloads import inline_payload, payload_size
 from .planning import attempts_by_task, filter_only, tasks_by_id
 
 __all__ = [
@@ -62,7 +63,10 @@ class ExecutionClaim:
     delivery: int
     max_attempts: int
     failures: int
-    payload_json: str
+    #: The task's payload, or None when it is over :data:`.payloads.INLINE_PAYLOAD_BYTES`: then
+    #: the attempt reads it alone (a worker, once its ``payload_memory`` has room for
+    #: ``payload_size`` more).
+    payload_json: str | None
     idempotency_key: str | None
     traceparent: str | None
     shadow: bool
@@ -75,6 +79,8 @@ class ExecutionClaim:
     parent_id: str | None = None
     parent_generation: int | None = None
     parent_slot: str | None = None
+    #: The payload's size (bytes; characters on SQLite).
+    payload_size: int = 0
 
     def fence(self) -> sa.ColumnElement[bool]:
         """The WHERE clause every write of this execution carries: its row found by id alone,
@@ -116,7 +122,7 @@ class ClaimedRow(NamedTuple):
     attempt: int
     max_attempts: int
     failures: int
-    payload: str
+    payload: str | None  # None over INLINE_PAYLOAD_BYTES
     idempotency_key: str | None
     traceparent: str | None
     shadow: bool
@@ -128,9 +134,14 @@ class ClaimedRow(NamedTuple):
     parent_id: str | None
     parent_generation: int | None
     parent_slot: str | None
+    payload_size: int
 
 
-CLAIMED_COLUMNS = tuple(t[name] for name in ClaimedRow._fields)
+#: A claimed row's columns (SQLite's and MySQL's claims), a payload over INLINE_PAYLOAD_BYTES as NULL.
+CLAIMED_COLUMNS = (
+    *(inline_payload() if name == "payload" else t[name] for name in ClaimedRow._fields[:-1]),
+    payload_size(),
+)
 #: What a claim sets on a task row, for a statement built once (SQLite's here, MySQL's): its
 #: values are the bind parameters ``until`` (the lease's end), ``worker`` and ``now``.
 CLAIM_VALUES = {
@@ -318,6 +329,7 @@ def _claim_from(row: ClaimedRow, namespace: str, worker_id: str, previous: str |
         parent_id=row.parent_id,
         parent_generation=row.parent_generation,
         parent_slot=row.parent_slot,
+        payload_size=row.payload_size,
     )
 
 

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from ..immutable import immutable
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
+from .payloads import INLINE_PAYLOAD_BYTES, inline_payload
 from .queries import UNKNOWN_TASK_ERROR
 
 __all__ = [
@@ -41,12 +42,6 @@ __all__ = [
 
 o = outbox_table.c
 t = tasks_table.c
-
-#: The largest payload a dispatcher's claim reads with its row: a pass of ``batch_size`` rows
-#: holds at most that many such payloads (32 MiB at 500; SQLite counts characters), where payloads of a megabyte each
-#: held 500 MB and the dispatcher peaked at 1 GB. A larger payload is read alone, when the
-#: dispatcher checks it (:meth:`.base.SqlStore.read_payload`).
-INLINE_PAYLOAD_BYTES = 64 * 1024
 
 
 @immutable
@@ -190,12 +185,10 @@ def claim_rows(
 
 def claimed_rows(ids: Sequence[int]) -> sa.Select[Any]:
     """The leased rows ``ids`` with what publishing needs, in :func:`deliveries`' column order
-    (a payload over :data:`INLINE_PAYLOAD_BYTES` as NULL: LENGTH counts bytes on MySQL,
-    characters on SQLite, either way a bound)."""
-    inline = sa.case((sa.func.length(t.payload) <= INLINE_PAYLOAD_BYTES, t.payload))
+    (a payload over :data:`INLINE_PAYLOAD_BYTES` as NULL: :mod:`.payloads`)."""
     return (
         sa.select(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
-        .add_columns(t.name, inline, t.traceparent, t.partition_key, t.priority, t.concurrency_key)
+        .add_columns(t.name, inline_payload(), t.traceparent, t.partition_key, t.priority, t.concurrency_key)
         .join_from(outbox_table, tasks_table, t.id == o.task_id)
         .where(o.id.in_(ids))
     )

@@ -173,8 +173,8 @@ class Store(Protocol):
         ...
 
     async def read_payload(self, task_id: str) -> str | None:
-        """The task's payload JSON (None: no such task): what a leased row over
-        ``INLINE_PAYLOAD_BYTES`` carries instead of its payload."""
+        """The task's payload JSON (None: no such task), for a leased row or a claim that
+        carried none (over ``INLINE_PAYLOAD_BYTES``)."""
         ...
 
     async def settle_outbox(

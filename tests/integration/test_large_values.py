@@ -23,9 +23,10 @@ from sqlmodel import Session
 from durable_tasks import App, ConfigurationError, SignalError, TaskContext, TaskState
 from durable_tasks.records import StepRecord, tasks_table
 from durable_tasks.store.engine import read_only
+from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.store.mysql import MEDIUMTEXT_BYTES
 from durable_tasks.store.mysql import _problems as mysql_problems
-from durable_tasks.store.outbox import INLINE_PAYLOAD_BYTES
+from durable_tasks.store.payloads import INLINE_PAYLOAD_BYTES
 from tests.helpers import run_until
 
 pytestmark = pytest.mark.anyio
@@ -246,5 +247,52 @@ async def test_a_dispatcher_pass_reads_large_payloads_one_at_a_time_and_still_ch
         assert "no longer validates" in dead.error_message
         assert await app.work(max_tasks=2, timeout=timedelta(seconds=60)) == 2
         assert [app.get_task(h.id).result for h in handles[:2]] == [len(large), len(small)]
+    finally:
+        await app.aclose()
+
+
+async def test_a_worker_holds_large_payloads_within_its_payload_memory(make_app: Callable[..., App]) -> None:
+    """A claim carries payloads up to INLINE_PAYLOAD_BYTES; a larger one is read when the
+    worker's payload_memory has room for it (at the default concurrency a worker held every
+    claimed payload of 1 MB: 1.1 GB). Five payloads of 90 KB in a budget of 200,000 bytes run two
+    at a time, and one larger than the budget runs alone; each handler gets its whole payload."""
+    app = make_app(payload_memory=200_000, concurrency=32)
+    running: dict[int, int] = {}  # seed -> payload size, for the handlers running now
+    seen: list[dict[int, int]] = []  # `running` as each handler found it when it started
+    pair = anyio.Event()
+    try:
+
+        @app.task(name="measure", queue="large")
+        async def measure(ctx: TaskContext[list[str]], parts: list[str]) -> int:
+            seed = int(parts[1])
+            running[seed] = len(parts[0])
+            seen.append(dict(running))
+            if len(running) == 2:
+                pair.set()
+            with anyio.move_on_after(10):  # the first two wait for each other: the budget holds two
+                await pair.wait()
+            await anyio.sleep(0.05)  # long enough for a third to start beside them, were it let in
+            del running[seed]
+            return len(parts[0])
+
+        sizes = [90_000] * 5 + [300_000]
+        bodies = [text_of(size, seed=seed) for seed, size in enumerate(sizes)]
+        with Session(app.engine) as session:
+            handles = [app.submit(session, "measure", [body, str(seed)]) for seed, body in enumerate(bodies)]
+            session.commit()
+        [first] = await app.runtime.store.claim_executions(
+            app.settings.namespace,
+            [ClaimRequest(handles[0].id, 0, 0)],
+            worker_id="probe",
+            now=app.clock(),
+            lease=timedelta(seconds=0),  # expires at once: the worker claims it again
+        )
+        assert isinstance(first, ExecutionClaim)
+        assert (first.payload_json, first.payload_size) == (None, len(bodies[0]) + 8)  # ["…","0"]
+        assert await app.dispatch_once() == 6
+        assert await app.work(max_tasks=6, timeout=timedelta(seconds=60)) == 6
+        assert [app.get_task(h.id).result for h in handles] == sizes
+        assert max(len(r) for r in seen) == 2
+        assert all(sum(r.values()) <= 200_000 or len(r) == 1 for r in seen), seen
     finally:
         await app.aclose()

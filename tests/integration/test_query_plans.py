@@ -27,6 +27,7 @@ from durable_tasks.records import tasks_table
 from durable_tasks.store import recovery, sql
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.journal import child_task
+from durable_tasks.store.payloads import INLINE_PAYLOAD_BYTES
 from durable_tasks.store.pooler import PathProbe, Pooling, PoolingReport
 from durable_tasks.store.postgres import PostgresStore, statements, submits
 from durable_tasks.store.postgres.connections import AsyncConnections
@@ -70,7 +71,7 @@ def statement_params(name: str, namespace: str, now: datetime, ids: list[str]) -
             "token": "t",
             "limit": 500,
             "watermark": 0,
-            "inline_payload": 65536,
+            "inline_payload": INLINE_PAYLOAD_BYTES,
         },
         "mark_sent": common
         | {
@@ -91,6 +92,7 @@ def statement_params(name: str, namespace: str, now: datetime, ids: list[str]) -
             "traceparents": [],
             "lease_until": later,
             "worker_id": "w",
+            "inline_payload": INLINE_PAYLOAD_BYTES,
         },
         "commit_results": common
         | {"ids": ids, "parent_ids": [], "generations": [0] * n, "attempts": [1] * n, "results": ["null"] * n},

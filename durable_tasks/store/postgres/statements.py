@@ -25,7 +25,8 @@ from ...journal_records import ChildOutcome, StepKind
 from ...records import AttemptOutcome
 from .. import sql
 from ..execution import ClaimedRow, ClaimRequest, ExecutionClaim, claim_keys
-from ..outbox import INLINE_PAYLOAD_BYTES, ClaimedDelivery, NewDelivery, Sent, deliveries
+from ..outbox import ClaimedDelivery, NewDelivery, Sent, deliveries
+from ..payloads import INLINE_PAYLOAD_BYTES
 from ..results import FinalWrite, set_outcomes
 
 __all__ = [
@@ -157,6 +158,7 @@ def claim_executions(
         "worker_id": worker_id,
         "now": now,
         "lease_until": now + lease,
+        "inline_payload": INLINE_PAYLOAD_BYTES,
     }
     return OneStatement(sql.postgres()["claim_executions"], params, _claimed_rows)
 

@@ -19,11 +19,12 @@
 -- execution, in one statement: arrays ids, generations, deliveries; trace_ids and
 -- traceparents (each attempt's trace context). Claimable: same generation and delivery,
 -- PENDING/ENQUEUED/RETRYING, or RUNNING with an expired lease. Returns the claimed rows
--- (attempt already incremented), each with the trace context of its task's latest earlier
--- attempt (a re-run: a retry, a resume, a new generation; its new attempt's span links to it),
--- whose attempts a lost worker left open are closed as lost (store/execution.py's
--- after_claim, which the other dialects run after the claim). The attempt this statement
--- opens is not in its snapshot, so neither reads it as an earlier one.
+-- (attempt already incremented; a payload over inline_payload bytes as NULL, its attempt reads
+-- it alone), each with the trace context of its task's latest earlier attempt (a re-run: a
+-- retry, a resume, a new generation; its new attempt's span links to it), whose attempts a
+-- lost worker left open are closed as lost (store/execution.py's after_claim, which the other
+-- dialects run after the claim). The attempt this statement opens is not in its snapshot, so
+-- neither reads it as an earlier one.
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.delivery, c.lease_expires_at
     FROM dt_tasks AS c
@@ -47,9 +48,10 @@ WITH locked AS MATERIALIZED (
         started_at = %(now)s
     FROM claimable AS k
     WHERE t.id = k.id
-    RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures, t.payload, t.idempotency_key,
-              t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery, t.reclaims,
-              t.parent_id, t.parent_generation, t.parent_slot
+    RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures,
+              CASE WHEN octet_length(t.payload) <= %(inline_payload)s THEN t.payload END AS payload,
+              t.idempotency_key, t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery,
+              t.reclaims, t.parent_id, t.parent_generation, t.parent_slot, octet_length(t.payload) AS payload_size
 ), opened AS (
     INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, traceparent)
     SELECT %(namespace)s, c.id, c.generation, c.attempt, c.delivery, %(worker_id)s, %(now)s, p.traceparent

@@ -1,0 +1,37 @@
+"""Which payloads a batch statement carries with its rows, and which it leaves to be read alone.
+
+A dispatcher's pass and a worker's claim each read hundreds of task rows at once. Carrying every
+payload would make what one batch holds grow with its payloads: a dispatcher pass of 500
+payloads of 1 MB peaked at 1 GB, a worker at its default concurrency held 1.1 GB. Each batch
+statement carries the payloads up to :data:`INLINE_PAYLOAD_BYTES` and NULL in place of a larger
+one, which its reader fetches alone (:meth:`.base.SqlStore.read_payload`) when it needs it: a
+dispatcher when it checks it, a worker within its ``payload_memory``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..records import tasks_table
+
+__all__ = ["INLINE_PAYLOAD_BYTES", "inline_payload", "payload_size"]
+
+#: The largest payload a batch statement carries with its row: a pass of 500 rows holds at most
+#: 32 MiB of them (SQLite, whose ``length`` counts characters, up to four times that for text
+#: outside ASCII).
+INLINE_PAYLOAD_BYTES = 64 * 1024
+
+t = tasks_table.c
+
+
+def payload_size() -> sa.ColumnElement[Any]:
+    """The stored payload's size: bytes on MySQL (``LENGTH``), characters on SQLite. PostgreSQL's
+    statements are its own SQL (``octet_length``, which reads a long value's header, not the value)."""
+    return sa.func.length(t.payload)
+
+
+def inline_payload() -> sa.ColumnElement[Any]:
+    """The payload, or NULL when it is over :data:`INLINE_PAYLOAD_BYTES`."""
+    return sa.case((payload_size() <= INLINE_PAYLOAD_BYTES, t.payload))
