@@ -27,8 +27,9 @@ t = tasks_table.c
 
 
 def payload_size() -> sa.ColumnElement[Any]:
-    """The stored payload's size: bytes on MySQL (``LENGTH``), characters on SQLite. PostgreSQL's
-    statements are its own SQL (``octet_length``, which reads a long value's header, not the value)."""
+    """The stored payload's size: bytes on MySQL (``LENGTH``, which reads a long value to measure
+    it), characters on SQLite. PostgreSQL's batch statements are its own SQL (``octet_length``,
+    which reads a long value's header, not the value)."""
     return sa.func.length(t.payload)
 
 
