@@ -176,6 +176,8 @@ class TaskRecord(RuntimeRecord, table=True):
     queue: str = Field(max_length=64, sa_type=_ascii(64))
     idempotency_key: str | None = Field(default=None, max_length=512, sa_type=_key(512))
     payload: str = Field(sa_type=JsonText)
+    #: The payload's size in UTF-8 bytes (NULL: written by older code or dt_submit; store/payloads.py).
+    payload_bytes: int | None = None
     state: str = Field(default=TaskState.PENDING, max_length=16)
     generation: int = 0
     attempt: int = 0

@@ -79,7 +79,7 @@ class ExecutionClaim:
     parent_id: str | None = None
     parent_generation: int | None = None
     parent_slot: str | None = None
-    #: The payload's size (bytes; characters on SQLite).
+    #: The payload's size in bytes (characters, on SQLite, for a task written without ``payload_bytes``).
     payload_size: int = 0
 
     def fence(self) -> sa.ColumnElement[bool]:

@@ -27,10 +27,15 @@ t = tasks_table.c
 
 
 def payload_size() -> sa.ColumnElement[Any]:
-    """The stored payload's size: bytes on MySQL (``LENGTH``, which reads a long value to measure
-    it), characters on SQLite. PostgreSQL's batch statements are its own SQL (``octet_length``,
-    which reads a long value's header, not the value)."""
-    return sa.func.length(t.payload)
+    """The payload's size in bytes as submit wrote it (``payload_bytes``), or, for a task written
+    without it (older code, ``dt_submit``), measured: bytes on MySQL (``LENGTH``), characters on
+    SQLite (``length``, which reads a long value to count them). PostgreSQL's batch statements are
+    its own SQL (``octet_length``, which reads a long value's header only).
+
+    On MySQL/MariaDB a batch statement that names ``payload`` reads every long payload of its rows
+    anyway: InnoDB fetches each column a statement names from its overflow pages, whatever the
+    CASE then keeps."""
+    return sa.func.coalesce(t.payload_bytes, sa.func.length(t.payload))
 
 
 def inline_payload() -> sa.ColumnElement[Any]:

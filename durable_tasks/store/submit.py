@@ -59,6 +59,12 @@ class NewTask:
     parent_generation: int | None = None
     parent_slot: str | None = None
 
+    @property
+    def payload_bytes(self) -> int:
+        """The payload's size in UTF-8 bytes (as ``dt_tasks.payload_bytes`` keeps it)."""
+        text = self.payload_json
+        return len(text) if text.isascii() else len(text.encode())
+
 
 @dataclass(frozen=True, slots=True)
 class SubmitOutcome:
@@ -78,6 +84,7 @@ def task_row(task: NewTask, task_id: str, now: datetime) -> dict[str, Any]:
         "queue": task.queue,
         "idempotency_key": task.idempotency_key,
         "payload": task.payload_json,
+        "payload_bytes": task.payload_bytes,
         "max_attempts": task.max_attempts,
         "traceparent": task.traceparent,
         "partition_key": task.partition_key,

@@ -20,14 +20,14 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, ConfigurationError, SignalError, TaskContext, TaskState
+from durable_tasks import App, ConfigurationError, SignalError, TaskContext, TaskState, current_journal
 from durable_tasks.records import StepRecord, tasks_table
 from durable_tasks.store.engine import read_only
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.store.mysql import MEDIUMTEXT_BYTES
 from durable_tasks.store.mysql import _problems as mysql_problems
 from durable_tasks.store.payloads import INLINE_PAYLOAD_BYTES
-from tests.helpers import run_until
+from tests.helpers import run_until, run_until_quiet
 
 pytestmark = pytest.mark.anyio
 
@@ -280,19 +280,65 @@ async def test_a_worker_holds_large_payloads_within_its_payload_memory(make_app:
         with Session(app.engine) as session:
             handles = [app.submit(session, "measure", [body, str(seed)]) for seed, body in enumerate(bodies)]
             session.commit()
-        [first] = await app.runtime.store.claim_executions(
+        with app.engine.connect() as conn:  # submit keeps each payload's size: no claim measures it
+            stored = dict(conn.execute(sa.select(tasks_table.c.id, tasks_table.c.payload_bytes)).all())
+            conn.execute(  # as dt_submit and older code write a task: the claim measures the payload
+                sa.update(tasks_table).where(tasks_table.c.id == handles[1].id).values(payload_bytes=None)
+            )
+            conn.commit()
+        assert [stored[h.id] for h in handles] == [len(body) + 8 for body in bodies]  # ["…","0"]
+        claims = await app.runtime.store.claim_executions(
             app.settings.namespace,
-            [ClaimRequest(handles[0].id, 0, 0)],
+            [ClaimRequest(h.id, 0, 0) for h in handles[:2]],
             worker_id="probe",
             now=app.clock(),
-            lease=timedelta(seconds=0),  # expires at once: the worker claims it again
+            lease=timedelta(seconds=0),  # expires at once: the worker claims them again
         )
-        assert isinstance(first, ExecutionClaim)
-        assert (first.payload_json, first.payload_size) == (None, len(bodies[0]) + 8)  # ["…","0"]
+        assert [(c.payload_json, c.payload_size) for c in claims if isinstance(c, ExecutionClaim)] == [
+            (None, len(bodies[0]) + 8),
+            (None, len(bodies[1]) + 8),
+        ]
         assert await app.dispatch_once() == 6
         assert await app.work(max_tasks=6, timeout=timedelta(seconds=60)) == 6
         assert [app.get_task(h.id).result for h in handles] == sizes
         assert max(len(r) for r in seen) == 2
         assert all(sum(r.values()) <= 200_000 or len(r) == 1 for r in seen), seen
+    finally:
+        await app.aclose()
+
+
+async def test_every_submit_path_keeps_the_payload_size_in_bytes(make_app: Callable[..., App]) -> None:
+    """submit, submit_many and a suspension's children write ``payload_bytes``, UTF-8 bytes (not
+    characters), so no claim measures a payload; text outside ASCII takes more bytes than
+    characters."""
+    app = make_app()
+    try:
+
+        @app.task(name="text", queue="large")
+        def text(ctx: TaskContext[str], body: str) -> int:
+            return len(body)
+
+        @app.task(name="parent", queue="large")
+        async def parent(ctx: TaskContext[str], body: str) -> int:
+            journal = current_journal()
+            assert journal is not None
+            return int(await journal.child(text, body + "é"))  # a suspension's child
+
+        with Session(app.engine) as session:
+            single = app.submit(session, "text", "naïve ✓")
+            batch = app.registry["text"].submit_many(session, [("ascii", None), ("日本語", None)])
+            root = app.submit(session, "parent", "€")
+            session.commit()
+        await run_until_quiet(app)
+        assert app.get_task(root.id).result == 2
+        t = tasks_table.c
+        with app.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.id, t.payload, t.payload_bytes).where(t.namespace == app.settings.namespace)
+            )
+            sizes = {task_id: (size, len(payload.encode()), len(payload)) for task_id, payload, size in rows}
+        [child] = set(sizes) - {single.id, batch[0].id, batch[1].id, root.id}
+        assert all(size == utf8 for size, utf8, _ in sizes.values()), sizes
+        assert all(size > chars for size, _, chars in (sizes[single.id], sizes[batch[1].id], sizes[child]))
     finally:
         await app.aclose()

@@ -49,9 +49,11 @@ WITH locked AS MATERIALIZED (
     FROM claimable AS k
     WHERE t.id = k.id
     RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures,
-              CASE WHEN octet_length(t.payload) <= %(inline_payload)s THEN t.payload END AS payload,
+              CASE WHEN coalesce(t.payload_bytes, octet_length(t.payload)) <= %(inline_payload)s
+                   THEN t.payload END AS payload,
               t.idempotency_key, t.traceparent, t.shadow, t.created_at, t.enqueued_at, t.generation, t.delivery,
-              t.reclaims, t.parent_id, t.parent_generation, t.parent_slot, octet_length(t.payload) AS payload_size
+              t.reclaims, t.parent_id, t.parent_generation, t.parent_slot,
+              coalesce(t.payload_bytes, octet_length(t.payload)) AS payload_size
 ), opened AS (
     INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, traceparent)
     SELECT %(namespace)s, c.id, c.generation, c.attempt, c.delivery, %(worker_id)s, %(now)s, p.traceparent
@@ -229,7 +231,8 @@ WHERE o.id = ANY(ARRAY(
   AND t.id = o.task_id
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
-          t.name, CASE WHEN octet_length(t.payload) <= %(inline_payload)s THEN t.payload END,
+          t.name, CASE WHEN coalesce(t.payload_bytes, octet_length(t.payload)) <= %(inline_payload)s
+                       THEN t.payload END,
           t.traceparent, t.partition_key, t.priority, t.concurrency_key
 )
 SELECT l.*, n.due
@@ -263,11 +266,12 @@ LIMIT 1;
 -- dispatchers' wake-up, in one statement (one round trip inside the caller's transaction). A duplicate (namespace, name, idempotency_key)
 -- inserts nothing and returns no row: the caller then reads the existing task.
 WITH task AS (
-    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
-                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, payload_bytes, state, generation,
+                          attempt, delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
                           partition_key, priority, concurrency_key, shadow, parent_id, parent_generation,
                           parent_slot, created_at)
-    VALUES (%(id)s, %(namespace)s, %(name)s, %(queue)s, %(idempotency_key)s, %(payload)s, 'PENDING', 0, 0,
+    VALUES (%(id)s, %(namespace)s, %(name)s, %(queue)s, %(idempotency_key)s, %(payload)s, %(payload_bytes)s,
+            'PENDING', 0, 0,
             0, 0, 0, 0, %(max_attempts)s, %(traceparent)s, %(partition_key)s, %(priority)s, %(concurrency_key)s,
             %(shadow)s, %(parent_id)s, %(parent_generation)s, %(parent_slot)s, %(now)s)
     ON CONFLICT (namespace, name, idempotency_key) DO NOTHING
@@ -290,15 +294,15 @@ SELECT task.id, pg_notify(%(channel)s, %(namespace)s) FROM task;
 -- another transaction after this statement began is not visible to it: that row comes back
 -- with a NULL id, and the caller reads the key again (ON CONFLICT waited for that commit).
 WITH given AS (
-    SELECT g.id, g.idempotency_key, g.payload, g.traceparent, g.partition_key, g.due, g.ord
-    FROM unnest(%(ids)b::text[], %(keys)b::text[], %(payloads)b::text[], %(traceparents)b::text[],
-                %(partition_keys)b::text[], %(dues)b::timestamptz[]) WITH ORDINALITY
-         AS g (id, idempotency_key, payload, traceparent, partition_key, due, ord)
+    SELECT g.id, g.idempotency_key, g.payload, g.payload_bytes, g.traceparent, g.partition_key, g.due, g.ord
+    FROM unnest(%(ids)b::text[], %(keys)b::text[], %(payloads)b::text[], %(payload_sizes)b::int[],
+                %(traceparents)b::text[], %(partition_keys)b::text[], %(dues)b::timestamptz[]) WITH ORDINALITY
+         AS g (id, idempotency_key, payload, payload_bytes, traceparent, partition_key, due, ord)
 ), task AS (
-    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
-                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, payload_bytes, state, generation,
+                          attempt, delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
                           partition_key, priority, concurrency_key, shadow, created_at)
-    SELECT g.id, %(namespace)s, %(name)s, %(queue)s, g.idempotency_key, g.payload, 'PENDING', 0, 0,
+    SELECT g.id, %(namespace)s, %(name)s, %(queue)s, g.idempotency_key, g.payload, g.payload_bytes, 'PENDING', 0, 0,
            0, 0, 0, 0, %(max_attempts)s, g.traceparent, g.partition_key, %(priority)s, %(concurrency_key)s,
            %(shadow)s, %(now)s
     FROM given AS g
@@ -332,17 +336,19 @@ ORDER BY g.ord;
 -- transaction after this statement began is not visible to it: NULL, and the caller reads
 -- the key again.
 WITH given AS (
-    SELECT g.id, g.name, g.queue, g.idempotency_key, g.payload, g.max_attempts, g.priority, g.parent_slot,
-           g.due, g.ord
+    SELECT g.id, g.name, g.queue, g.idempotency_key, g.payload, g.payload_bytes, g.max_attempts, g.priority,
+           g.parent_slot, g.due, g.ord
     FROM unnest(%(ids)b::text[], %(names)b::text[], %(queues)b::text[], %(keys)b::text[], %(payloads)b::text[],
-                %(max_attempts)b::int[], %(priorities)b::int[], %(slots)b::text[], %(dues)b::timestamptz[])
+                %(payload_sizes)b::int[], %(max_attempts)b::int[], %(priorities)b::int[], %(slots)b::text[],
+                %(dues)b::timestamptz[])
          WITH ORDINALITY
-         AS g (id, name, queue, idempotency_key, payload, max_attempts, priority, parent_slot, due, ord)
+         AS g (id, name, queue, idempotency_key, payload, payload_bytes, max_attempts, priority, parent_slot, due,
+               ord)
 ), task AS (
-    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
-                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, payload_bytes, state, generation,
+                          attempt, delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
                           priority, shadow, parent_id, parent_generation, parent_slot, created_at)
-    SELECT g.id, %(namespace)s, g.name, g.queue, g.idempotency_key, g.payload, 'PENDING', 0, 0,
+    SELECT g.id, %(namespace)s, g.name, g.queue, g.idempotency_key, g.payload, g.payload_bytes, 'PENDING', 0, 0,
            0, 0, 0, 0, g.max_attempts, %(traceparent)s, g.priority, %(shadow)s, %(parent_id)s,
            %(parent_generation)s, g.parent_slot, %(now)s
     FROM given AS g
@@ -385,18 +391,19 @@ WITH waiting AS (
     WHERE a.task_id = %(task_id)s AND a.generation = %(generation)s AND a.attempt = %(attempt)s
       AND EXISTS (SELECT 1 FROM waiting)
 ), given AS (
-    SELECT g.id, g.name, g.queue, g.idempotency_key, g.payload, g.max_attempts, g.priority, g.parent_slot,
-           g.label, g.due, g.ord
+    SELECT g.id, g.name, g.queue, g.idempotency_key, g.payload, g.payload_bytes, g.max_attempts, g.priority,
+           g.parent_slot, g.label, g.due, g.ord
     FROM unnest(%(ids)b::text[], %(names)b::text[], %(queues)b::text[], %(keys)b::text[], %(payloads)b::text[],
-                %(max_attempts)b::int[], %(priorities)b::int[], %(slots)b::text[], %(labels)b::text[],
-                %(dues)b::timestamptz[]) WITH ORDINALITY
-         AS g (id, name, queue, idempotency_key, payload, max_attempts, priority, parent_slot, label, due, ord)
+                %(payload_sizes)b::int[], %(max_attempts)b::int[], %(priorities)b::int[], %(slots)b::text[],
+                %(labels)b::text[], %(dues)b::timestamptz[]) WITH ORDINALITY
+         AS g (id, name, queue, idempotency_key, payload, payload_bytes, max_attempts, priority, parent_slot, label,
+               due, ord)
     WHERE EXISTS (SELECT 1 FROM waiting)
 ), task AS (
-    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, state, generation, attempt,
-                          delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
+    INSERT INTO dt_tasks (id, namespace, name, queue, idempotency_key, payload, payload_bytes, state, generation,
+                          attempt, delivery, reclaims, counted_losses, failures, max_attempts, traceparent,
                           priority, shadow, parent_id, parent_generation, parent_slot, created_at)
-    SELECT g.id, %(namespace)s, g.name, g.queue, g.idempotency_key, g.payload, 'PENDING', 0, 0,
+    SELECT g.id, %(namespace)s, g.name, g.queue, g.idempotency_key, g.payload, g.payload_bytes, 'PENDING', 0, 0,
            0, 0, 0, 0, g.max_attempts, %(traceparent)s, g.priority, %(shadow)s, %(task_id)s,
            %(generation)s, g.parent_slot, %(now)s
     FROM given AS g
