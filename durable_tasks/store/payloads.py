@@ -19,8 +19,8 @@ from ..records import tasks_table
 __all__ = ["INLINE_PAYLOAD_BYTES", "inline_payload", "payload_size"]
 
 #: The largest payload a batch statement carries with its row: a pass of 500 rows holds at most
-#: 32 MiB of them (SQLite, whose ``length`` counts characters, up to four times that for text
-#: outside ASCII).
+#: 32 MiB of them (up to four times that of tasks written without ``payload_bytes`` on SQLite,
+#: whose ``length`` counts characters, in text outside ASCII).
 INLINE_PAYLOAD_BYTES = 64 * 1024
 
 t = tasks_table.c
