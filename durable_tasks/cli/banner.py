@@ -39,7 +39,8 @@ def banner(app: App, roles: Sequence[str], *, queues: Sequence[str] | None = Non
         f"  tasks        {', '.join(f'{t.name} ({t.queue})' for t in tasks) or '(none)'}",
     ]
     if "worker" in roles:
-        lines.append(f"  concurrency  {s.concurrency} (shutdown grace {s.shutdown_grace.total_seconds():g} s)")
+        grace, mib = s.shutdown_grace.total_seconds(), s.payload_memory / 2**20
+        lines.append(f"  concurrency  {s.concurrency} (shutdown grace {grace:g} s; payloads over 64 KiB {mib:g} MiB)")
     if "scheduler" in roles:
         lines.append(f"  schedules    {', '.join(sorted(app.schedules)) or '(none)'}")
     return lines

@@ -219,7 +219,7 @@ def test_worker_prints_a_banner_with_masked_urls_and_takes_queues_and_concurrenc
     assert f"namespace    {namespace}" in text
     assert "queues       cli" in text
     assert "cli.nap (cli)" in text
-    assert "concurrency  3" in text
+    assert "concurrency  3 (shutdown grace 30 s; payloads over 64 KiB 128 MiB)" in text
 
 
 @pytest.mark.parametrize(
