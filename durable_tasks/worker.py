@@ -136,11 +136,10 @@ class Worker:
         return self.counters.settled - start
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        # A plain asyncio task: an anyio task group's start_soon costs several times more per
-        # task, which at thousands of tasks/s is a large share of the worker's CPU. run()
-        # cancels the ones still running when it returns. Each takes itself out of the set as it
-        # ends (_forget): a done callback would be one more object for the task to hold and one
-        # more event-loop callback per task.
+        # A plain asyncio task: anyio's start_soon costs several times more per task, a large share
+        # of the worker's CPU at thousands of tasks/s. run() cancels the ones still running when it
+        # returns. Each takes itself out of the set as it ends (_forget): a done callback would be
+        # one more object for the task to hold and one more event-loop callback per task.
         self._background_tasks.add(asyncio.get_running_loop().create_task(work))
 
     def _forget(self) -> None:
@@ -319,7 +318,8 @@ class Worker:
                 runtime.telemetry.queue_delay.record(
                     (runtime.clock() - claim.created_at).total_seconds(), {"queue": claim.queue}
                 )
-                payload_bytes = await self._payloads.room_for(claim, self._leases)
+                if claim.payload_json is None:  # over the claim's bound (tested here: no coroutine per attempt)
+                    payload_bytes = await self._payloads.room_for(claim, self._leases)
                 if claim.reclaims > 0:
                     outcome = await self._run_suspect(claim, span, commit)
                 else:  # beside the others (in this frame: one coroutine fewer per attempt in flight)
@@ -342,7 +342,7 @@ class Worker:
         except Exception:
             logger.exception("unexpected error running %s; its entry stays pending", claim.task_id)
         finally:
-            self._payloads.release(payload_bytes)
+            self._payloads.release(payload_bytes)  # 0: nothing to give back
             self._leases.release(claim)  # held from a wait at the gate on; a no-op once run_attempt released it
             runtime.flow.release_soon(claim.task_id)
             self._end(span, outcome, settled=settled)
