@@ -21,7 +21,7 @@ from .errors import (
     ResultNotSerializableError,
 )
 
-__all__ = ["decode_payload", "encode_payload", "encode_result", "json_depth"]
+__all__ = ["decode_payload", "encode_payload", "encode_result", "json_depth", "utf8_length"]
 
 
 def json_depth(value: Any, limit: int) -> int:
@@ -197,7 +197,7 @@ def encode_payload(adapter: TypeAdapter[Any], value: Any, *, task: str, max_byte
         ) from exc
     try:
         text = _serialize(adapter, obj, max_depth)
-        size = _utf8_length(text)
+        size = utf8_length(text)
     except (ValueError, TypeError, RecursionError, PydanticSerializationError) as exc:
         raise PayloadNotSerializableError(
             f"payload for task {task!r} is not plain JSON ({exc}); pass strings, numbers, "
@@ -223,7 +223,7 @@ def encode_result(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes
     """Serialize a handler's return value, or raise ResultNotSerializableError."""
     try:
         text = _serialize(adapter, value, max_depth)
-        size = _utf8_length(text)
+        size = utf8_length(text)
     except Exception as exc:
         raise ResultNotSerializableError(f"task {task!r} returned a value that is not plain JSON: {exc}") from exc
     if size > max_bytes:
@@ -233,10 +233,13 @@ def encode_result(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes
     return text
 
 
-def _utf8_length(text: str) -> int:
-    """The bytes of ``text`` in UTF-8, as the database stores it. A lone surrogate (what
-    ``errors="surrogateescape"`` makes of bytes that are not UTF-8: a file name, a process's
-    output) has no UTF-8 form: ValueError, saying where."""
+def utf8_length(text: str) -> int:
+    """The bytes of ``text`` in UTF-8, as the database stores it (ASCII text, most JSON, is
+    counted without a copy). A lone surrogate (what ``errors="surrogateescape"`` makes of bytes
+    that are not UTF-8: a file name, a process's output) has no UTF-8 form: ValueError, saying
+    where."""
+    if text.isascii():
+        return len(text)
     try:
         return len(text.encode())
     except UnicodeEncodeError as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..codec import utf8_length
 from ..records import TERMINAL_STATES, OutboxState, TaskState, outbox_table, tasks_table
 
 __all__ = [
@@ -62,8 +63,7 @@ class NewTask:
     @property
     def payload_bytes(self) -> int:
         """The payload's size in UTF-8 bytes (as ``dt_tasks.payload_bytes`` keeps it)."""
-        text = self.payload_json
-        return len(text) if text.isascii() else len(text.encode())
+        return utf8_length(self.payload_json)
 
 
 @dataclass(frozen=True, slots=True)
