@@ -281,9 +281,10 @@ async def test_a_worker_holds_large_payloads_within_its_payload_memory(make_app:
             handles = [app.submit(session, "measure", [body, str(seed)]) for seed, body in enumerate(bodies)]
             session.commit()
         with app.engine.connect() as conn:  # submit keeps each payload's size: no claim measures it
-            stored = dict(conn.execute(sa.select(tasks_table.c.id, tasks_table.c.payload_bytes)).all())
+            t = tasks_table.c
+            stored = dict(conn.execute(sa.select(t.id, t.payload_bytes).where(t.id.in_([h.id for h in handles]))).all())
             conn.execute(  # as dt_submit and older code write a task: the claim measures the payload
-                sa.update(tasks_table).where(tasks_table.c.id == handles[1].id).values(payload_bytes=None)
+                sa.update(tasks_table).where(t.id == handles[1].id).values(payload_bytes=None)
             )
             conn.commit()
         assert [stored[h.id] for h in handles] == [len(body) + 8 for body in bodies]  # ["…","0"]
