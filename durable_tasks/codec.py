@@ -21,7 +21,7 @@ from .errors import (
     ResultNotSerializableError,
 )
 
-__all__ = ["decode_payload", "encode_payload", "encode_result", "json_depth", "utf8_length"]
+__all__ = ["decode_payload", "duplicate_key", "encode_payload", "encode_result", "json_depth", "utf8_length"]
 
 
 def json_depth(value: Any, limit: int) -> int:
@@ -217,6 +217,35 @@ def decode_payload(adapter: TypeAdapter[Any], text: str, *, task: str) -> Any:
         return adapter.validate_json(text)
     except ValidationError as exc:
         raise PayloadValidationError(f"stored payload of task {task!r} no longer validates: {exc}") from exc
+
+
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> None:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKeyError(key)
+        seen.add(key)
+
+
+def duplicate_key(text: str) -> str | None:
+    """A key that appears twice in one object of the JSON ``text`` (at any depth), or None.
+    Which of the two a reader takes differs between parsers (PostgreSQL's ``jsonb`` and pydantic
+    keep the last, others the first), so such a payload is ambiguous. ``App.submit``'s encoder
+    never writes one; JSON written by a producer's own SQL (``dt_submit``) is checked with this.
+    Text that is not JSON is left to the payload's validation (None)."""
+    try:
+        json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as found:
+        return found.key
+    except (ValueError, RecursionError):
+        return None
+    return None
 
 
 def encode_result(adapter: TypeAdapter[Any], value: Any, *, task: str, max_bytes: int, max_depth: int) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from . import failpoints
-from .codec import decode_payload
+from .codec import decode_payload, duplicate_key
 from .errors import PayloadValidationError
 from .outcome import TaskOutcome
 from .policy import backoff_delay, pause_after_wait
@@ -103,7 +103,7 @@ class Dispatcher:
             payload = row.payload_json
             if payload is None:  # over the claim's inline bound: read alone, checked, let go
                 payload = await runtime.store.read_payload(row.task_id)
-            reason = _invalid_reason(task, row.name, payload)
+            reason = _invalid_reason(task, row, payload)
             if reason is not None:
                 dead.append((row, reason))
             elif runtime.transport_for(row.queue) is None:
@@ -313,13 +313,19 @@ def _unknown(row: ClaimedDelivery) -> str:
     return f"{UNKNOWN_TASK_ERROR} {row.name!r} (queue {row.queue!r}): no task is registered under it"
 
 
-def _invalid_reason(task: Task[Any, Any], name: str, payload: str | None) -> str | None:
-    """Why a row's payload cannot run as ``task`` (it no longer validates), or None. A payload
-    of None is a task row gone since the lease: the worker finds no task and drops it."""
+def _invalid_reason(task: Task[Any, Any], row: ClaimedDelivery, payload: str | None) -> str | None:
+    """Why a row's payload cannot run as ``task`` (it no longer validates, or JSON from outside
+    ``App.submit`` names a key twice), or None. A payload of None is a task row gone since the
+    lease: the worker finds no task and drops it."""
     if payload is None:  # pragma: no cover - the lease holds the outbox row, not its task's
         return None
+    if row.foreign_json and (key := duplicate_key(payload)) is not None:
+        return (
+            f"payload of task {row.name!r} names the key {key!r} twice in one object, which readers "
+            "resolve differently; submit each key once"
+        )
     try:
-        decode_payload(task.payload_adapter, payload, task=name)
+        decode_payload(task.payload_adapter, payload, task=row.name)
     except PayloadValidationError as exc:
         return str(exc)
     return None

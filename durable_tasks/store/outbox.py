@@ -66,6 +66,10 @@ class ClaimedDelivery:
     #: Flow control (durable_tasks.flow): the task's priority level and concurrency key.
     priority: int = 0
     concurrency_key: str | None = None
+    #: The task was written without ``payload_bytes``: by a producer's SQL (``dt_submit``) or by
+    #: code before schema 15, so its JSON is not known to be ``App.submit``'s encoder's and the
+    #: dispatcher checks it for keys that appear twice (:func:`..codec.duplicate_key`).
+    foreign_json: bool = False
 
 
 @immutable
@@ -113,6 +117,7 @@ def deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
             partition_key=partition_key,
             priority=priority or 0,
             concurrency_key=concurrency_key,
+            foreign_json=foreign_json,
         )
         for (
             outbox_id,
@@ -129,6 +134,7 @@ def deliveries(claimed: Sequence[Any], token: str) -> list[ClaimedDelivery]:
             partition_key,
             priority,
             concurrency_key,
+            foreign_json,
         ) in sorted(claimed)  # by outbox id, the first column (unique)
     ]
 
@@ -189,6 +195,7 @@ def claimed_rows(ids: Sequence[int]) -> sa.Select[Any]:
     return (
         sa.select(o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at)
         .add_columns(t.name, inline_payload(), t.traceparent, t.partition_key, t.priority, t.concurrency_key)
+        .add_columns(t.payload_bytes.is_(None))
         .join_from(outbox_table, tasks_table, t.id == o.task_id)
         .where(o.id.in_(ids))
     )

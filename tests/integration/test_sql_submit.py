@@ -300,3 +300,65 @@ def test_the_sqlite_id_sql_makes_uuid7_ids_that_sort_in_time_order() -> None:
     for task_id in ids:
         assert_uuid7_near(task_id, clock_ms)
     assert sorted(ids) == ids
+
+
+def sql_submit(url: str, namespace: str, payload: str) -> str:
+    """Submit a ``judge`` task with the SQL of docs/sql-submit.md for the backend of ``url``."""
+    if url.startswith("sqlite"):
+        statements = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: submit")))
+        [new_id] = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: a task id")))
+        producer = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None)
+        try:
+            params: dict[str, object] = {"namespace": namespace, "task": "judge", "queue": "judge"}
+            params |= {"payload": payload, "id": producer.execute(new_id).fetchone()[0], "idempotency_key": None}
+            params["max_attempts"] = 3
+            producer.execute("BEGIN IMMEDIATE")
+            for statement in statements[:2]:
+                producer.execute(statement, params)
+            [(task_id,)] = producer.execute(statements[2], params).fetchall()
+            producer.execute("COMMIT")
+            return str(task_id)
+        finally:
+            producer.close()
+    engine = sa.create_engine(url)
+    backend = BACKENDS[engine.dialect.name]
+    call = SUBMIT[backend].replace("'ids', 'probe', 'probe', '{}'", ":namespace, 'judge', 'judge', :payload")
+    try:
+        with engine.begin() as conn:
+            return str(conn.execute(sa.text(call), {"namespace": namespace, "payload": payload}).scalar_one())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.usefixtures("clean_redis")
+async def test_a_payload_from_sql_that_names_a_key_twice_is_dead_lettered_and_never_runs(
+    new_database: Callable[[], str], redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """Reliability plan B7: which of two equal keys a reader takes differs between parsers
+    (PostgreSQL's jsonb and pydantic keep the last), so the dispatcher refuses such JSON from a
+    producer's SQL with a reason naming the key; every database accepts it as JSON."""
+    url = new_database()
+    app = App(url, redis_url, namespace, data_dir=tmp_path / "data", **FAST)
+    ran: list[int] = []
+
+    @app.task(name="judge", queue="judge")
+    def judge(ctx: TaskContext[Judge], p: Judge) -> str:
+        ran.append(p.submission_id)
+        return f"judged {p.submission_id}"
+
+    app.create_all()
+    twice = sql_submit(url, namespace, '{"submission_id": 1, "submission_id": 2}')
+    nested = sql_submit(url, namespace, '{"submission_id": 3, "files": [{"name": "a.py", "n\\u0061me": "b.py"}]}')
+    clean = sql_submit(url, namespace, '{"submission_id": 4, "files": [{"name": "a.py"}, {"name": "a.py"}]}')
+
+    def settled() -> bool:
+        return all(app.get_task(t).state in (TaskState.DEAD, TaskState.SUCCEEDED) for t in (twice, nested, clean))
+
+    await run_until(app, settled, reaper=False)
+    for task_id, key in ((twice, "submission_id"), (nested, "name")):
+        info = app.get_task(task_id)
+        assert (info.state, info.error_type) == (TaskState.DEAD, "InvalidPayload")
+        assert f"names the key {key!r} twice" in (info.error_message or "")
+    assert app.get_task(clean).result == "judged 4"  # equal values in two objects are not a duplicate
+    assert ran == [4]
+    await app.aclose()

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, FrozenClock, TaskState
-from durable_tasks.records import AttemptOutcome, OutboxState, outbox_table
+from durable_tasks.records import AttemptOutcome, OutboxState, outbox_table, tasks_table
 from durable_tasks.store import Store
 from durable_tasks.store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
 from durable_tasks.store.outbox import ClaimedDelivery
@@ -136,6 +136,16 @@ async def test_a_lease_hides_rows_until_it_runs_out_and_settling_fences_by_token
     clock.advance(timedelta(seconds=3))
     [again] = await lease(app)
     assert (again.task_id, again.attempts) == (retry_id, 1)
+
+
+async def test_a_lease_says_which_payloads_were_written_without_their_size(app: App) -> None:
+    """A task written by ``dt_submit`` (or code before schema 15) has no ``payload_bytes``: its
+    JSON is not the encoder's, so the dispatcher checks it for duplicate keys; not the others'."""
+    mine, foreign = submit(app, 2)
+    t = tasks_table.c
+    with app.engine.begin() as conn:
+        conn.execute(sa.update(tasks_table).where(t.id == foreign).values(payload_bytes=None))
+    assert {row.task_id: row.foreign_json for row in await lease(app)} == {mine: False, foreign: True}
 
 
 async def test_the_usual_pass_marks_every_row_sent_in_one_go(app: App) -> None:

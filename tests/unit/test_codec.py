@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
-from durable_tasks.codec import decode_payload, encode_payload, encode_result
+from durable_tasks.codec import decode_payload, duplicate_key, encode_payload, encode_result
 from durable_tasks.errors import (
     DurableTasksError,
     PayloadError,
@@ -439,3 +439,27 @@ def test_integers_past_double_and_int64_precision_round_trip_exactly(value: int)
         assert back == ({"n": value} if adapter is ANY else value)
         assert str(value) in text
     assert json.loads(result(ANY, [value])) == [value]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"a": 1, "a": 2}', "a"),
+        ('{"a": 1, "b": 2, "a": 1}', "a"),  # the same value twice is still two keys
+        ('{"a": {"x": 1}, "b": [{"y": 1, "y": 2}]}', "y"),  # at any depth, inside arrays
+        ('{"name": 1, "n\\u0061me": 2}', "name"),  # an escape spells the same key
+        ('{"a": 1, "b": {"a": 2}}', None),  # one key each in two objects
+        ('[{"a": 1}, {"a": 1}]', None),
+        ('{"A": 1, "a": 2}', None),  # keys compare exactly
+        ("not json", None),  # left to the payload's validation
+        ("[" * 10_000 + "]" * 10_000, None),  # too deep for the parser: left to validation too
+    ],
+)
+def test_duplicate_key_finds_a_key_named_twice_in_one_object(text: str, key: str | None) -> None:
+    assert duplicate_key(text) == key
+
+
+def test_the_encoder_never_names_a_key_twice() -> None:
+    text = payload(DICT, {"a": 1, "b": {"a": 2}})
+    assert duplicate_key(text) is None
+    assert json.loads(text) == {"a": 1, "b": {"a": 2}}

@@ -233,7 +233,7 @@ WHERE o.id = ANY(ARRAY(
 RETURNING o.id, o.task_id, o.queue, o.generation, o.delivery, o.attempts, o.shadow, o.created_at,
           t.name, CASE WHEN coalesce(t.payload_bytes, octet_length(t.payload)) <= %(inline_payload)s
                        THEN t.payload END,
-          t.traceparent, t.partition_key, t.priority, t.concurrency_key
+          t.traceparent, t.partition_key, t.priority, t.concurrency_key, t.payload_bytes IS NULL
 )
 SELECT l.*, n.due
 FROM (
