@@ -14,7 +14,7 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import failpoints
-from .codec import encode_payload
+from .codec import encode_payload, utf8_length
 from .errors import JournalFencedOutError, ResultNotSerializableError, UnknownTaskError
 from .flow.policy import dispatch_due, submit_flow
 from .handler_threads import HandlerThreads
@@ -77,7 +77,7 @@ class StoreJournal:
         """Record a step (extending the lease); raises once the attempt is fenced out."""
         runtime = self.runtime
         limit = runtime.settings.max_payload_bytes
-        if (size := len(result_json.encode())) > limit:
+        if (size := utf8_length(result_json)) > limit:
             raise ResultNotSerializableError(
                 f"step {label!r} of task {self.claim.name!r} returned {size} bytes of JSON, over "
                 f"max_payload_bytes={limit}; store large data elsewhere and record its key"

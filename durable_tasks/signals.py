@@ -12,6 +12,7 @@ import json
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from .codec import utf8_length
 from .errors import SignalError, TaskNotFoundError
 from .journal import StepKind, check_signal_name
 from .store.ids import is_task_id_shaped
@@ -46,7 +47,7 @@ class SignalsMixin:
             raise SignalError(
                 f"signal {name!r}: the payload is not plain JSON ({exc}); send dicts, lists, text"
             ) from exc
-        if (size := len(payload_json.encode())) > self.settings.max_payload_bytes:
+        if (size := utf8_length(payload_json)) > self.settings.max_payload_bytes:
             raise SignalError(
                 f"signal {name!r}: the payload is {size} bytes of JSON, over max_payload_bytes="
                 f"{self.settings.max_payload_bytes}; store large data elsewhere and send its key"
