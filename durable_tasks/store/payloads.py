@@ -32,9 +32,9 @@ def payload_size() -> sa.ColumnElement[Any]:
     SQLite (``length``, which reads a long value to count them). PostgreSQL's batch statements are
     its own SQL (``octet_length``, which reads a long value's header only).
 
-    On MySQL/MariaDB a batch statement that names ``payload`` reads every long payload of its rows
-    anyway: InnoDB fetches each column a statement names from its overflow pages, whatever the
-    CASE then keeps."""
+    On MySQL/MariaDB a statement that names ``payload`` reads every long payload of its rows,
+    whatever the CASE then keeps, and a locking read or an update reads the whole row whatever it
+    names (``benchmarks/mysql_row_reads.py``)."""
     return sa.func.coalesce(t.payload_bytes, sa.func.length(t.payload))
 
 
