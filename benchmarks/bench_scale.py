@@ -262,11 +262,11 @@ def payload_body(size: int) -> str:
     return base64.b64encode(raw).decode()[: size - 2]
 
 
-def payload(n: int, latency_n: int, rate: float) -> None:
+def payload(n: int, latency_n: int, rate: float, sizes: tuple[int, ...] = PAYLOAD_SIZES) -> None:
     """Per size: a drain of ready tasks (tasks/s), then submit->start and submit->result of
     ``latency_n`` tasks paced at ``rate`` a second, each through its own submit transaction,
     run by a worker and a dispatcher process at the default settings, as ``bench_dt latency``."""
-    for size in PAYLOAD_SIZES:
+    for size in sizes:
         body = payload_body(size)
         count = n if size < 1_000_000 else max(20, n // 50)
         with bench_app() as (app, _db, _ns):
@@ -561,6 +561,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies history, in-flight and backlog sizes")
     ap.add_argument("--n", type=int, default=5000, help="tasks per drain (history, payload)")
     ap.add_argument("--payload-rate", type=float, default=50.0, help="payload: tasks/s of its latency runs")
+    ap.add_argument(
+        "--payload-sizes",
+        default=",".join(map(str, PAYLOAD_SIZES)),
+        help="payload: the sizes in bytes, comma-separated (default: %(default)s)",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="history, backlog: drains per size, alternating sizes")
     ap.add_argument("--plots", type=Path, default=RAW, help="where the scale-<case>.png plots go")
     ap.add_argument("--prune-batch", type=int, default=1000, help="retention: rows per prune transaction")
@@ -582,7 +587,8 @@ def main(argv: list[str] | None = None) -> None:
         if case == "history":
             history(a.n, a.scale, a.rounds, random_ids=random_ids)
         elif case == "payload":
-            payload(a.n, max(100, int(1000 * a.scale)), a.payload_rate)
+            sizes = tuple(int(size) for size in a.payload_sizes.split(","))
+            payload(a.n, max(100, int(1000 * a.scale)), a.payload_rate, sizes)
         elif case == "inflight":
             inflight(a.scale)
         elif case == "retention":

@@ -185,8 +185,8 @@ class Settings(BaseSettings):
         default=128 * 1024 * 1024,
         ge=64 * 1024,
         description="Bytes of payloads over 64 KiB that one worker holds at once; an attempt whose payload does "
-        "not fit waits (its lease kept) for running ones to end, and one larger than this runs alone. A payload "
-        "costs about twice its size while its task runs (its text and its decoded value).",
+        "not fit waits (its lease kept) for running ones to end, and one larger than this runs alone. While its "
+        "task runs a payload costs its decoded value (its text is dropped once decoded).",
     )
     commit_batch_max: int = Field(default=512, ge=1, description="Results per group-commit transaction.")
     commit_window: Duration = Field(default=timedelta(0), description="Extra wait to fill a group commit.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import random
+import tracemalloc
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -304,6 +305,36 @@ async def test_a_worker_holds_large_payloads_within_its_payload_memory(make_app:
         assert [app.get_task(h.id).result for h in handles] == sizes
         assert max(len(r) for r in seen) == 2
         assert all(sum(r.values()) <= 200_000 or len(r) == 1 for r in seen), seen
+    finally:
+        await app.aclose()
+
+
+async def test_a_running_task_holds_its_large_payload_once_not_its_text_too(make_app: Callable[..., App]) -> None:
+    """Once a large payload is decoded its JSON text goes: while the handler runs, the process
+    holds one block of the payload's size (the decoded value), which ``payload_memory`` counts,
+    not two. Counted with tracemalloc, every allocation of at least half the payload's size."""
+    app = make_app()
+    size = 1_000_000  # under max_payload_bytes (1 MiB)
+    large_blocks: list[int] = []
+    try:
+
+        @app.task(name="hold", queue="large")
+        def hold(ctx: TaskContext[str], body: str) -> int:
+            snapshot = tracemalloc.take_snapshot()
+            large_blocks.append(sum(1 for trace in snapshot.traces if trace.size >= size // 2))
+            return len(body)
+
+        with Session(app.engine) as session:
+            handle = app.submit(session, "hold", text_of(size - 2, seed=7))
+            session.commit()
+        assert await app.dispatch_once() == 1
+        tracemalloc.start()
+        try:
+            assert await app.work(max_tasks=1, timeout=timedelta(seconds=60)) == 1
+        finally:
+            tracemalloc.stop()
+        assert app.get_task(handle.id).result == size - 2
+        assert large_blocks == [1]  # the decoded payload; its text was dropped once decoded
     finally:
         await app.aclose()
 
