@@ -236,7 +236,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> None:
 def duplicate_key(text: str) -> str | None:
     """A key that appears twice in one object of the JSON ``text`` (at any depth), or None.
     Which of the two a reader takes differs between parsers (PostgreSQL's ``jsonb`` and pydantic
-    keep the last, others the first), so such a payload is ambiguous. ``App.submit``'s encoder
+    keep the last; others keep the first, or refuse the text), so such a payload is ambiguous. ``App.submit``'s encoder
     never writes one; JSON written by a producer's own SQL (``dt_submit``) is checked with this.
     Text that is not JSON is left to the payload's validation (None)."""
     try:
