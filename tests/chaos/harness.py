@@ -796,6 +796,8 @@ class RateSubmitter:
         self.submitted = 0
         self.error: BaseException | None = None
         self._stop_at: int | None = None
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._thread = threading.Thread(target=self._run, name="chaos-submitter", daemon=True)
 
     def start(self) -> RateSubmitter:
@@ -811,10 +813,22 @@ class RateSubmitter:
                 due = started + i / self.rate
                 if (delay := due - time.monotonic()) > 0:
                     time.sleep(delay)
+                self._flowing.wait()
                 self.cluster.submit(key, job)
                 self.submitted += 1
         except BaseException as exc:
             self.error = exc
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Submit nothing meanwhile; what falls due goes right after. Workers fed without a
+        pause on a loaded machine are inside some transaction nearly all the time, so a scenario
+        that must stop them outside one holds the submissions while it does."""
+        self._flowing.clear()
+        try:
+            yield
+        finally:
+            self._flowing.set()
 
     def stop_after(self, more: int) -> None:
         """Submit ``more`` jobs from now on (or what is left of the list), then stop: a

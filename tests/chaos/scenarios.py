@@ -639,7 +639,7 @@ def cluster_master_kill(ctx: ScenarioContext) -> Outcome:
             submitter = RateSubmitter(c, _jobs("master", n, hold=lambda: rng.randint(0, 50)), rate=rate).start()
             time.sleep(max(0.8, 0.3 * n / rate))
             workers = c.procs("worker")
-            cut_ms, killed_ms = _kill_with_unreplicated_writes(c, nodes, victim, replica)
+            cut_ms, killed_ms = _kill_with_unreplicated_writes(c, nodes, victim, replica, submitter)
             c.kill(rng.choice(workers))  # the supervisor restarts it, during the failover
             method = nodes.promote(replica, victim)
             promoted_at = time.time()
@@ -689,14 +689,17 @@ AFTER_FAILOVER = 60
 
 
 def _kill_with_unreplicated_writes(
-    c: Cluster, nodes: RedisCluster, victim: RedisNode, replica: RedisNode
+    c: Cluster, nodes: RedisCluster, victim: RedisNode, replica: RedisNode, submitter: RateSubmitter
 ) -> tuple[float, float]:
     """Stall the workers, freeze ``replica`` and cut its link, let ``victim`` take writes alone
     for LOSS_WINDOW seconds, SIGKILL it, then thaw the replica and resume the workers.
-    Returns the wall-clock ms of the cut and of the kill: stream entries between them are lost."""
+    Returns the wall-clock ms of the cut and of the kill: stream entries between them are lost.
+    The submissions wait while the workers are stopped (each outside a transaction), and go on
+    before the cut, so the victim takes writes alone."""
     workers = c.procs("worker")
-    for w in workers:
-        c.pause_outside_transactions(w)
+    with submitter.held():
+        for w in workers:
+            c.pause_outside_transactions(w)
     try:
         nodes.freeze(replica)
         try:
