@@ -150,23 +150,28 @@ class LeaseKeeper:
 
     async def run(self) -> None:
         """Renew every ``heartbeat_interval`` until cancelled."""
-        runtime = self.runtime
         while True:
-            await anyio.sleep(runtime.settings.heartbeat_interval.total_seconds())
-            held = list(self._held.values())
-            if not held:
-                continue
-            try:
-                alive = await runtime.store.renew_leases(
-                    [claim for claim, _ in held], now=runtime.clock(), lease=runtime.settings.lease_timeout
-                )
-            except SQLAlchemyError as exc:
-                logger.warning("renewing %d leases failed: %s", len(held), exc)
-                continue  # unknown: keep running; the fence decides at commit
-            for claim, ctx in held:
-                if claim.task_id not in alive and ctx is not None:
-                    ctx.fenced_out = True
-                    ctx.cancelled.set()
+            await anyio.sleep(self.runtime.settings.heartbeat_interval.total_seconds())
+            await self._renew()
+
+    async def _renew(self) -> None:
+        # Its own frame: the loop's, which sleeps between heartbeats, holds no attempt (a
+        # finished one's context and payload would stay alive until the next heartbeat).
+        runtime = self.runtime
+        held = list(self._held.values())
+        if not held:
+            return
+        try:
+            alive = await runtime.store.renew_leases(
+                [claim for claim, _ in held], now=runtime.clock(), lease=runtime.settings.lease_timeout
+            )
+        except SQLAlchemyError as exc:
+            logger.warning("renewing %d leases failed: %s", len(held), exc)
+            return  # unknown: keep running; the fence decides at commit
+        for claim, ctx in held:
+            if claim.task_id not in alive and ctx is not None:
+                ctx.fenced_out = True
+                ctx.cancelled.set()
 
 
 async def _payload(runtime: Runtime, claim: ExecutionClaim, task: Task[Any, Any]) -> Any:

@@ -103,6 +103,11 @@ class HandlerThreads:
                         if self._queue:
                             self._wake(1)
             raise
+        finally:
+            # A handler's exception has this frame in its traceback and is held by the item's
+            # future: the frame must not hold the item, or the three (and the attempt's context
+            # in the handler's frame) make a cycle that only the collector frees.
+            del item
 
     def close(self) -> None:
         """End the idle threads now (a running handler ends its item first); calls not started
