@@ -85,7 +85,10 @@ async def run_attempt(
     if task is None:
         return await _fail(runtime, claim, None, ctx, LookupError(f"no task {claim.name!r} is registered here"), span)
     try:
-        ctx.payload = await _payload(runtime, claim, task)
+        if claim.payload_json is not None:  # carried by the claim (no coroutine per attempt)
+            ctx.payload = decode_payload(task.payload_adapter, claim.payload_json, task=claim.name)
+        else:
+            ctx.payload = await _large_payload(runtime, claim, task)
     except PayloadValidationError as exc:
         return await _fail(runtime, claim, task, ctx, exc, span)
     started = time.perf_counter()
@@ -174,15 +177,14 @@ class LeaseKeeper:
                 ctx.cancelled.set()
 
 
-async def _payload(runtime: Runtime, claim: ExecutionClaim, task: Task[Any, Any]) -> Any:
-    """The attempt's payload, decoded. Its JSON text lives in this frame only, not in the
-    attempt's while the handler runs: a worker's ``payload_memory`` counts a large payload once,
-    and the text would hold as much again (measured at 1 MB: docs/performance.md)."""
-    payload_json = claim.payload_json
-    if payload_json is None:  # larger than a claim carries: read alone (a worker has made room for it)
-        payload_json = await runtime.store.read_payload(claim.task_id)
-        if payload_json is None:
-            raise LookupError(f"task {claim.task_id} was deleted while it ran")
+async def _large_payload(runtime: Runtime, claim: ExecutionClaim, task: Task[Any, Any]) -> Any:
+    """A payload larger than a claim carries, read alone (the worker has made room for it) and
+    decoded. Its JSON text lives in this frame only, not in the attempt's while the handler
+    runs: a worker's ``payload_memory`` counts a large payload once, and the text would hold as
+    much again (measured at 1 MB: docs/performance.md)."""
+    payload_json = await runtime.store.read_payload(claim.task_id)
+    if payload_json is None:
+        raise LookupError(f"task {claim.task_id} was deleted while it ran")
     return decode_payload(task.payload_adapter, payload_json, task=claim.name)
 
 
