@@ -107,6 +107,34 @@ async def test_dt_submit_from_psql_writes_the_rows_of_submit_and_the_task_runs(
         await app.aclose()
 
 
+def sqlite_submit(
+    conn: sqlite3.Connection, namespace: str, key: str | None, payload: str, *, commit: bool = True
+) -> str:
+    """A ``judge`` task submitted with docs/sql-submit.md's SQLite statements, in a transaction
+    of its own on ``conn`` (autocommit mode), committed or rolled back; its id."""
+    statements = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: submit")))
+    [new_id] = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: a task id")))
+    params = {
+        "id": conn.execute(new_id).fetchone()[0],
+        "namespace": namespace,
+        "task": "judge",
+        "queue": "judge",
+        "payload": payload,
+        "idempotency_key": key,
+        "max_attempts": 3,
+    }
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in statements[:2]:
+            conn.execute(statement, params)
+        [(task_id,)] = conn.execute(statements[2], params).fetchall()
+    except sqlite3.Error:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT" if commit else "ROLLBACK")
+    return str(task_id)
+
+
 @pytest.mark.usefixtures("clean_redis")
 async def test_the_sqlite_insert_pair_writes_the_rows_of_submit_and_the_task_runs(
     redis_url: str, namespace: str, tmp_path: Path
@@ -116,28 +144,9 @@ async def test_the_sqlite_insert_pair_writes_the_rows_of_submit_and_the_task_run
     [block] = [b for b in sql_blocks() if b.startswith("-- SQLite: submit")]
     statements = split_statements(block)
     assert len(statements) == 3
-    [new_id] = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: a task id")))
 
     def submit(conn: sqlite3.Connection, key: str | None, payload: str, *, commit: bool = True) -> str:
-        params = {
-            "id": conn.execute(new_id).fetchone()[0],
-            "namespace": namespace,
-            "task": "judge",
-            "queue": "judge",
-            "payload": payload,
-            "idempotency_key": key,
-            "max_attempts": 3,
-        }
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in statements[:2]:
-                conn.execute(statement, params)
-            [(task_id,)] = conn.execute(statements[2], params).fetchall()
-        except sqlite3.Error:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT" if commit else "ROLLBACK")
-        return str(task_id)
+        return sqlite_submit(conn, namespace, key, payload, commit=commit)
 
     producer = sqlite3.connect(path, isolation_level=None)
     submit(producer, "submission-7", '{"submission_id": 7}', commit=False)
@@ -305,19 +314,9 @@ def test_the_sqlite_id_sql_makes_uuid7_ids_that_sort_in_time_order() -> None:
 def sql_submit(url: str, namespace: str, payload: str) -> str:
     """Submit a ``judge`` task with the SQL of docs/sql-submit.md for the backend of ``url``."""
     if url.startswith("sqlite"):
-        statements = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: submit")))
-        [new_id] = split_statements(next(b for b in sql_blocks() if b.startswith("-- SQLite: a task id")))
         producer = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None)
         try:
-            params: dict[str, object] = {"namespace": namespace, "task": "judge", "queue": "judge"}
-            params |= {"payload": payload, "id": producer.execute(new_id).fetchone()[0], "idempotency_key": None}
-            params["max_attempts"] = 3
-            producer.execute("BEGIN IMMEDIATE")
-            for statement in statements[:2]:
-                producer.execute(statement, params)
-            [(task_id,)] = producer.execute(statements[2], params).fetchall()
-            producer.execute("COMMIT")
-            return str(task_id)
+            return sqlite_submit(producer, namespace, None, payload)
         finally:
             producer.close()
     engine = sa.create_engine(url)
