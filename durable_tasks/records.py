@@ -37,6 +37,7 @@ __all__ = [
     "JsonText",
     "OutboxRecord",
     "OutboxState",
+    "PayloadRecord",
     "RuntimeRecord",
     "ScheduleRecord",
     "StepRecord",
@@ -298,6 +299,19 @@ class ScheduleRecord(RuntimeRecord, table=True):
     updated_at: datetime = _at()
 
 
+class PayloadRecord(RuntimeRecord, table=True):
+    """``dt_payloads``: a large payload kept apart from its task row, which then holds ``''``
+    (:mod:`durable_tasks.store.payloads`). SQLite and MySQL/MariaDB rewrite or read a row's long
+    values each time a claim or a result changes it; here a payload is written once and read once.
+    PostgreSQL's stores keep every payload in ``dt_tasks`` (TOAST already keeps a long value
+    apart, and an update of other columns keeps its pointer), so there the table stays empty."""
+
+    __tablename__ = "dt_payloads"
+
+    task_id: str = Field(primary_key=True, max_length=36, sa_type=_key(36))
+    payload: str = Field(sa_type=JsonText)
+
+
 class AuditRecord(RuntimeRecord, table=True):
     """``dt_audit``: every operator action taken through the dashboard: who, what, when, result."""
 
@@ -389,3 +403,4 @@ attempts_table: sa.Table = AttemptRecord.__table__  # type: ignore[attr-defined]
 steps_table: sa.Table = StepRecord.__table__  # type: ignore[attr-defined]
 schedules_table: sa.Table = ScheduleRecord.__table__  # type: ignore[attr-defined]
 audit_table: sa.Table = AuditRecord.__table__  # type: ignore[attr-defined]
+payloads_table: sa.Table = PayloadRecord.__table__  # type: ignore[attr-defined]

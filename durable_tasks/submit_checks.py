@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from .errors import IdempotencyConflictError, InvalidSessionError
 from .records import outbox_table, tasks_table
+from .store.payloads import delete_payloads, stored_payload
 from .store.submit import SubmitOutcome
 
 __all__ = ["check_same_payloads", "check_session", "undo_submits"]
@@ -62,7 +63,7 @@ def check_same_payloads(
         return
     stored = dict(
         session.connection()
-        .execute(sa.select(t.id, t.payload).where(t.id.in_({task_id for _, _, task_id in repeated})))
+        .execute(sa.select(t.id, stored_payload()).where(t.id.in_({task_id for _, _, task_id in repeated})))
         .all()
     )
     for payload_json, key, task_id in repeated:
@@ -77,9 +78,11 @@ def check_same_payloads(
 
 
 def undo_submits(session: Session, task_ids: Sequence[str]) -> None:
-    """Delete the tasks (and their outbox rows) a submit inserted in this transaction."""
+    """Delete the tasks (their outbox rows, payloads kept apart) a submit inserted in this
+    transaction."""
     if task_ids:
         conn = session.connection()
+        delete_payloads(conn, task_ids)
         conn.execute(sa.delete(outbox_table).where(outbox_table.c.task_id.in_(task_ids)))
         conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids)))
 

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from ..journal import ChildOutcome
 from ..outcome import TaskOutcome
 from ..records import AttemptRecord, TaskRecord, tasks_table
-from . import execution, leases, outbox, outcomes, queries, results, retention, schema
+from . import execution, leases, outbox, outcomes, payloads, queries, results, retention, schema
 from .commit_wakes import CommitWakes
 from .engine import read_only
 from .execution import ClaimRefused, ClaimRequest, ExecutionClaim
@@ -57,9 +57,14 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
     #: (store/retention.py; why, and what it costs: docs/performance.md#a-paced-prune).
     prune_duty = 0.25
 
+    #: Whether this dialect writes payloads over ``ASIDE_PAYLOAD_BYTES`` to ``dt_payloads``
+    #: once the schema allows it (:mod:`.payloads`).
+    keeps_payloads_aside = True
+
     def __init__(self, engine: sa.Engine) -> None:
         self._engine = engine
         self._read_engine = read_only(engine)
+        self.aside_gate = payloads.AsideGate(engine) if self.keeps_payloads_aside else None
 
     @property
     def engine(self) -> sa.Engine:
@@ -192,7 +197,7 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
         def read() -> str | None:
             with self._read_engine.connect() as conn:
                 payload: str | None = conn.execute(
-                    sa.select(tasks_table.c.payload).where(tasks_table.c.id == task_id)
+                    sa.select(payloads.stored_payload()).where(tasks_table.c.id == task_id)
                 ).scalar()
                 return payload
 

@@ -79,8 +79,8 @@ class MySqlStore(SqlStore):
 
     # -- what MySQL does differently --------------------------------------------------------
 
-    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
-        row = task_row(task, task_id, now)
+    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime, *, aside: bool) -> bool:
+        row = task_row(task, task_id, now, aside=aside)
         if task.idempotency_key is None:  # NULL keys never conflict
             conn.execute(_INSERT_TASK, row)
         else:  # a duplicate key waits for the other transaction, then changes nothing

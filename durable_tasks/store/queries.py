@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..records import AttemptRecord, OutboxState, TaskRecord, TaskState, attempts_table, outbox_table, tasks_table
+from .payloads import stored_payload
 
 __all__ = ["UNKNOWN_TASK_ERROR", "QueueBacklog", "load_task", "queue_backlogs", "task_rows"]
 
@@ -20,10 +21,15 @@ o = outbox_table.c
 a = attempts_table.c
 
 
+#: Every column of a task row, its payload read from wherever it is kept.
+_TASK_COLUMNS = tuple(stored_payload().label("payload") if c.name == "payload" else c for c in tasks_table.c)
+
+
 def task_rows(conn: sa.Connection, namespace: str, task_id: str) -> tuple[sa.Row[Any], list[sa.Row[Any]]] | None:
-    """The task row and its attempt rows (all generations, oldest first), as stored: the App's
-    :func:`load_task` and the operator's :func:`~durable_tasks.readmodel.task_detail` read both."""
-    row = conn.execute(sa.select(tasks_table).where(t.namespace == namespace, t.id == task_id)).one_or_none()
+    """The task row and its attempt rows (all generations, oldest first), as stored, its payload
+    wherever it is kept (:mod:`.payloads`): the App's :func:`load_task` and the operator's
+    :func:`~durable_tasks.readmodel.task_detail` read both."""
+    row = conn.execute(sa.select(*_TASK_COLUMNS).where(t.namespace == namespace, t.id == task_id)).one_or_none()
     if row is None:
         return None
     attempts = conn.execute(

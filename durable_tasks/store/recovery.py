@@ -27,6 +27,7 @@ from ..records import (
     tasks_table,
 )
 from .execution import close_open_attempts
+from .payloads import stored_payload
 from .planning import attempts_by_task, tasks_by_id
 from .submit import outbox_row
 
@@ -284,7 +285,7 @@ def dead_letter_task(
     if not updated:
         return False
     row = conn.execute(
-        sa.select(t.id, t.name, t.queue, t.payload, t.idempotency_key, t.shadow, t.attempt, t.generation).where(
+        sa.select(t.id, t.name, t.queue, stored_payload(), t.idempotency_key, t.shadow, t.attempt, t.generation).where(
             t.id == task_id
         )
     ).one()

@@ -27,6 +27,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
+from .payloads import delete_payloads
 
 __all__ = ["PruneReport", "final_tasks", "pause_after", "prune"]
 
@@ -116,8 +117,10 @@ def prune(
             )
             if task_ids:
                 report.attempts += conn.execute(sa.delete(attempts_table).where(a.task_id.in_(task_ids))).rowcount
-                # A final task's journal and remaining outbox rows (any state) go with it.
+                # A final task's journal, remaining outbox rows (any state) and payload kept
+                # apart go with it.
                 conn.execute(sa.delete(steps_table).where(steps_table.c.task_id.in_(task_ids)))
+                delete_payloads(conn, task_ids)
                 report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.task_id.in_(task_ids))).rowcount
                 report.tasks += conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
         report.batches += 1

@@ -48,8 +48,8 @@ class SqliteStore(SqlStore):
         data_dir.mkdir(parents=True, exist_ok=True)
         return cls.open(sa.make_url(f"sqlite:///{(data_dir / 'durable_tasks.sqlite3').resolve()}"))
 
-    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
-        if conn.execute(_INSERT_TASK, task_row(task, task_id, now)).first() is None:
+    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime, *, aside: bool) -> bool:
+        if conn.execute(_INSERT_TASK, task_row(task, task_id, now, aside=aside)).first() is None:
             return False
         insert_outbox(conn, task.namespace, task_id, task.queue, 0, 0, task.shadow, now, due=task.due)
         return True

@@ -75,15 +75,16 @@ class SubmitOutcome:
     created: bool
 
 
-def task_row(task: NewTask, task_id: str, now: datetime) -> dict[str, Any]:
-    """Every column of a new task row."""
+def task_row(task: NewTask, task_id: str, now: datetime, *, aside: bool = False) -> dict[str, Any]:
+    """Every column of a new task row; its payload ``''`` when it is kept ``aside``, in
+    ``dt_payloads`` (:mod:`.payloads`)."""
     return {
         "id": task_id,
         "namespace": task.namespace,
         "name": task.name,
         "queue": task.queue,
         "idempotency_key": task.idempotency_key,
-        "payload": task.payload_json,
+        "payload": "" if aside else task.payload_json,
         "payload_bytes": task.payload_bytes,
         "max_attempts": task.max_attempts,
         "traceparent": task.traceparent,

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from . import journal, submit
 from .ids import new_task_id
+from .payloads import ASIDE_PAYLOAD_BYTES, AsideGate, insert_payloads
 from .submit import NewTask, SubmitOutcome
 
 __all__ = ["SubmitStore"]
@@ -38,6 +39,9 @@ class SubmitStore:
     #: Whether :meth:`_insert_task` of a taken idempotency key writes and locks nothing, so a
     #: key need not be looked up before the insert (see the module's docstring).
     insert_ignores_taken_keys = False
+    #: Whether payloads over ``ASIDE_PAYLOAD_BYTES`` go to ``dt_payloads`` (:mod:`.payloads`):
+    #: None where the task row keeps every payload (PostgreSQL), else the schema's say.
+    aside_gate: AsideGate | None = None
 
     if TYPE_CHECKING:  # the concrete store's (defined there, not stubbed here: the MRO would pick a stub)
 
@@ -51,10 +55,15 @@ class SubmitStore:
 
         def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None: ...
 
-    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
-        """Insert the task row and its first outbox row, waking dispatchers; False (nothing
-        written) when the idempotency key is taken."""
+    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime, *, aside: bool) -> bool:
+        """Insert the task row (its payload ``''`` when ``aside``) and its first outbox row,
+        waking dispatchers; False (nothing written) when the idempotency key is taken."""
         raise NotImplementedError
+
+    def _aside(self, task: NewTask) -> bool:
+        """Whether ``task``'s payload is written to ``dt_payloads`` (:mod:`.payloads`)."""
+        gate = self.aside_gate
+        return gate is not None and task.payload_bytes > ASIDE_PAYLOAD_BYTES and gate.open()
 
     def submit(self, session: Session, task: NewTask, now: datetime) -> SubmitOutcome:
         """Insert the task and its first outbox row in the session's transaction (no commit).
@@ -71,7 +80,10 @@ class SubmitStore:
             if existing is not None:
                 return existing
         task_id = new_task_id()
-        if self._insert_task(conn, task, task_id, now):
+        aside = self._aside(task)
+        if self._insert_task(conn, task, task_id, now, aside=aside):
+            if aside:
+                insert_payloads(conn, [(task_id, task.payload_json)])
             return SubmitOutcome(task_id, 0, created=True)
         existing = submit.find_by_key(conn, task)  # the key is taken (by a concurrent submit, or before)
         if existing is None:  # pragma: no cover - the conflicting row must be visible now
@@ -109,10 +121,14 @@ class SubmitStore:
             held = submit.find_by_keys(conn, tasks)
             found = {i: held[key] for i, key in _keys(tasks) if key in held}
         fresh = {i: new_task_id() for i in range(len(tasks)) if i not in found}
-        self._insert_tasks(conn, [submit.task_row(tasks[i], task_id, now) for i, task_id in fresh.items()])
+        aside = {i for i in fresh if self._aside(tasks[i])}
+        self._insert_tasks(
+            conn, [submit.task_row(tasks[i], task_id, now, aside=i in aside) for i, task_id in fresh.items()]
+        )
         holders = submit.find_by_keys(conn, [tasks[i] for i in fresh])
         outcomes: list[SubmitOutcome] = []
         created: list[tuple[NewTask, str]] = []
+        kept_aside: list[tuple[str, str]] = []
         for i, task in enumerate(tasks):
             if i in found:
                 outcomes.append(found[i])
@@ -122,9 +138,12 @@ class SubmitStore:
             if holder is None or holder.task_id == task_id:
                 outcomes.append(SubmitOutcome(task_id, 0, created=True))
                 created.append((task, task_id))
+                if i in aside:
+                    kept_aside.append((task_id, task.payload_json))
             else:
                 outcomes.append(holder)
         submit.insert_first_outboxes(conn, created, now)
+        insert_payloads(conn, kept_aside)
         return outcomes
 
     def rerun(

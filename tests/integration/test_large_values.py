@@ -11,6 +11,7 @@ the App opens its database, and doctor reports a packet or an sql_mode that woul
 from __future__ import annotations
 
 import base64
+import json
 import random
 import tracemalloc
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, ConfigurationError, SignalError, TaskContext, TaskState, current_journal
-from durable_tasks.records import StepRecord, tasks_table
+from durable_tasks.records import StepRecord, payloads_table, tasks_table
 from durable_tasks.store.engine import read_only
 from durable_tasks.store.execution import ClaimRequest, ExecutionClaim
 from durable_tasks.store.mysql import MEDIUMTEXT_BYTES
@@ -227,6 +228,7 @@ async def test_a_dispatcher_pass_reads_large_payloads_one_at_a_time_and_still_ch
             handles = [app.submit(session, "echo", [body]) for body in (large, small, large)]
             session.commit()
         with app.engine.begin() as conn:  # the third no longer validates: an object, not a list
+            conn.execute(sa.delete(payloads_table).where(payloads_table.c.task_id == handles[2].id))
             conn.execute(
                 sa.update(tasks_table).where(tasks_table.c.id == handles[2].id).values(payload=f'{{"x": "{large}"}}')
             )
@@ -285,8 +287,11 @@ async def test_a_worker_holds_large_payloads_within_its_payload_memory(make_app:
             t = tasks_table.c
             stored = dict(conn.execute(sa.select(t.id, t.payload_bytes).where(t.id.in_([h.id for h in handles]))).all())
             conn.execute(  # as dt_submit and older code write a task: the claim measures the payload
-                sa.update(tasks_table).where(t.id == handles[1].id).values(payload_bytes=None)
+                sa.update(tasks_table)
+                .where(t.id == handles[1].id)
+                .values(payload_bytes=None, payload=json.dumps([bodies[1], "1"], separators=(",", ":")))
             )
+            conn.execute(sa.delete(payloads_table).where(payloads_table.c.task_id == handles[1].id))
             conn.commit()
         assert [stored[h.id] for h in handles] == [len(body) + 8 for body in bodies]  # ["…","0"]
         claims = await app.runtime.store.claim_executions(

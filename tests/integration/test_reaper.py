@@ -25,6 +25,7 @@ from sqlmodel import Session
 from durable_tasks import App, FrozenClock, Task, TaskContext, TaskInfo, TaskState, reaper
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
+from durable_tasks.store.payloads import ASIDE_PAYLOAD_BYTES
 from durable_tasks.transport.keys import CONSUMER_GROUP
 from durable_tasks.transport.messages import StreamEntry, parse_delivery
 from tests.helpers import claim_entry, die_running_alone, make_idle, outlive_lease
@@ -613,19 +614,21 @@ async def test_trim_drops_acknowledged_entries_but_never_a_pending_or_undelivere
 
 
 async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..., App]) -> None:
+    """The hooks get the task's payload, a large one too (kept in dt_payloads on SQLite and MySQL)."""
     app = make_app(max_deliveries=1)
-    marks: list[tuple[str, str]] = []
+    marks: list[tuple[str, str, str | None]] = []
+    large = "x" * (ASIDE_PAYLOAD_BYTES + 100)
 
     @app.task(name="doomed-by-reaper", queue=QUEUE)
-    def doomed(ctx: TaskContext[int], n: int) -> int:
-        return n
+    def doomed(ctx: TaskContext[str], text: str) -> int:
+        return len(text)
 
     @doomed.on_failure
-    def mark(session: Session, ctx: TaskContext[int], error: BaseException) -> None:
-        marks.append((ctx.task_id, type(error).__name__))
+    def mark(session: Session, ctx: TaskContext[str], error: BaseException) -> None:
+        marks.append((ctx.task_id, type(error).__name__, ctx.payload))
 
     with Session(app.engine) as s:
-        task_id = app.submit(s, "doomed-by-reaper", 1).id
+        task_id = app.submit(s, "doomed-by-reaper", large).id
         s.commit()
     await app.dispatch_once()
     [entry] = await _read(app, "dies")
@@ -633,7 +636,7 @@ async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..
     assert await outlive_lease(app) == 1
     assert (await app.reap_once()).dead_lettered == 1
     assert app.get_task(task_id).state == TaskState.DEAD
-    assert marks == [(task_id, "TaskDeadLetteredError")]
+    assert marks == [(task_id, "TaskDeadLetteredError", large)]
 
 
 async def test_concurrent_reapers_redeliver_each_lost_delivery_once(make_app: Callable[..., App]) -> None:

@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
+from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.migrations import migrate
 from durable_tasks.migrations.backends import execute
 from durable_tasks.migrations.steps import BACKENDS, load_steps, split_statements
+from durable_tasks.records import payloads_table
 from tests.helpers import FAST, private_schema, run_until
 
 pytestmark = pytest.mark.anyio
@@ -361,3 +363,36 @@ async def test_a_payload_from_sql_that_names_a_key_twice_is_dead_lettered_and_ne
     assert app.get_task(clean).result == "judged 4"  # equal values in two objects are not a duplicate
     assert ran == [4]
     await app.aclose()
+
+
+class Submission(BaseModel):
+    submission_id: int
+    code: str = ""
+
+
+@pytest.mark.usefixtures("clean_redis")
+def test_the_pages_payload_query_reads_a_payload_wherever_it_is_kept(
+    new_database: Callable[[], str], redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """The page's reading of a payload finds it in dt_payloads (App.submit's over 4 KiB on SQLite
+    and MySQL) and in dt_tasks (small ones, PostgreSQL's, a SQL submit's of any size)."""
+    [query] = split_statements(next(b for b in sql_blocks() if b.startswith("-- A task's payload")))
+    url = new_database()
+    app = App(url, redis_url, namespace, data_dir=tmp_path / "data", **FAST)
+
+    @app.task(name="judge", queue="judge")
+    def judge(ctx: TaskContext[Submission], p: Submission) -> str:
+        return f"judged {p.submission_id}"
+
+    app.create_all()
+    small, large = Submission(submission_id=1), Submission(submission_id=2, code="x" * 10_000)
+    with Session(app.engine) as session:
+        ids = [app.submit(session, "judge", payload).id for payload in (small, large)]
+        session.commit()
+    ids.append(sql_submit(url, namespace, large.model_dump_json()))
+    with app.engine.connect() as conn:
+        found = [conn.execute(sa.text(query), {"id": task_id}).scalar_one() for task_id in ids]
+        apart = conn.execute(sa.select(payloads_table.c.task_id)).scalars().all()
+    assert [Submission.model_validate_json(text) for text in found] == [small, large, large]
+    assert apart == ([] if app.engine.dialect.name == "postgresql" else [ids[1]])  # the query read there
+    app.runtime.store.close()

@@ -58,6 +58,7 @@ class PostgresStore(SqlStore):
 
     notifies_dispatchers = True
     insert_ignores_taken_keys = True  # submit_task: ON CONFLICT DO NOTHING
+    keeps_payloads_aside = False  # TOAST keeps a long payload apart already (store/payloads.py)
 
     def __init__(
         self,
@@ -116,8 +117,8 @@ class PostgresStore(SqlStore):
 
     # -- what PostgreSQL does differently ---------------------------------------------------
 
-    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime) -> bool:
-        return submits.submit_task(task, task_id, now).run_on(conn)
+    def _insert_task(self, conn: sa.Connection, task: NewTask, task_id: str, now: datetime, *, aside: bool) -> bool:
+        return submits.submit_task(task, task_id, now).run_on(conn)  # never aside: keeps_payloads_aside
 
     def submit_many(self, session: Session, tasks: Sequence[NewTask], now: datetime) -> list[SubmitOutcome]:
         """A batch is ONE statement (postgres.sql: submit_tasks): one round trip."""

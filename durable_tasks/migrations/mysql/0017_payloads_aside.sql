@@ -1,0 +1,6 @@
+-- phase: post-deploy
+-- Lets the runtime write a payload over 4 KiB to dt_payloads, leaving '' in dt_tasks.payload
+-- (store/payloads.py; PostgreSQL's stores keep every payload in dt_tasks all the same). Code
+-- older than step 16 reads dt_tasks.payload alone and would take that '' for the payload, so
+-- this step is applied once no process of that code runs: from here on such code refuses to
+-- start. Nothing in the tables changes; the step's record is what the runtime checks.

@@ -1,0 +1,5 @@
+-- phase: post-deploy
+-- On SQLite and MySQL/MariaDB this step lets the runtime write a payload over 4 KiB to
+-- dt_payloads, leaving '' in dt_tasks.payload, which code older than step 16 would misread.
+-- PostgreSQL's stores keep every payload in dt_tasks (store/payloads.py), so here it changes
+-- nothing; it is post-deploy on every backend because every backend ships the same steps.
