@@ -65,6 +65,7 @@ from sqlmodel import Session
 
 from benchmarks.proc_cpu import server_cpu, server_cpu_since
 from durable_tasks import App, TaskContext
+from durable_tasks.migrations import migrate
 from durable_tasks.process import tune_gc
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.settings import Settings
@@ -182,8 +183,9 @@ def build(db: str | None, namespace: str, redis: str | None = REDIS, **settings:
 
 
 @contextmanager
-def bench_app(**settings: Any) -> Iterator[tuple[App, str, str]]:
-    """A fresh schema + namespace and an App on them; cleans up its Redis keys at the end.
+def bench_app(*, schema_version: int | None = None, **settings: Any) -> Iterator[tuple[App, str, str]]:
+    """A fresh schema + namespace and an App on them; cleans up its Redis keys at the end. The
+    schema is migrated to ``schema_version`` (default: the latest, as ``create_all`` does).
 
     The cases that submit a backlog first and then measure a dispatcher or workers on it pass
     ``publish_on_commit=False``: the backlog then waits in the outbox, as a backlog built while
@@ -192,7 +194,10 @@ def bench_app(**settings: Any) -> Iterator[tuple[App, str, str]]:
     with schema() as db:
         ns = f"bench{uuid.uuid4().hex[:6]}"
         app = build(db, ns, **settings)
-        app.create_all()
+        if schema_version is None:
+            app.create_all()
+        else:
+            migrate(app.engine, to=schema_version)
         try:
             yield app, db, ns
         finally:

@@ -77,6 +77,7 @@ from durable_tasks.process import gc_thresholds, tune_gc
 from durable_tasks.records import tasks_table
 from durable_tasks.settings import Settings
 from durable_tasks.store.execution import ExecutionClaim
+from durable_tasks.store.payloads import ASIDE_STEP
 from durable_tasks.worker import Worker
 
 TARGETS: list[tuple[str, str, float | None, str, bool | None]] = []
@@ -205,7 +206,8 @@ def retention(
     share of the time its batches may hold the database) and ``min_rate`` the
     ``retention_min_rate`` setting, for a trial of another pace."""
     rows = int(10_000_000 * scale)
-    with bench_app(**({} if min_rate is None else {"retention_min_rate": min_rate})) as (app, _db, ns):
+    settings: dict[str, Any] = {} if min_rate is None else {"retention_min_rate": min_rate}
+    with bench_app(**settings) as (app, _db, ns):
         register(app)
         if duty is not None:
             app.runtime.store.prune_duty = duty  # this App's store only
@@ -262,14 +264,19 @@ def payload_body(size: int) -> str:
     return base64.b64encode(raw).decode()[: size - 2]
 
 
-def payload(n: int, latency_n: int, rate: float, sizes: tuple[int, ...] = PAYLOAD_SIZES) -> None:
+def payload(
+    n: int, latency_n: int, rate: float, sizes: tuple[int, ...] = PAYLOAD_SIZES, *, in_row: bool = False
+) -> None:
     """Per size: a drain of ready tasks (tasks/s), then submit->start and submit->result of
     ``latency_n`` tasks paced at ``rate`` a second, each through its own submit transaction,
-    run by a worker and a dispatcher process at the default settings, as ``bench_dt latency``."""
+    run by a worker and a dispatcher process at the default settings, as ``bench_dt latency``.
+    With ``in_row`` the schema stops before the step that lets SQLite and MySQL keep a large
+    payload in a table of its own (store/payloads.py): every payload stays in its task row."""
+    version = ASIDE_STEP - 1 if in_row else None
     for size in sizes:
         body = payload_body(size)
         count = n if size < 1_000_000 else max(20, n // 50)
-        with bench_app() as (app, _db, _ns):
+        with bench_app(schema_version=version) as (app, _db, _ns):
             register(app)
             written = bytes_written()
             submit(app, count, body)
@@ -282,7 +289,7 @@ def payload(n: int, latency_n: int, rate: float, sizes: tuple[int, ...] = PAYLOA
             # SQLite writes in this process: its file's bytes per payload byte, WAL and checkpoints
             # included, from the submit to the result (the servers' writes are not counted here)
             rewrites = (bytes_written() - written) / (count * size) if app.engine.dialect.name == "sqlite" else None
-        start, result = payload_latency(body, latency_n, rate)
+        start, result = payload_latency(body, latency_n, rate, schema_version=version)
         emit(case="payload", bytes=size, n=count, rate=round(rate_s, 1), mb_per_s=round(rate_s * size / 1e6, 1),
              latency_n=len(start), latency_rate=rate, start_p50_ms=round(statistics.median(start), 2),
              start_p99_ms=round(pct(start, 99), 2), result_p50_ms=round(statistics.median(result), 2),
@@ -308,10 +315,15 @@ def bytes_written() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
 
 
-def payload_latency(body: str, n: int, rate: float) -> tuple[list[float], list[float]]:
+def payload_latency(
+    body: str, n: int, rate: float, *, schema_version: int | None = None
+) -> tuple[list[float], list[float]]:
     """Milliseconds from before each submit to its handler's start, and to its result's
     commit (the worker's ``finished_at``), for ``n`` tasks carrying ``body``."""
-    with bench_app() as (app, db, ns), Children(db, ns, DT_BENCH_CONC=str(DEFAULT_CONCURRENCY)) as kids:
+    with (
+        bench_app(schema_version=schema_version) as (app, db, ns),
+        Children(db, ns, DT_BENCH_CONC=str(DEFAULT_CONCURRENCY)) as kids,
+    ):
         kids.spawn("worker")
         kids.spawn("dispatcher")
         kids.wait_ready()
@@ -566,6 +578,11 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(map(str, PAYLOAD_SIZES)),
         help="payload: the sizes in bytes, comma-separated (default: %(default)s)",
     )
+    ap.add_argument(
+        "--payloads-in-row",
+        action="store_true",
+        help="payload: keep every payload in its task row (the schema before 0017_payloads_aside), to compare",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="history, backlog: drains per size, alternating sizes")
     ap.add_argument("--plots", type=Path, default=RAW, help="where the scale-<case>.png plots go")
     ap.add_argument("--prune-batch", type=int, default=1000, help="retention: rows per prune transaction")
@@ -588,7 +605,7 @@ def main(argv: list[str] | None = None) -> None:
             history(a.n, a.scale, a.rounds, random_ids=random_ids)
         elif case == "payload":
             sizes = tuple(int(size) for size in a.payload_sizes.split(","))
-            payload(a.n, max(100, int(1000 * a.scale)), a.payload_rate, sizes)
+            payload(a.n, max(100, int(1000 * a.scale)), a.payload_rate, sizes, in_row=a.payloads_in_row)
         elif case == "inflight":
             inflight(a.scale)
         elif case == "retention":
