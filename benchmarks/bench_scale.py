@@ -69,6 +69,7 @@ from benchmarks.bench_dt import (
     seconds,
     wait_count,
 )
+from benchmarks.proc_cpu import database_cpu_since, server_cpu
 from benchmarks.record import RAW
 from benchmarks.scale_fill import fill_backlog, fill_history
 from durable_tasks import App, TaskContext
@@ -280,12 +281,14 @@ def payload(
             register(app)
             written = bytes_written()
             submit(app, count, body)
-            rss_before = reset_peak_rss()
+            rss_before, servers = reset_peak_rss(), server_cpu()
             anyio.run(dispatch_all, app)
             dispatch_peak_mb = rss_mb()[1] - rss_before  # what a pass of large payloads holds
-            rss_before = reset_peak_rss()
+            dispatch_server_s = database_cpu_since(servers)
+            rss_before, servers = reset_peak_rss(), server_cpu()
             rate_s = anyio.run(drain, app, count)
             drain_peak_mb = rss_mb()[1] - rss_before  # the payloads of the tasks in flight
+            drain_server_s = database_cpu_since(servers)
             # SQLite writes in this process: its file's bytes per payload byte, WAL and checkpoints
             # included, from the submit to the result (the servers' writes are not counted here)
             rewrites = (bytes_written() - written) / (count * size) if app.engine.dialect.name == "sqlite" else None
@@ -296,6 +299,9 @@ def payload(
              result_p99_ms=round(pct(result, 99), 2),
              sqlite_bytes_written_per_payload_byte=None if rewrites is None else round(rewrites, 1),
              dispatch_peak_rss_growth_mb=round(dispatch_peak_mb, 1),
+             # the database server's CPU per task (PostgreSQL, MariaDB/MySQL on this machine)
+             server_cpu_ms_per_task_dispatch=round(dispatch_server_s * 1000 / count, 2),
+             server_cpu_ms_per_task_drain=round(drain_server_s * 1000 / count, 2),
              drain_peak_rss_growth_mb=round(drain_peak_mb, 1))  # fmt: skip
         SERIES.setdefault("payload", []).append((size, rate_s))
         target(f"payload {size:,} B: drain", "reported", rate_s, "tasks/s", True)

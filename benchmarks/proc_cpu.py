@@ -1,12 +1,15 @@
 """CPU time of this machine and of its local servers, read from /proc: what a benchmark run
-cost the PostgreSQL and Redis processes it talks to, beside its own process's CPU."""
+cost the PostgreSQL, MariaDB/MySQL and Redis processes it talks to, beside its own process's CPU."""
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
 
-__all__ = ["machine_busy", "server_cpu", "server_cpu_since"]
+__all__ = ["DATABASES", "database_cpu_since", "machine_busy", "server_cpu", "server_cpu_since"]
+
+#: The names of the database servers' processes (postgres: one per connection and helper).
+DATABASES = ("postgres", "mariadbd", "mysqld")
 
 
 def _role(pid: str, server: str) -> str:
@@ -37,8 +40,8 @@ def machine_busy() -> tuple[float, float]:
 
 
 def server_cpu() -> dict[tuple[str, str], float]:
-    """CPU seconds (user + system) used so far by every local postgres and redis/valkey
-    process, by (role, pid)."""
+    """CPU seconds (user + system) used so far by every local database (:data:`DATABASES`) and
+    redis/valkey process, by (role, pid)."""
     ticks = os.sysconf("SC_CLK_TCK")
     used: dict[tuple[str, str], float] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -49,7 +52,7 @@ def server_cpu() -> dict[tuple[str, str], float]:
             continue
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        for server in ("postgres", "redis", "valkey"):
+        for server in (*DATABASES, "redis", "valkey"):
             if name.startswith(server):
                 used[(f"{server} {_role(pid, server)}".strip(), pid)] = (int(fields[11]) + int(fields[12])) / ticks
     return used
@@ -63,3 +66,9 @@ def server_cpu_since(before: dict[tuple[str, str], float]) -> dict[str, float]:
     for (role, pid), seconds in server_cpu().items():
         used[role] += seconds - before.get((role, pid), 0.0)
     return used
+
+
+def database_cpu_since(before: dict[tuple[str, str], float]) -> float:
+    """CPU seconds the local database servers' processes used since ``before`` (0 for SQLite,
+    which runs in the benchmark's own process, or a server on another machine)."""
+    return sum(v for role, v in server_cpu_since(before).items() if role.startswith(DATABASES))
