@@ -1,13 +1,13 @@
-"""SQLModel tables: the durable intent (``dt_tasks``), delivery intents (``dt_outbox``), the
-audit trail of executions (``dt_attempts``), of operators' actions (``dt_audit``), the step
-journal (``dt_steps``), periodic schedules (``dt_schedules``) and the agent records
-(``dt_agent_runs``, ``dt_agent_turns``).
+"""SQLModel tables: the durable intent (``dt_tasks``, large payloads in ``dt_payloads``), delivery
+intents (``dt_outbox``), the audit trail of executions (``dt_attempts``) and of operators'
+actions (``dt_audit``), the step journal (``dt_steps``), periodic schedules (``dt_schedules``)
+and the agent records (``dt_agent_runs``, ``dt_agent_turns``).
 
 Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres,
 DATETIME(6) in UTC on MySQL/MariaDB). On MySQL/MariaDB, ids, names and idempotency keys compare
-as bytes (``'CaseKey'`` is not ``'casekey'``), and namespaces and queue names (ASCII by their
-pattern) are ASCII, which keeps the idempotency key's unique index within InnoDB's 3,072 bytes. Payloads and results are
-stored as the exact JSON text the runtime validated, so nothing is serialized twice.
+as bytes (``'CaseKey'`` is not ``'casekey'``), and namespaces and queue names are ASCII, which
+keeps the idempotency key's unique index within InnoDB's 3,072 bytes. Payloads and results are
+the exact JSON text the runtime validated: nothing is serialized twice.
 
 The tables live on their own :data:`metadata`, not on SQLModel's global one: an application's
 ``SQLModel.metadata.create_all()`` or Alembic autogenerate does not see them. Their schema is
@@ -176,9 +176,8 @@ class TaskRecord(RuntimeRecord, table=True):
     name: str = Field(max_length=200, sa_type=_key(200))
     queue: str = Field(max_length=64, sa_type=_ascii(64))
     idempotency_key: str | None = Field(default=None, max_length=512, sa_type=_key(512))
-    payload: str = Field(sa_type=JsonText)
-    #: The payload's size in UTF-8 bytes (NULL: written by older code or dt_submit; store/payloads.py).
-    payload_bytes: int | None = None
+    payload: str = Field(sa_type=JsonText)  # '' when kept in dt_payloads
+    payload_bytes: int | None = None  # in UTF-8 (NULL: older code, dt_submit): store/payloads.py
     state: str = Field(default=TaskState.PENDING, max_length=16)
     generation: int = 0
     attempt: int = 0
@@ -300,14 +299,9 @@ class ScheduleRecord(RuntimeRecord, table=True):
 
 
 class PayloadRecord(RuntimeRecord, table=True):
-    """``dt_payloads``: a large payload kept apart from its task row, which then holds ``''``
-    (:mod:`durable_tasks.store.payloads`). SQLite and MySQL/MariaDB rewrite or read a row's long
-    values each time a claim or a result changes it; here a payload is written once and read once.
-    PostgreSQL's stores keep every payload in ``dt_tasks`` (TOAST already keeps a long value
-    apart, and an update of other columns keeps its pointer), so there the table stays empty."""
+    """``dt_payloads``: a large payload apart from its task row (:mod:`durable_tasks.store.payloads`)."""
 
     __tablename__ = "dt_payloads"
-
     task_id: str = Field(primary_key=True, max_length=36, sa_type=_key(36))
     payload: str = Field(sa_type=JsonText)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -52,6 +52,8 @@ INLINE_PAYLOAD_BYTES = 64 * 1024
 
 #: A payload over this many bytes is written to ``dt_payloads`` (SQLite, MySQL/MariaDB): a
 #: SQLite page is 4 KiB, and a longer row spills into overflow pages that each update rewrites.
+#: Readers take a payload up to this size from the task row without looking: lowering it later
+#: is safe, raising it would hide the payloads that code with the lower value kept apart.
 ASIDE_PAYLOAD_BYTES = 4 * 1024
 
 #: The schema step whose record lets a store write payloads aside (0017_payloads_aside).
@@ -116,7 +118,7 @@ class AsideGate:
     #: Seconds between reads while the step is not applied.
     RECHECK = 60.0
 
-    def __init__(self, engine: sa.Engine, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, engine: sa.Engine, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._engine = read_only(engine)  # on SQLite a write lock would wait for the submit's own
         self._clock = clock
         self._open = False
