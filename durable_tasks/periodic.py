@@ -14,7 +14,6 @@ passes ``now`` in.
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Final, Literal, get_args
@@ -23,6 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from .errors import ConfigurationError
+from .settings import printable_text
 
 __all__ = ["TICK", "CatchUp", "Schedule", "TickPlan", "plan_ticks"]
 
@@ -194,10 +194,8 @@ def plan_ticks(schedule: Schedule, *, last_tick: datetime, now: datetime, grace:
 
 
 def _check_common(name: str, task: str, catch_up: str) -> None:
-    if not 0 < len(name) <= _MAX_NAME or any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
-        raise ConfigurationError(
-            f"schedule name {name[:40]!r} must be 1-{_MAX_NAME} characters, no control characters or lone surrogates"
-        )
+    if not printable_text(name, _MAX_NAME):  # as task names: no control characters or lone surrogates
+        raise ConfigurationError(f"schedule name {str(name)[:40]!r}: printable, 1-{_MAX_NAME} characters")
     if not task:
         raise ConfigurationError(f"schedule {name!r}: name the task it submits")
     if catch_up not in get_args(CatchUp):

@@ -121,8 +121,10 @@ def test_the_default_payload_is_the_tick_and_a_fixed_one_is_kept() -> None:
         (lambda: every(0), "whole number of seconds"),
         (lambda: Schedule.interval("s", "task", timedelta(milliseconds=1500)), "whole number of seconds"),
         (lambda: Schedule.cron_schedule("", "task", "* * * * *"), "schedule name"),
-        (lambda: Schedule.cron_schedule("nightly\x00", "task", "* * * * *"), "no control characters"),
-        (lambda: Schedule.cron_schedule("nightly\udcff", "task", "* * * * *"), "lone surrogates"),
+        (lambda: Schedule.cron_schedule("nightly\x00", "task", "* * * * *"), "printable"),
+        (lambda: Schedule.cron_schedule("nightly\udcff", "task", "* * * * *"), "printable"),
+        (lambda: Schedule.cron_schedule("night\u200bly", "task", "* * * * *"), "printable"),  # zero-width space
+        (lambda: Schedule.cron_schedule("n" * 201, "task", "* * * * *"), "1-200 characters"),
     ],
 )
 def test_a_bad_schedule_is_a_configuration_error(build: object, says: str) -> None:
