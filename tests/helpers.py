@@ -10,10 +10,12 @@ consumer that stopped long ago (:func:`outlive_lease`).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import inspect
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -59,6 +61,32 @@ POLL_S = 0.02
 #: serves them from one server-wide cache it refreshes only when the last read of it is over
 #: 0.1 s old, so a probe asking more often reads its first snapshot for ever.
 INNODB_TRX_POLL_S = 0.15
+#: The turn file of this machine's readers of INNODB_TRX (:func:`innodb_trx_turn`).
+_INNODB_TRX_TURN = Path(tempfile.gettempdir()) / "dt-tests-innodb-trx.turn"
+
+
+@contextmanager
+def innodb_trx_turn() -> Iterator[None]:
+    """Around one read of INNODB_TRX (or INNODB_LOCK_WAITS) that must see the server as it is
+    now. Its cache is refreshed only when nobody read it for 0.1 s, whoever reads: two probes in
+    two test processes, each asking every 0.15 s, kept it stale between them until both timed
+    out. So the readers of the test processes on this machine take turns under a file lock, each
+    reading no sooner than 0.11 s after the last one finished."""
+    with open(_INNODB_TRX_TURN, "a+", encoding="ascii") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        try:
+            turn.seek(0)
+            last = float(turn.read() or 0)
+            time.sleep(max(0.0, last + 0.11 - time.time()))
+            yield
+        finally:
+            turn.seek(0)
+            turn.truncate()
+            turn.write(repr(time.time()))
+            turn.flush()
+            fcntl.flock(turn, fcntl.LOCK_UN)
+
+
 #: ``make test-full`` (DT_TEST_FULL=1): the full matrices, where ``make test`` runs a slice.
 FULL = os.environ.get("DT_TEST_FULL") == "1"
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
+from tests.helpers import innodb_trx_turn
+
 __all__ = ["DEFAULT_URL", "MySql", "connection_ids", "open_transactions"]
 
 DEFAULT_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
@@ -110,11 +112,12 @@ def open_transactions(conn: sa.Connection, pid: int) -> int:
     ids = connection_ids(conn, pid)
     if not ids:
         return 0
-    busy = conn.execute(
-        sa.text(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST AS p WHERE p.ID IN :ids AND (p.COMMAND <> 'Sleep' "
-            "OR EXISTS (SELECT 1 FROM information_schema.INNODB_TRX AS t WHERE t.trx_mysql_thread_id = p.ID))"
-        ).bindparams(sa.bindparam("ids", expanding=True)),
-        {"ids": ids},
-    ).scalar_one()
+    with innodb_trx_turn():
+        busy = conn.execute(
+            sa.text(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST AS p WHERE p.ID IN :ids AND (p.COMMAND <> 'Sleep' "
+                "OR EXISTS (SELECT 1 FROM information_schema.INNODB_TRX AS t WHERE t.trx_mysql_thread_id = p.ID))"
+            ).bindparams(sa.bindparam("ids", expanding=True)),
+            {"ids": ids},
+        ).scalar_one()
     return int(busy)

@@ -13,7 +13,7 @@ from sqlmodel import Field, Session, SQLModel
 from durable_tasks import App, DatabaseUnavailableError, TaskContext, TaskState
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.store.engine import read_only
-from tests.helpers import INNODB_TRX_POLL_S, block_until
+from tests.helpers import INNODB_TRX_POLL_S, block_until, innodb_trx_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -147,7 +147,7 @@ def blocked_by(app: App, holder: Session) -> bool:
         with app.engine.connect() as probe:
             query = "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
             return bool(probe.execute(sa.text(query), {"pid": pid}).scalar_one())
-    with app.engine.connect() as probe:  # MySQL: PyMySQL puts the values into the statement's text
+    with innodb_trx_turn(), app.engine.connect() as probe:  # PyMySQL puts the values into the statement's text
         query = (
             "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :ns"
         )
@@ -222,7 +222,8 @@ def lock_waits(app: App, holder: Session) -> int:
         query = (
             "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :ns"
         )
-        return int(probe.execute(sa.text(query), {"ns": f"%{app.settings.namespace}%"}).scalar_one())
+        with innodb_trx_turn():
+            return int(probe.execute(sa.text(query), {"ns": f"%{app.settings.namespace}%"}).scalar_one())
 
 
 @pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)
