@@ -99,6 +99,10 @@ async def test_a_repeated_key_compares_the_payload_kept_apart(make_app: Callable
         assert again.id == first.id
         with pytest.raises(IdempotencyConflictError):
             app.submit(session, "judge", other, idempotency_key="submission-1")
+        with pytest.raises(IdempotencyConflictError):  # the batch's new task is undone, its payload too
+            app.submit_many(session, "judge", [(text_of(10_000, seed=3), "submission-2"), (other, "submission-1")])
+        orphans = sa.select(sa.func.count()).where(p.task_id.not_in(sa.select(t.id)))
+        assert session.connection().execute(orphans).scalar_one() == 0
     assert kept_apart(app, [first.id]) == int(keeps_aside(app))
 
 
