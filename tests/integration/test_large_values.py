@@ -329,9 +329,9 @@ async def test_a_running_task_holds_its_large_payload_once_not_its_text_too(make
 
         @app.task(name="hold", queue="large")
         def hold(ctx: TaskContext[str], body: str) -> int:
-            # On SQLite and MySQL the text was read on a worker thread, which hands it to the loop
-            # before it drops its own reference: wait for that (ms), not for a fixed time. A text
-            # kept while the handler runs (the defect) stays for the whole wait.
+            # The text was read on a worker thread, which hands it to the loop before it drops
+            # its own reference: wait for that (ms), not for a fixed time. A text kept while the
+            # handler runs (the defect) stays for the whole wait.
             deadline = time.monotonic() + 5
             while (count := large_now()) > 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
