@@ -18,7 +18,9 @@ from sqlmodel import Session
 
 from durable_tasks import App, IdempotencyConflictError, TaskContext, TaskState
 from durable_tasks.migrations import migrate
+from durable_tasks.migrations.runner import VERSION_TABLE
 from durable_tasks.records import payloads_table, tasks_table
+from durable_tasks.store import payloads
 from durable_tasks.store.base import SqlStore
 from durable_tasks.store.payloads import ASIDE_PAYLOAD_BYTES, INLINE_PAYLOAD_BYTES, AsideGate
 from tests.helpers import FAST, run_until
@@ -163,7 +165,5 @@ async def test_before_the_post_deploy_step_every_payload_stays_in_its_task_row(
 
 
 def test_the_gate_reads_the_migrations_version_table() -> None:
-    from durable_tasks.migrations.runner import VERSION_TABLE
-    from durable_tasks.store import payloads
-
+    """AsideGate names the table in SQL (the store cannot import the migrations: they import it)."""
     assert payloads._VERSIONS == VERSION_TABLE
