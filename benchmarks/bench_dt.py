@@ -63,6 +63,7 @@ import anyio
 import sqlalchemy as sa
 from sqlmodel import Session
 
+from benchmarks.orphans import die_with_parent
 from benchmarks.proc_cpu import server_cpu, server_cpu_since
 from durable_tasks import App, TaskContext
 from durable_tasks.migrations import migrate
@@ -278,7 +279,11 @@ class Children:
 
     def spawn(self, role: str, count: int = 1, **env: str) -> list[subprocess.Popen[bytes]]:
         started = [
-            subprocess.Popen([sys.executable, "-m", self.module, f"_{role}"], env={**self.env, **env})
+            subprocess.Popen(
+                [sys.executable, "-m", self.module, f"_{role}"],
+                env={**self.env, **env},
+                preexec_fn=die_with_parent(),
+            )
             for _ in range(count)
         ]
         self.procs += started
@@ -484,7 +489,12 @@ def readme(n: int, timeout: float = 600) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DT_") or k.startswith("DT_BENCH_")}
         env.update(DT_BENCH_DB=db, DT_BENCH_REDIS=REDIS, DT_BENCH_NS=ns)
         cli = str(Path(sys.executable).with_name("durable-tasks"))
-        worker = subprocess.Popen([cli, "worker", "benchmarks.readme_app:app"], env=env, cwd=Path(__file__).parents[1])
+        worker = subprocess.Popen(
+            [cli, "worker", "benchmarks.readme_app:app"],
+            env=env,
+            cwd=Path(__file__).parents[1],
+            preexec_fn=die_with_parent(),
+        )
         try:
             cpu_at_start = cpu_at_first_start(app, ns, worker.pid, timeout)
             done = wait_count(app, ns, n, timeout)

@@ -69,6 +69,7 @@ from benchmarks.bench_dt import (
     seconds,
     wait_count,
 )
+from benchmarks.orphans import die_with_parent
 from benchmarks.proc_cpu import database_cpu_since, server_cpu
 from benchmarks.record import RAW
 from benchmarks.scale_fill import fill_backlog, fill_history
@@ -499,7 +500,11 @@ def recovery(scale: float) -> None:
         analyze(app)
         anyio.run(dispatch_all, app)
         env = {**os.environ, "DT_BENCH_DB": db, "DT_BENCH_NS": ns, "DT_BENCH_CONC": str(n)}
-        child = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_scale", "--cases", "_worker"], env=env)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.bench_scale", "--cases", "_worker"],
+            env=env,
+            preexec_fn=die_with_parent(),
+        )
         try:
             deadline = time.monotonic() + 300
             while count_state(app, ns, "RUNNING") < n and time.monotonic() < deadline and child.poll() is None:

@@ -46,6 +46,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from benchmarks.bench_dt import REDIS, Children, bench_app, build, pct, record, schema, seconds, wait_count
+from benchmarks.orphans import die_with_parent
 from durable_tasks import App, TaskContext, TaskHandle
 from durable_tasks.periodic import Schedule
 from durable_tasks.records import tasks_table
@@ -92,6 +93,7 @@ def schedulers(count: int, seconds: float) -> None:
                 [sys.executable, "-m", "benchmarks.bench_time", "scheduler-child", db, namespace, str(seconds)],
                 stdout=subprocess.PIPE,
                 text=True,
+                preexec_fn=die_with_parent(),
             )
             for _ in range(count)
         ]

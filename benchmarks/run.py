@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_dt import DEFAULT_CONCURRENCY, DRAIN_CONCURRENCY
+from benchmarks.orphans import die_with_parent
 from benchmarks.peers.install import PEERS, PINS, install, venv_python
 from benchmarks.record import RAW, NotRecordable, commit_id, record_latest
 
@@ -138,6 +139,7 @@ class PrivateRedis:
              "--daemonize", "no"],
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),
         )  # fmt: skip
         import redis
 
@@ -179,7 +181,14 @@ def run_lines(
     began = time.monotonic()
     with open(LOGS / f"{log_name}.log", "w") as err:
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         timed_out = threading.Event()
 
