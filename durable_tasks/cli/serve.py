@@ -33,7 +33,7 @@ QueuesOpt = Annotated[
     ),
 ]
 ConcurrencyOpt = Annotated[
-    int | None, typer.Option("--concurrency", "-c", help="Tasks run at once (default: DT_CONCURRENCY, 512)")
+    int | None, typer.Option("--concurrency", "-c", help="Tasks run at once (default: DT_CONCURRENCY, 1000)")
 ]
 GraceOpt = Annotated[
     float | None,
