@@ -63,15 +63,19 @@ HIGHER_IS_BETTER = {"processing_rate", "enqueue_rate"}
 def dt_cases(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """durable_tasks' per-round cases: (label, bench_dt arguments)."""
     n = str(a.n)
+    # The default concurrency's own drain, unless the headline runs at the default already.
+    default_drain = [
+        (
+            f"drain, 1 worker, concurrency {DEFAULT_CONCURRENCY} (the default)",
+            ["drain", "--n", n, "--workers", "1", "--concurrency", str(DEFAULT_CONCURRENCY)],
+        )
+    ]
+    if DEFAULT_CONCURRENCY == DRAIN_CONCURRENCY:
+        default_drain = []
     cases = {
         "drain": [("drain, 1 worker", ["drain", "--n", n, "--workers", "1"])],
         "readme": [("README path: def, pydantic, dict, `durable-tasks worker` at defaults", ["readme", "--n", n])],
-        "drain_default": [] if DEFAULT_CONCURRENCY == DRAIN_CONCURRENCY else [  # the headline's, when equal
-            (
-                f"drain, 1 worker, concurrency {DEFAULT_CONCURRENCY} (the default)",
-                ["drain", "--n", n, "--workers", "1", "--concurrency", str(DEFAULT_CONCURRENCY)],
-            )
-        ],
+        "drain_default": default_drain,
         "scaling": [
             ("drain, 2 workers", ["drain", "--n", n, "--workers", "2"]),
             ("drain, 4 workers", ["drain", "--n", n, "--workers", "4"]),
