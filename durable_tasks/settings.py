@@ -166,10 +166,10 @@ class Settings(BaseSettings):
         ge=1,
         le=10_000,
         description="Tasks one worker runs at once (a task waiting for its group commit holds a slot); sync "
-        "handlers get threads only as they block, up to this many. 1,000: measured at or ahead of 512 and 256 "
-        "for sync and async handlers (no-op, 50 ms of I/O, 1 ms of CPU) on a machine with cores to spare "
-        "(docs/performance.md); for handlers that each need a core (a sandbox), set it to the cores this worker "
-        "may use.",
+        "handlers get threads only as they block, up to this many. 1,000: measured at or ahead of smaller "
+        "settings for no-op and async handlers, within 3 % of 512 for sync ones that block or compute "
+        "(docs/performance.md); blocking sync handlers on cores busy with other work do better at 512, and "
+        "handlers that each need a core (a sandbox) at the cores this worker may use.",
     )
     heartbeat_interval: Duration = timedelta(seconds=5)
     lease_timeout: Duration = timedelta(seconds=10)
