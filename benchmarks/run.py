@@ -474,6 +474,9 @@ def main() -> None:
     pg_version = pg_query(a.pg_url, "SHOW server_version")[0]
     pg_version += ", fsync=" + pg_query(a.pg_url, "SHOW fsync")[0]
     pg_version += ", synchronous_commit=" + pg_query(a.pg_url, "SHOW synchronous_commit")[0]
+    drain_note = (
+        "the default" if DEFAULT_CONCURRENCY == DRAIN_CONCURRENCY else f"one case at {DEFAULT_CONCURRENCY}, the default"
+    )
     meta: dict[str, Any] = {
         "started": stamp,
         "host": platform.node(),
@@ -487,8 +490,7 @@ def main() -> None:
         "commit": commit,
         "full_run": full,
         "pins": {p: PINS[p] for p in peers},
-        "durable_tasks_settings": f"drain workers concurrency {DRAIN_CONCURRENCY} (one case at "
-        f"{DEFAULT_CONCURRENCY}, the default); "
+        "durable_tasks_settings": f"drain workers concurrency {DRAIN_CONCURRENCY} ({drain_note}); "
         "dispatchers batch 500 (the default); group commit up to 512 results (the default); "
         f"latency worker concurrency {DEFAULT_CONCURRENCY} (the default)",
     }
