@@ -17,7 +17,10 @@ concurrency, close the run. Kinds:
 
 ``--work``: ``noop`` returns at once; ``io`` waits 50 ms (``time.sleep`` in a sync handler,
 ``anyio.sleep`` in an async one); ``cpu`` spends about 1 ms of CPU in pure Python.
-Absolute figures depend on what else the machine runs: compare within one run.
+Absolute figures depend on what else the machine runs: compare within one run. Each drain's
+line also gives the process's peak RSS so far (``peak_rss_mib``, VmHWM): a run of one kind at
+one concurrency (``--rounds 1``) is that drain's peak, e.g. what 1,000 blocking sync handlers'
+threads hold.
 """
 
 from __future__ import annotations
@@ -126,6 +129,16 @@ async def drain_kind(app: App, kind: str, n: int, concurrency: int) -> tuple[flo
     return n / elapsed, cpu / n * 1e6
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident set so far (VmHWM), in MiB (Linux; 0.0 elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0.0
+    return round(kib / 1024, 1)
+
+
 def handlers(n: int, rounds: int, concurrencies: list[int], kinds: list[str], work: str) -> None:
     rates: dict[tuple[str, int], list[float]] = defaultdict(list)
     cpus: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -143,7 +156,8 @@ def handlers(n: int, rounds: int, concurrencies: list[int], kinds: list[str], wo
                 rates[(kind, conc)].append(rate)
                 cpus[(kind, conc)].append(cpu)
                 print(json.dumps({"round": rnd + 1, "kind": kind, "concurrency": conc, "work": work,
-                                  "rate": round(rate, 1), "cpu_us_per_task": round(cpu, 1)}), flush=True)  # fmt: skip
+                                  "rate": round(rate, 1), "cpu_us_per_task": round(cpu, 1),
+                                  "peak_rss_mib": peak_rss_mib()}), flush=True)  # fmt: skip
     print(f"\n== {work} handlers, {n} tasks, median of {rounds} round(s); x async = async rate / kind's ==")
     for conc in concurrencies:
         base = statistics.median(rates[("async", conc)]) if ("async", conc) in rates else None

@@ -167,7 +167,7 @@ class Settings(BaseSettings):
         le=10_000,
         description="Tasks one worker runs at once (a task waiting for its group commit holds a slot); sync "
         "handlers get threads only as they block, up to this many. 1,000: measured at or ahead of smaller "
-        "settings for no-op and async handlers, within 3 % of 512 for sync ones that block or compute "
+        "settings for no-op and async handlers, up to 13 % behind 512 for sync ones that block or compute "
         "(docs/performance.md); blocking sync handlers on cores busy with other work do better at 512, and "
         "handlers that each need a core (a sandbox) at the cores this worker may use.",
     )
