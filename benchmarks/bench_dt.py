@@ -63,13 +63,13 @@ import anyio
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from benchmarks.orphans import die_with_parent
 from benchmarks.proc_cpu import server_cpu, server_cpu_since
 from durable_tasks import App, TaskContext
 from durable_tasks.migrations import migrate
 from durable_tasks.process import tune_gc
 from durable_tasks.records import outbox_table, tasks_table
 from durable_tasks.settings import Settings
+from durable_tasks.valkey_keeper import die_with_parent
 
 DB = os.environ.get("DT_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("DT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -282,7 +282,7 @@ class Children:
             subprocess.Popen(
                 [sys.executable, "-m", self.module, f"_{role}"],
                 env={**self.env, **env},
-                preexec_fn=die_with_parent(),
+                preexec_fn=die_with_parent(signal.SIGKILL),
             )
             for _ in range(count)
         ]
@@ -493,7 +493,7 @@ def readme(n: int, timeout: float = 600) -> None:
             [cli, "worker", "benchmarks.readme_app:app"],
             env=env,
             cwd=Path(__file__).parents[1],
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
         try:
             cpu_at_start = cpu_at_first_start(app, ns, worker.pid, timeout)

@@ -18,9 +18,9 @@ concurrency, close the run. Kinds:
 ``--work``: ``noop`` returns at once; ``io`` waits 50 ms (``time.sleep`` in a sync handler,
 ``anyio.sleep`` in an async one); ``cpu`` spends about 1 ms of CPU in pure Python.
 Absolute figures depend on what else the machine runs: compare within one run. Each drain's
-line also gives the process's peak RSS so far (``peak_rss_mib``, VmHWM): a run of one kind at
-one concurrency (``--rounds 1``) is that drain's peak, e.g. what 1,000 blocking sync handlers'
-threads hold.
+line also gives the process's peak RSS during it (``peak_rss_mib``: VmHWM, reset before the
+drain), e.g. what 1,000 blocking sync handlers' threads hold; threads an earlier drain left
+idle (they end after 10 s) still count.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from sqlmodel import Session
 
 from benchmarks.bench_dt import analyze, bench_app, dispatch_all
+from benchmarks.bench_scale import reset_peak_rss, rss_mb
 from durable_tasks import App, TaskContext
 from durable_tasks.process import tune_gc
 from durable_tasks.worker import Worker
@@ -129,16 +130,6 @@ async def drain_kind(app: App, kind: str, n: int, concurrency: int) -> tuple[flo
     return n / elapsed, cpu / n * 1e6
 
 
-def peak_rss_mib() -> float:
-    """This process's peak resident set so far (VmHWM), in MiB (Linux; 0.0 elsewhere)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return 0.0
-    return round(kib / 1024, 1)
-
-
 def handlers(n: int, rounds: int, concurrencies: list[int], kinds: list[str], work: str) -> None:
     rates: dict[tuple[str, int], list[float]] = defaultdict(list)
     cpus: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -152,12 +143,14 @@ def handlers(n: int, rounds: int, concurrencies: list[int], kinds: list[str], wo
                 submit_kind(app, kind.removesuffix("+anyio").removesuffix("+eager"), n)
                 analyze(app)
                 anyio.run(dispatch_all, app)
+                reset_peak_rss()
                 rate, cpu = anyio.run(drain_kind, app, kind, n, conc)
+                peak_rss = rss_mb()[1]
                 rates[(kind, conc)].append(rate)
                 cpus[(kind, conc)].append(cpu)
                 print(json.dumps({"round": rnd + 1, "kind": kind, "concurrency": conc, "work": work,
                                   "rate": round(rate, 1), "cpu_us_per_task": round(cpu, 1),
-                                  "peak_rss_mib": peak_rss_mib()}), flush=True)  # fmt: skip
+                                  "peak_rss_mib": round(peak_rss, 1)}), flush=True)  # fmt: skip
     print(f"\n== {work} handlers, {n} tasks, median of {rounds} round(s); x async = async rate / kind's ==")
     for conc in concurrencies:
         base = statistics.median(rates[("async", conc)]) if ("async", conc) in rates else None

@@ -44,6 +44,7 @@ import gc
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,7 +70,6 @@ from benchmarks.bench_dt import (
     seconds,
     wait_count,
 )
-from benchmarks.orphans import die_with_parent
 from benchmarks.proc_cpu import database_cpu_since, server_cpu
 from benchmarks.record import RAW
 from benchmarks.scale_fill import fill_backlog, fill_history
@@ -80,6 +80,7 @@ from durable_tasks.records import tasks_table
 from durable_tasks.settings import Settings
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.payloads import ASIDE_STEP
+from durable_tasks.valkey_keeper import die_with_parent
 from durable_tasks.worker import Worker
 
 TARGETS: list[tuple[str, str, float | None, str, bool | None]] = []
@@ -503,7 +504,7 @@ def recovery(scale: float) -> None:
         child = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.bench_scale", "--cases", "_worker"],
             env=env,
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
         try:
             deadline = time.monotonic() + 300

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,13 +47,13 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from benchmarks.bench_dt import REDIS, Children, bench_app, build, pct, record, schema, seconds, wait_count
-from benchmarks.orphans import die_with_parent
 from durable_tasks import App, TaskContext, TaskHandle
 from durable_tasks.periodic import Schedule
 from durable_tasks.records import tasks_table
 from durable_tasks.scheduler import Scheduler
 from durable_tasks.store import sql
 from durable_tasks.store.payloads import INLINE_PAYLOAD_BYTES
+from durable_tasks.valkey_keeper import die_with_parent
 
 t = tasks_table.c
 
@@ -93,7 +94,7 @@ def schedulers(count: int, seconds: float) -> None:
                 [sys.executable, "-m", "benchmarks.bench_time", "scheduler-child", db, namespace, str(seconds)],
                 stdout=subprocess.PIPE,
                 text=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=die_with_parent(signal.SIGKILL),
             )
             for _ in range(count)
         ]

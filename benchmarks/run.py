@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_dt import DEFAULT_CONCURRENCY, DRAIN_CONCURRENCY
-from benchmarks.orphans import die_with_parent
 from benchmarks.peers.install import PEERS, PINS, install, venv_python
 from benchmarks.record import RAW, NotRecordable, commit_id, record_latest
+from durable_tasks.valkey_keeper import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / ".bench" / "logs"
@@ -64,14 +64,16 @@ def dt_cases(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """durable_tasks' per-round cases: (label, bench_dt arguments)."""
     n = str(a.n)
     # The default concurrency's own drain, unless the headline runs at the default already.
-    default_drain = [
-        (
-            f"drain, 1 worker, concurrency {DEFAULT_CONCURRENCY} (the default)",
-            ["drain", "--n", n, "--workers", "1", "--concurrency", str(DEFAULT_CONCURRENCY)],
-        )
-    ]
-    if DEFAULT_CONCURRENCY == DRAIN_CONCURRENCY:
-        default_drain = []
+    default_drain = (
+        []
+        if DEFAULT_CONCURRENCY == DRAIN_CONCURRENCY
+        else [
+            (
+                f"drain, 1 worker, concurrency {DEFAULT_CONCURRENCY} (the default)",
+                ["drain", "--n", n, "--workers", "1", "--concurrency", str(DEFAULT_CONCURRENCY)],
+            )
+        ]
+    )
     cases = {
         "drain": [("drain, 1 worker", ["drain", "--n", n, "--workers", "1"])],
         "readme": [("README path: def, pydantic, dict, `durable-tasks worker` at defaults", ["readme", "--n", n])],
@@ -143,7 +145,7 @@ class PrivateRedis:
              "--daemonize", "no"],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )  # fmt: skip
         import redis
 
@@ -192,7 +194,7 @@ def run_lines(
             stderr=err,
             text=True,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
         timed_out = threading.Event()
 

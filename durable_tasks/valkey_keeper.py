@@ -36,6 +36,7 @@ from pathlib import Path
 
 __all__ = [
     "State",
+    "die_with_parent",
     "is_valkey",
     "locked",
     "pid_alive",
@@ -191,19 +192,31 @@ def write_state(data_dir: Path, state: State) -> None:
     os.replace(tmp, data_dir / STATE_FILE)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def die_with_parent(sig: signal.Signals) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen``: Linux sends the child ``sig`` when the thread
+    that started it exits (``PR_SET_PDEATHSIG``), and a child whose parent died before it asked
+    exits at once; None elsewhere (no such call). The server here gets SIGTERM (it writes its
+    AOF); the benchmarks' children SIGKILL (nobody is left to read them)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def start_server(argv: list[str]) -> subprocess.Popen[bytes]:
     """Start valkey with ``argv``; on Linux it is SIGTERMed if this process dies."""
-    linux = sys.platform.startswith("linux")
     return subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent if linux else None,  # prctl only: safe between fork and exec
+        preexec_fn=die_with_parent(signal.SIGTERM),  # prctl only: safe between fork and exec
     )
 
 

@@ -1,4 +1,5 @@
-"""benchmarks/orphans: a benchmark's child dies with the benchmark, however the benchmark ends."""
+"""valkey_keeper.die_with_parent: a child started with it dies with the process that started it,
+however that process ends (the embedded Valkey with its keeper, a benchmark's workers with it)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ ROOT = Path(__file__).parents[2]
 
 # A parent that starts a long-sleeping child as the benchmarks do, prints its pid, and waits.
 PARENT = """
-import subprocess, sys, time
-from benchmarks.orphans import die_with_parent
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=die_with_parent())
+import signal, subprocess, sys, time
+from durable_tasks.valkey_keeper import die_with_parent
+child = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=die_with_parent(signal.SIGKILL)
+)
 print(child.pid, flush=True)
 time.sleep(120)
 """
@@ -34,7 +37,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_child_dies_when_its_benchmark_is_killed() -> None:
+def test_a_child_dies_when_the_process_that_started_it_is_killed() -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT],
         cwd=ROOT,
@@ -52,7 +55,7 @@ def test_a_child_dies_when_its_benchmark_is_killed() -> None:
         deadline = time.monotonic() + 10
         while alive(child) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not alive(child), "the child outlived the benchmark that started it"
+        assert not alive(child), "the child outlived the process that started it"
     finally:
         if parent.poll() is None:
             parent.kill()  # by pid: the parent this test started
