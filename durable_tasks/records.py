@@ -28,6 +28,8 @@ from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import UTCDateTime
 
+from .state_indexes import OFF_PATH, SENT, predicate
+
 __all__ = [
     "AgentRun",
     "AgentTurn",
@@ -132,8 +134,7 @@ class AttemptOutcome(StrEnum):
     HOOK_FAILED = "hook_failed"  # the body succeeded, its on_commit hook raised: nothing was committed
 
 
-#: The tasks whose delivery was sent (ix_dt_tasks_sent's predicate).
-_SENT = "state = 'ENQUEUED' OR state = 'RUNNING'"
+_SENT, _OFF_PATH = predicate(SENT), predicate(OFF_PATH)  # see durable_tasks.state_indexes
 
 
 class TaskRecord(RuntimeRecord, table=True):
@@ -142,7 +143,7 @@ class TaskRecord(RuntimeRecord, table=True):
     __tablename__ = "dt_tasks"
     __table_args__ = (
         sa.UniqueConstraint("namespace", "name", "idempotency_key", name="uq_dt_tasks_idem"),
-        sa.Index("ix_dt_tasks_state", "namespace", "state", "queue"),
+        sa.Index("ix_dt_tasks_state", "namespace", "state", "queue", postgresql_where=sa.text(_OFF_PATH)),
         # Operators' views (durable_tasks.readmodel): the task search, newest first, and what
         # finished lately (throughput, latency, failures). The second holds finished rows
         # only, so a task's claim and lease updates never write to it: one entry per task.
@@ -156,8 +157,7 @@ class TaskRecord(RuntimeRecord, table=True):
             sqlite_where=sa.text("finished_at IS NOT NULL"),
         ),
         # The reconciler's walk over the sent tasks, in (enqueued_at, id) order from its cursor
-        # (durable_tasks.store.recovery.unconfirmed_deliveries). MySQL has no partial index: the
-        # two states are two ranges of the second.
+        # (store/recovery.py). MySQL has no partial index: the two states are two ranges of the second.
         sa.Index(
             "ix_dt_tasks_sent",
             "namespace",

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from ..errors import InvalidQueryError
 from ..records import TaskState, tasks_table
+from ..state_indexes import indexed_by_state
 from ..store.queries import task_rows
 from ..store.retention import final_tasks
 from .paging import COUNT_CAP, MAX_NAMES, PAGE_SIZE, Page, decode_cursor, encode_cursor, utc
@@ -216,8 +217,11 @@ def task_detail(engine: sa.Engine, namespace: str, task_id: str) -> TaskDetail |
 def state_counts(
     engine: sa.Engine, namespace: str, queues: Sequence[str], states: Sequence[str], *, cap: int = COUNT_CAP
 ) -> dict[tuple[str, str], int]:
-    """Tasks per (queue, state), each count stopping at ``cap + 1`` (ix_dt_tasks_state: an
-    index range per pair, read at most ``cap + 1`` entries deep)."""
+    """Tasks per (queue, state), each count stopping at ``cap + 1``: an index range per pair
+    (ix_dt_tasks_state), or on PostgreSQL for ENQUEUED and RUNNING the sent tasks
+    (ix_dt_tasks_sent, whose rows tell the queue), each read until ``cap + 1`` match
+    (durable_tasks.state_indexes). SUCCEEDED tasks are in no index by state there: a count of
+    them reads the namespace's tasks until ``cap + 1`` match (no view counts them)."""
     if not queues or not states:
         return {}
     parts = []
@@ -225,7 +229,7 @@ def state_counts(
         for state in states:
             capped = (
                 sa.select(sa.literal(1).label("one"))
-                .where(t.namespace == namespace, t.state == state, t.queue == queue)
+                .where(t.namespace == namespace, t.state == state, t.queue == queue, *_repeated(state))
                 .limit(cap + 1)
                 .subquery()
             )
@@ -237,6 +241,12 @@ def state_counts(
     with engine.connect() as conn:
         rows = conn.execute(sa.union_all(*parts)).all()
     return {(r.queue, r.state): int(r.n) for r in rows}
+
+
+def _repeated(state: str) -> list[sa.TextClause]:
+    """The predicate of ``state``'s partial index, for its count to repeat (if it has one)."""
+    indexed = indexed_by_state(state)
+    return [] if indexed is None else [indexed]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from ..records import (
     outbox_table,
     tasks_table,
 )
+from ..state_indexes import sent_tasks
 from .execution import close_open_attempts
 from .payloads import stored_payload
 from .planning import attempts_by_task, tasks_by_id
@@ -355,9 +356,7 @@ def unconfirmed_deliveries(
         )
         .where(
             t.namespace == namespace,
-            # ix_dt_tasks_sent's predicate, in constants: a generic plan (psycopg prepares a
-            # statement run often) may read the partial index only if the query implies it alone.
-            sa.text("(dt_tasks.state = 'ENQUEUED' OR dt_tasks.state = 'RUNNING')"),
+            sent_tasks(),  # ix_dt_tasks_sent's predicate, in constants (a generic plan's too)
             sa.or_(
                 sa.and_(t.state == TaskState.ENQUEUED, t.enqueued_at <= now - grace),
                 sa.and_(t.state == TaskState.RUNNING, t.lease_expires_at <= now),

@@ -21,10 +21,10 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, TaskContext
+from durable_tasks import App, TaskContext, readmodel
 from durable_tasks.journal import ChildOutcome
 from durable_tasks.records import tasks_table
-from durable_tasks.store import recovery, sql
+from durable_tasks.store import queries, recovery, sql
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.payloads import INLINE_PAYLOAD_BYTES
@@ -617,3 +617,77 @@ def running_claim(app: App, task_id: str) -> ExecutionClaim:
         enqueued_at=None,
         worker_id="w",
     )
+
+
+def test_counts_by_state_read_the_partial_index_of_their_state_never_the_finished_tasks(empty_tables: App) -> None:
+    """On PostgreSQL ix_dt_tasks_state holds only the states off the hot path and
+    ix_dt_tasks_sent the sent ones (durable_tasks.state_indexes). The overview's counts per
+    (queue, state), the workers' loads and the queues' backlogs each read the index of their
+    state, in the generic plan too (each repeats its index's predicate in constants), never the
+    finished tasks; and the capped counts are right (SUCCEEDED's too, which no index by state
+    holds and no view counts)."""
+    app = empty_tables
+    _, enqueued = stale_statistics(app, 1000, running=100)
+    moved = {"PENDING": enqueued[:10], "RETRYING": enqueued[10:20], "FAILED": enqueued[20:30]}
+    with app.engine.begin() as conn:
+        for state, ids in moved.items():
+            conn.exec_driver_sql(
+                "UPDATE dt_tasks SET state = %(state)s, finished_at = %(at)s WHERE id = ANY(%(ids)s::text[])",
+                {"state": state, "ids": ids, "at": app.clock() if state == "FAILED" else None},
+            )
+        # a history: 50,000 tasks that succeeded, copies of the last 500
+        conn.exec_driver_sql(
+            "INSERT INTO dt_tasks SELECT (jsonb_populate_record(t, jsonb_build_object('id', gen_random_uuid(),"
+            " 'state', 'SUCCEEDED', 'finished_at', now()))).* FROM dt_tasks AS t, generate_series(1, 100)"
+            " WHERE t.id = ANY(%(ids)s::text[])",
+            {"ids": enqueued[-500:]},
+        )
+        conn.exec_driver_sql("ANALYZE dt_tasks")
+    ns = app.settings.namespace
+    states = ["PENDING", "ENQUEUED", "RUNNING", "RETRYING", "FAILED", "DEAD", "SUCCEEDED"]
+    statements: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        statements.append((statement, params))
+
+    sa.event.listen(app.engine, "before_cursor_execute", capture)
+    try:
+        counts = readmodel.state_counts(app.engine, ns, ["jobs"], states, cap=50)
+        loads = readmodel.running_by_worker(app.engine, ns)
+        with app.engine.connect() as conn:
+            backlogs = queries.queue_backlogs(conn, ns)
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", capture)
+    assert counts == {
+        ("jobs", "PENDING"): 10,
+        ("jobs", "ENQUEUED"): 51,  # 870, counted to the cap and one more
+        ("jobs", "RUNNING"): 51,  # 100
+        ("jobs", "RETRYING"): 10,
+        ("jobs", "FAILED"): 10,
+        ("jobs", "DEAD"): 0,
+        ("jobs", "SUCCEEDED"): 51,
+    }
+    assert [(w.worker_id, w.running) for w in loads] == [("?", 100)]
+    assert (backlogs["jobs"].running, backlogs["jobs"].outbox_backlog) == (100, 1000)
+    index_of = {"PENDING": "ix_dt_tasks_state", "ENQUEUED": "ix_dt_tasks_sent", "RUNNING": "ix_dt_tasks_sent"}
+    index_of |= {"RETRYING": "ix_dt_tasks_state", "FAILED": "ix_dt_tasks_state", "DEAD": "ix_dt_tasks_state"}
+    any_index = "SUCCEEDED's: no index by state holds it"
+    expected = [[index_of.get(s, any_index) for s in states], ["ix_dt_tasks_sent"], ["ix_dt_tasks_sent"]]
+    with app.engine.connect() as conn:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")  # the plan on tables of any size
+        for (statement, params), indexes in zip(statements, expected, strict=True):
+            scans = task_scans(generic_plan(conn, statement, params))
+            found = [n.get("Index Name") if i != any_index else i for n, i in zip(scans, indexes, strict=True)]
+            assert found == indexes, (statement, scans)
+        conn.rollback()
+
+
+def task_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes of ``plan`` that read ``dt_tasks`` (a bitmap scan: by its index's node)."""
+    indexes = ("dt_tasks_pkey", "uq_dt_tasks_", "ix_dt_tasks_")
+    return [
+        n
+        for n in nodes(plan)
+        if (n.get("Relation Name") == "dt_tasks" and n["Node Type"] != "Bitmap Heap Scan")
+        or (n["Node Type"] == "Bitmap Index Scan" and n["Index Name"].startswith(indexes))
+    ]
