@@ -8,7 +8,8 @@ Submits and dispatches N tasks (fresh schema and namespace, like bench_dt) of on
 ``def`` handler, pydantic payload, dict result, benchmarks/readme_app.py), then runs one
 Worker until all are settled and prints the rate, the process CPU per task, how busy the
 machine was, the CPU the local Postgres (by role: backend, walwriter, ...) and Redis processes
-used per task (read from /proc: the servers share the machine), the HOT updates, and how long
+used per task (read from /proc: the servers share the machine), the WAL PostgreSQL wrote per task,
+the HOT updates, and how long
 the claim and group-commit transactions took (wall, and the CPU of the thread they ran on:
 the loop's on PostgreSQL, where other work interleaves), and the garbage collector's runs per
 generation (the worker's collector is tuned as the CLI's is; DT_GC_YOUNG_THRESHOLD=0 keeps
@@ -39,7 +40,7 @@ import anyio
 from benchmarks import readme_app
 from benchmarks.bench_dt import bench_app, dispatch_all, submit_many
 from benchmarks.proc_cpu import machine_busy, server_cpu, server_cpu_since
-from durable_tasks import TaskContext
+from durable_tasks import App, TaskContext
 from durable_tasks.process import tune_gc
 from durable_tasks.store.postgres import PostgresStore
 from durable_tasks.worker import Worker
@@ -164,6 +165,7 @@ def main() -> None:
         if args.cprofile:
             deterministic = cProfile.Profile()
             deterministic.enable()
+        wal_at = wal_position(app)
         servers = server_cpu()
         machine = machine_busy()
         wall, cpu = time.perf_counter(), time.process_time()
@@ -174,6 +176,7 @@ def main() -> None:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         (busy_after, total_after), (busy_before, total_before) = machine_busy(), machine
         servers_used = server_cpu_since(servers)
+        wal_bytes = wal_since(app, wal_at)
         with app.engine.connect() as conn:
             hot = (
                 conn.exec_driver_sql(
@@ -189,6 +192,8 @@ def main() -> None:
                 out.write(profiler.output_text(unicode=False))
     print(f"drained {done} in {wall:.2f} s = {done / wall:,.0f} tasks/s; process CPU {cpu / done * 1e6:.0f} us/task")
     print(f"machine: {(busy_after - busy_before) / (total_after - total_before):.0%} of {os.cpu_count()} cores busy")
+    if wal_bytes is not None:
+        print(f"PostgreSQL WAL: {wal_bytes / done:,.0f} bytes/task (the server's, over the drain)")
     for table, updated, hot_updated in hot:
         print(f"{table}: {updated} updates, {hot_updated} HOT (cumulative, incl. submit/dispatch)")
     for name, used in sorted(servers_used.items()):
@@ -206,6 +211,28 @@ def main() -> None:
         function_calls = sum(entry[1] for entry in stats.stats.values())  # type: ignore[attr-defined]
         print(f"event loop thread: {function_calls / done:.0f} Python function calls per task (cProfile)")
         stats.sort_stats("tottime").print_stats(args.cprofile)
+
+
+def wal_position(app: App) -> str | None:
+    """PostgreSQL's current WAL position (None on another database)."""
+    if app.engine.dialect.name != "postgresql":
+        return None
+    with app.engine.connect() as conn:
+        return str(conn.exec_driver_sql("SELECT pg_current_wal_lsn()::text").scalar_one())
+
+
+def wal_since(app: App, position: str | None) -> int | None:
+    """Bytes of WAL the server wrote since ``position``: every writer's, so the drain's alone
+    only while nothing else writes to that server (a deterministic measure of what a schema
+    change costs each task, where the rate moves with the machine)."""
+    if position is None:
+        return None
+    with app.engine.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(at)s::pg_lsn)", {"at": position}
+            ).scalar_one()
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The planner setting of the runtime's statements on PostgreSQL, in one place.
 
 Every runtime statement finds its rows by key or through an index (arrays of ids,
-ix_dt_outbox_pending_due, ix_dt_tasks_state), and a prepared statement keeps the generic plan it
+ix_dt_outbox_pending_due, ix_dt_tasks_sent), and a prepared statement keeps the generic plan it
 got when psycopg prepared it, until the next ANALYZE. A queue's tables are small when its
 processes start (a new deployment, a new namespace, a fresh schema): the planner then prefers
 sequential scans, and a plan made then goes on scanning the whole table on every pass as it
