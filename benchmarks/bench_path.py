@@ -1,7 +1,7 @@
 """The path users write, A/B in one process: handler kinds and concurrencies, alternated.
 
     python -m benchmarks.bench_path handlers [--n 5000] [--rounds 3] [--concurrency 16,1000]
-        [--kinds async,sync,sync_model] [--work noop|io|cpu]
+        [--kinds async,sync,sync_model] [--work noop|io|cpu] [--io-seconds 0.05]
 
 Each round drains N pre-submitted, pre-dispatched tasks of each kind with one in-process
 Worker at each concurrency, in rotating order, and prints the rate (N over the worker's wall
@@ -15,8 +15,9 @@ concurrency, close the run. Kinds:
     <kind>+anyio  a sync kind through ``anyio.to_thread`` (the A/B of the worker's own threads)
     <kind>+eager  a sync kind with a sibling thread woken whenever items wait (``stall=0``)
 
-``--work``: ``noop`` returns at once; ``io`` waits 50 ms (``time.sleep`` in a sync handler,
-``anyio.sleep`` in an async one); ``cpu`` spends about 1 ms of CPU in pure Python.
+``--work``: ``noop`` returns at once; ``io`` waits 50 ms (``--io-seconds``; ``time.sleep`` in a
+sync handler, ``anyio.sleep`` in an async one); ``cpu`` spends about 1 ms of CPU in pure Python.
+The worker's settings come from the environment as an App's do (``DT_HANDLER_THREADS=512``).
 Absolute figures depend on what else the machine runs: compare within one run. Each drain's
 line also gives the process's peak RSS during it (``peak_rss_mib``: VmHWM, reset before the
 drain), e.g. what 1,000 blocking sync handlers' threads hold; threads an earlier drain left
@@ -44,6 +45,8 @@ from durable_tasks.process import tune_gc
 from durable_tasks.worker import Worker
 
 KINDS = ("async", "sync", "sync_model", "async_model")
+#: How long an ``io`` handler waits (``--io-seconds``).
+IO_SECONDS = [0.05]
 
 
 class Submission(BaseModel):
@@ -56,7 +59,7 @@ class Submission(BaseModel):
 def spend(work: str) -> None:
     """The sync handlers' body."""
     if work == "io":
-        time.sleep(0.05)
+        time.sleep(IO_SECONDS[0])
     elif work == "cpu":
         x = 0
         for i in range(20_000):  # about 1 ms of pure Python on a 2-core VM
@@ -66,7 +69,7 @@ def spend(work: str) -> None:
 async def aspend(work: str) -> None:
     """The async handlers' body."""
     if work == "io":
-        await anyio.sleep(0.05)
+        await anyio.sleep(IO_SECONDS[0])
     else:
         spend(work)
 
@@ -169,7 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", default="16,1000", help="comma list")
     ap.add_argument("--kinds", default="async,sync,sync_model", help="comma list of " + ",".join(KINDS))
     ap.add_argument("--work", default="noop", choices=["noop", "io", "cpu"])
+    ap.add_argument("--io-seconds", type=float, default=0.05, help="how long an io handler waits")
     a = ap.parse_args(argv)
+    IO_SECONDS[0] = a.io_seconds
     kinds = a.kinds.split(",")
     unknown = {k.removesuffix("+anyio").removesuffix("+eager") for k in kinds} - set(KINDS)
     if unknown:

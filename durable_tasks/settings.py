@@ -166,10 +166,21 @@ class Settings(BaseSettings):
         ge=1,
         le=10_000,
         description="Tasks one worker runs at once (a task waiting for its group commit holds a slot); sync "
-        "handlers get threads only as they block, up to this many. 1,000: measured at or ahead of smaller "
-        "settings for no-op and async handlers, up to 13 % behind 512 for sync ones that block or compute "
-        "(docs/performance.md); blocking sync handlers on cores busy with other work do better at 512, and "
-        "handlers that each need a core (a sandbox) at the cores this worker may use.",
+        "handlers get threads only as they block, up to this many (or handler_threads). 1,000: measured at or "
+        "ahead of smaller settings for no-op and async handlers (docs/performance.md); sync handlers that block "
+        "briefly do better with handler_threads=512 than with fewer slots, and handlers that each need a core "
+        "(a sandbox) want it at the cores this worker may use.",
+    )
+    handler_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Threads one worker runs sync handlers on, at most (None: its concurrency); they start only "
+        "as handlers block, and a sync task beyond them waits for one, holding its slot and lease (the wait "
+        "counts against its timeout: past it, the handler never starts). 512 under "
+        "the default concurrency drained handlers that block 50 ms 15-25 % faster than 1,000 threads; "
+        "handlers that block longer than about 0.2 s want a thread per slot: threads / seconds blocked caps "
+        "their rate (docs/performance.md).",
     )
     heartbeat_interval: Duration = timedelta(seconds=5)
     lease_timeout: Duration = timedelta(seconds=10)
@@ -339,6 +350,7 @@ class SettingsOverrides(TypedDict, total=False):
     dedup_ttl: timedelta
     signing_key: SecretStr | str | None
     concurrency: int
+    handler_threads: int | None
     heartbeat_interval: timedelta
     lease_timeout: timedelta
     read_block: timedelta

@@ -97,7 +97,7 @@ class Worker:
         self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack_now, max_batch=1000)
         self._leases = LeaseKeeper(runtime)
         # Sync handlers' own threads: never anyio's pool, where claims, commits and leases run.
-        self._handler_threads = HandlerThreads(self.concurrency)
+        self._handler_threads = HandlerThreads(min(self.concurrency, s.handler_threads or self.concurrency))
         self._gate = IsolationGate()
         self._payloads = PayloadMemory(s.payload_memory)  # payloads the claims did not carry
         self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts

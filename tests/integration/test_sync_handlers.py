@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 import anyio
@@ -60,3 +61,47 @@ async def test_a_sync_handler_sees_its_own_task_as_the_current_one(app: App) -> 
     await app.dispatch_once()
     assert await app.work(max_tasks=1, timeout=timedelta(seconds=WAIT_S)) == 1
     assert app.get_task(task_id).result == task_id
+
+
+async def test_a_sync_task_waiting_for_a_handler_thread_spends_its_timeout_and_never_starts(
+    make_app: Callable[..., App],
+) -> None:
+    """With DT_HANDLER_THREADS below the concurrency, a sync task beyond the threads waits for
+    one, holding its slot and lease; that wait counts against its timeout, and a task whose
+    timeout passes while it waits fails without its handler ever starting."""
+    app = make_app(handler_threads=1)
+    release = threading.Event()
+    started: list[str] = []
+
+    @app.task(name="hold", queue="jobs", max_attempts=1)
+    def hold(ctx: TaskContext[int], n: int) -> int:
+        started.append("hold")
+        release.wait(WAIT_S)
+        return n
+
+    @app.task(name="brief", queue="jobs", max_attempts=1, timeout=timedelta(milliseconds=300))
+    def brief(ctx: TaskContext[int], n: int) -> int:
+        started.append("brief")
+        return n
+
+    held = submit(app, hold, 1)
+    await app.dispatch_once()
+    worker = Worker(app.runtime, concurrency=2)
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            assert await worker.run(max_tasks=2, timeout=timedelta(seconds=WAIT_S * 2)) == 2
+
+        tg.start_soon(run)
+        with anyio.fail_after(WAIT_S):
+            while started != ["hold"]:  # the one thread is taken
+                await anyio.sleep(0.01)
+        waiting = submit(app, brief, 2)
+        await app.dispatch_once()
+        with anyio.fail_after(WAIT_S):
+            while app.get_task(waiting).state != TaskState.FAILED:
+                await anyio.sleep(0.01)
+        release.set()
+    assert started == ["hold"]  # brief never ran
+    assert app.get_task(waiting).error_type == "TimeoutError"
+    assert app.get_task(held).result == 1

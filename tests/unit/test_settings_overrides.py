@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from durable_tasks import App, Settings, SettingsOverrides
+from durable_tasks.errors import ConfigurationError
 
 POSITIONAL = {"database_url", "redis_url", "namespace"}  # App's own parameters
 
@@ -50,3 +51,21 @@ def test_a_redis_url_whose_port_is_not_a_number_is_refused_at_once_without_repea
         Settings(redis_url="redis+cluster://h1:7000,h2:x/0")
     for fine in ("unix:///tmp/valkey.sock", "rediss+cluster://u:p@h1:7000,h2:7001,h3/0?ssl_cert_reqs=none"):
         assert Settings(redis_url=fine).redis_url == fine
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "handler_threads", "threads"), [(1000, None, 1000), (1000, 512, 512), (100, 512, 100), (64, 8, 8)]
+)
+def test_a_workers_sync_handlers_get_at_most_handler_threads_and_never_more_than_its_concurrency(
+    tmp_path: Any, concurrency: int, handler_threads: int | None, threads: int
+) -> None:
+    from durable_tasks.worker import Worker
+
+    app = App(f"sqlite:///{tmp_path}/t.sqlite3", "redis://127.0.0.1:1", "kw", handler_threads=handler_threads)
+    worker = Worker(app.runtime, concurrency=concurrency)
+    assert worker._handler_threads.limit == threads  # the pool tests/unit/test_handler_threads.py holds to it
+
+
+def test_handler_threads_below_one_is_refused_with_a_typed_error() -> None:
+    with pytest.raises(ConfigurationError, match="handler_threads"):
+        App("sqlite:///unused.sqlite3", "redis://127.0.0.1:1", "kw", handler_threads=0)
