@@ -28,7 +28,7 @@ from sqlalchemy.orm import registry
 from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import UTCDateTime
 
-from .state_indexes import OFF_PATH, SENT, predicate
+from .state_indexes import SENT, predicate, state_predicate
 
 __all__ = [
     "AgentRun",
@@ -134,7 +134,7 @@ class AttemptOutcome(StrEnum):
     HOOK_FAILED = "hook_failed"  # the body succeeded, its on_commit hook raised: nothing was committed
 
 
-_SENT, _OFF_PATH = predicate(SENT), predicate(OFF_PATH)  # see durable_tasks.state_indexes
+_SENT, _UNSUCCEEDED = predicate(SENT), state_predicate()  # see durable_tasks.state_indexes
 
 
 class TaskRecord(RuntimeRecord, table=True):
@@ -143,7 +143,7 @@ class TaskRecord(RuntimeRecord, table=True):
     __tablename__ = "dt_tasks"
     __table_args__ = (
         sa.UniqueConstraint("namespace", "name", "idempotency_key", name="uq_dt_tasks_idem"),
-        sa.Index("ix_dt_tasks_state", "namespace", "state", "queue", postgresql_where=sa.text(_OFF_PATH)),
+        sa.Index("ix_dt_tasks_state", "namespace", "state", "queue", postgresql_where=sa.text(_UNSUCCEEDED)),
         # Operators' views (durable_tasks.readmodel): the task search, newest first, and what
         # finished lately (throughput, latency, failures). The second holds finished rows
         # only, so a task's claim and lease updates never write to it: one entry per task.

@@ -217,11 +217,10 @@ def task_detail(engine: sa.Engine, namespace: str, task_id: str) -> TaskDetail |
 def state_counts(
     engine: sa.Engine, namespace: str, queues: Sequence[str], states: Sequence[str], *, cap: int = COUNT_CAP
 ) -> dict[tuple[str, str], int]:
-    """Tasks per (queue, state), each count stopping at ``cap + 1``: an index range per pair
-    (ix_dt_tasks_state), or on PostgreSQL for ENQUEUED and RUNNING the sent tasks
-    (ix_dt_tasks_sent, whose rows tell the queue), each read until ``cap + 1`` match
-    (durable_tasks.state_indexes). SUCCEEDED tasks are in no index by state there: a count of
-    them reads the namespace's tasks until ``cap + 1`` match (no view counts them)."""
+    """Tasks per (queue, state), each count stopping at ``cap + 1`` (ix_dt_tasks_state: an
+    index range per pair, read at most ``cap + 1`` entries deep). On PostgreSQL that index leaves
+    out SUCCEEDED (durable_tasks.state_indexes): a count of them reads the namespace's tasks
+    until ``cap + 1`` match (no view counts them)."""
     if not queues or not states:
         return {}
     parts = []

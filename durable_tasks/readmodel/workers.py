@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from redis.exceptions import ResponseError
 
 from ..records import TaskState, tasks_table
-from ..state_indexes import sent_tasks
+from ..state_indexes import state_index
 from ..transport.keys import CONSUMER_GROUP
 from ..transport.streams import RedisStreamsTransport
 from .paging import utc
@@ -33,7 +33,7 @@ class WorkerLoad:
 
 
 def running_by_worker(engine: sa.Engine, namespace: str) -> list[WorkerLoad]:
-    """RUNNING tasks grouped by worker (ix_dt_tasks_sent: reads the sent tasks only)."""
+    """RUNNING tasks grouped by worker (ix_dt_tasks_state: reads the running tasks only)."""
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(
@@ -43,7 +43,7 @@ def running_by_worker(engine: sa.Engine, namespace: str) -> list[WorkerLoad]:
                 sa.func.min(t.lease_expires_at).label("lease_min"),
                 sa.func.max(t.lease_expires_at).label("lease_max"),
             )
-            .where(t.namespace == namespace, t.state == TaskState.RUNNING, sent_tasks())
+            .where(t.namespace == namespace, t.state == TaskState.RUNNING, state_index())
             .group_by(t.worker_id)
             .order_by(t.worker_id)
         ).all()

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..records import AttemptRecord, OutboxState, TaskRecord, TaskState, attempts_table, outbox_table, tasks_table
-from ..state_indexes import sent_tasks
+from ..state_indexes import state_index
 from .payloads import stored_payload
 
 __all__ = ["UNKNOWN_TASK_ERROR", "QueueBacklog", "load_task", "queue_backlogs", "task_rows"]
@@ -90,7 +90,7 @@ def queue_backlogs(conn: sa.Connection, namespace: str) -> dict[str, QueueBacklo
     part = sa.case((t.state == TaskState.ENQUEUED, _ENQUEUED), else_=_RUNNING)
     tasks = (
         sa.select(part, t.queue, sa.func.count(), sa.func.min(t.enqueued_at), sa.literal(0))
-        .where(t.namespace == namespace, t.state.in_([TaskState.ENQUEUED, TaskState.RUNNING]), sent_tasks())
+        .where(t.namespace == namespace, t.state.in_([TaskState.ENQUEUED, TaskState.RUNNING]), state_index())
         .group_by(t.state, t.queue)
     )
     found: dict[str, dict[int, sa.Row[Any]]] = {}

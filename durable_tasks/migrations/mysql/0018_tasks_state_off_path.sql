@@ -1,5 +1,0 @@
--- phase: post-deploy
--- Changes nothing here: on PostgreSQL ix_dt_tasks_state becomes a partial index of the tasks
--- off the hot path (durable_tasks/state_indexes.py). SQLite reads a partial index only for a
--- query that repeats its predicate's terms, and MySQL/MariaDB has none: ix_dt_tasks_state keeps
--- every state here. The step keeps the version numbers the same on every backend.
