@@ -16,11 +16,14 @@ from sqlmodel import Session, col, select
 from ..app import App
 from ..errors import ConfigurationError, DurableTasksError, TaskNotFoundError
 from ..records import TERMINAL_STATES, AgentRun, AgentTurn, TaskState, tasks_table
+from ..state_indexes import state_index
 from ..store.ids import is_task_id_shaped
 from ..tasks import Task, TaskContext
 from .model import ChatModel, Message, ModelTurn, RunInfo, ToolCall, ToolRequest, ToolSpec, TurnRequest
 
 __all__ = ["Agent"]
+
+_UNFINISHED = [state for state in TaskState if state not in TERMINAL_STATES]
 
 
 class Agent:
@@ -150,8 +153,9 @@ class Agent:
             .execute(
                 sa.select(tc.id).where(
                     tc.namespace == self.app.settings.namespace,
+                    tc.state.in_(_UNFINISHED),  # ix_dt_tasks_state: the unfinished tasks, not the history
+                    state_index(),  # its predicate on PostgreSQL, in constants (a generic plan's too)
                     tc.idempotency_key.like(f"{run_id}:{old}:%"),
-                    tc.state.not_in(list(TERMINAL_STATES)),
                 )
             )
             .scalars()

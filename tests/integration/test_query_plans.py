@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, readmodel
+from durable_tasks.agents import ScriptedModel
 from durable_tasks.journal import ChildOutcome
 from durable_tasks.records import tasks_table
 from durable_tasks.store import queries, recovery, sql
@@ -34,6 +35,7 @@ from durable_tasks.store.postgres.connections import AsyncConnections
 from durable_tasks.store.postgres.statements import OneStatement
 from durable_tasks.store.results import FinalWrite
 from tests.helpers import first_attempt, private_schema
+from tests.integration.test_agents import build, script
 from tests.integration.test_suspend_store import pending_child
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
@@ -689,3 +691,52 @@ def task_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
         if (n.get("Relation Name") == "dt_tasks" and n["Node Type"] != "Bitmap Heap Scan")
         or (n["Node Type"] == "Bitmap Index Scan" and n["Index Name"].startswith(indexes))
     ]
+
+
+@pytest.mark.anyio
+async def test_a_retry_from_a_turn_finds_the_branchs_unfinished_tasks_without_reading_the_history(
+    make_app: Callable[..., App],
+) -> None:
+    """Agent.retry_from cancels the superseded branch's unfinished tasks: it finds them among
+    the namespace's unfinished tasks (ix_dt_tasks_state, which leaves out the history), in the
+    generic plan too, not among every task the namespace ever ran."""
+    app = make_app()
+    agent = build(app, ScriptedModel(script), [])
+    with Session(app.engine) as s:
+        run_id = agent.start(s, "go")
+        s.commit()
+    await app.dispatch_once()
+    await app.work(max_tasks=1, timeout=timedelta(seconds=5))  # turn 0 recorded, its tool calls queued
+    with app.engine.begin() as conn:  # a history: 20,000 tasks that succeeded
+        conn.exec_driver_sql(
+            "INSERT INTO dt_tasks SELECT (jsonb_populate_record(t, jsonb_build_object('id', gen_random_uuid(),"
+            " 'idempotency_key', NULL, 'state', 'SUCCEEDED', 'finished_at', now()))).* FROM dt_tasks AS t,"
+            " generate_series(1, 20000) WHERE t.id = (SELECT min(id) FROM dt_tasks WHERE namespace = %(ns)s)",
+            {"ns": app.settings.namespace},
+        )
+        conn.exec_driver_sql("ANALYZE dt_tasks")
+    statements: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        statements.append((statement, params))
+
+    sa.event.listen(app.engine, "before_cursor_execute", capture)
+    try:
+        with Session(app.engine) as s:
+            assert agent.retry_from(s, run_id, 0) == 1
+            s.commit()
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", capture)
+    t = tasks_table.c
+    with app.engine.connect() as conn:
+        cancelled = conn.execute(
+            sa.select(t.name).where(t.idempotency_key.like(f"{run_id}:0:%"), t.state == "CANCELLED")
+        ).scalars()
+        assert sorted(name.rsplit(".", 1)[-1] for name in cancelled) == sorted(
+            ["calculator", "lookup", "flaky", "calculator"]  # the unknown tool's call has no task
+        )
+        (statement, params) = next((st, p) for st, p in statements if "LIKE" in st)
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")  # the plan on tables of any size
+        scans = task_scans(generic_plan(conn, statement, params))
+        conn.rollback()
+    assert [n.get("Index Name") for n in scans] == ["ix_dt_tasks_state"], scans
