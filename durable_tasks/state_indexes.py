@@ -6,10 +6,10 @@ counts (waiting, sent, running, retrying, suspended, failed, dead, cancelled), n
 task ever run, and a task's result, the update that makes it SUCCEEDED, writes no entry to it (a
 task's dispatch, claim and result each change its ``state``, and none of those updates is HOT, so
 each writes an entry into every index whose predicate the new row meets). The reconciler walks
-the sent tasks (:data:`SENT`) on ``ix_dt_tasks_sent``. SQLite (which reads a partial index only
-for a query that repeats its predicate's terms) and MySQL/MariaDB (which has none) keep
-``ix_dt_tasks_state`` over every state; operators' views find the tasks that succeeded by
-``finished_at`` (``ix_dt_tasks_finished``).
+the sent tasks (:data:`SENT`) on ``ix_dt_tasks_sent``. MySQL/MariaDB (which has no partial
+index) and SQLite keep ``ix_dt_tasks_state`` over every state: SQLite plans without statistics,
+and the embedded default's plans (:mod:`.store.planning`) were measured with that index.
+Operators' views find the tasks that succeeded by ``finished_at`` (``ix_dt_tasks_finished``).
 
 A query reads a partial index only if its WHERE implies the predicate; with the states as bound
 parameters, a generic plan (psycopg prepares a statement that runs often) cannot tell that it

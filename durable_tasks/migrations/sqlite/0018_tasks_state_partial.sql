@@ -1,5 +1,5 @@
 -- phase: post-deploy
 -- Changes nothing here: on PostgreSQL ix_dt_tasks_state leaves out the tasks that succeeded
--- (durable_tasks/state_indexes.py). SQLite reads a partial index only for a query that repeats
--- its predicate's terms, and MySQL/MariaDB has none: ix_dt_tasks_state keeps every state here.
--- The step keeps the version numbers the same on every backend.
+-- (durable_tasks/state_indexes.py). MySQL/MariaDB has no partial index, and SQLite, which plans
+-- without statistics, keeps the index its plans were measured with: ix_dt_tasks_state holds
+-- every state here. The step keeps the version numbers the same on every backend.
