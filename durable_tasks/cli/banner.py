@@ -40,7 +40,10 @@ def banner(app: App, roles: Sequence[str], *, queues: Sequence[str] | None = Non
     ]
     if "worker" in roles:
         grace, mib = s.shutdown_grace.total_seconds(), s.payload_memory / 2**20
-        lines.append(f"  concurrency  {s.concurrency} (shutdown grace {grace:g} s; payloads over 64 KiB {mib:g} MiB)")
+        threads = "" if s.handler_threads is None else f"; sync-handler threads {s.handler_threads}"
+        lines.append(
+            f"  concurrency  {s.concurrency} (shutdown grace {grace:g} s; payloads over 64 KiB {mib:g} MiB{threads})"
+        )
     if "scheduler" in roles:
         lines.append(f"  schedules    {', '.join(sorted(app.schedules)) or '(none)'}")
     return lines

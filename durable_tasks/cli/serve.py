@@ -2,8 +2,8 @@
 
 Each checks its connections and the schema first (one line and exit 2 when one fails), prints
 a banner of what it runs against what, then runs until SIGINT or SIGTERM. ``run`` and
-``worker`` take what a deployer sets per process (queues, concurrency, shutdown grace) as
-options, overriding the App's settings for this process only.
+``worker`` take what a deployer sets per process (queues, concurrency, handler threads, shutdown
+grace) as options, overriding the App's settings for this process only.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ QueuesOpt = Annotated[
 ]
 ConcurrencyOpt = Annotated[
     int | None, typer.Option("--concurrency", "-c", help="Tasks run at once (default: DT_CONCURRENCY, 1000)")
+]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Threads sync handlers run on, at most (default: DT_HANDLER_THREADS, one per slot; 512 suits "
+        "handlers that block briefly)"
+    ),
 ]
 GraceOpt = Annotated[
     float | None,
@@ -137,6 +144,7 @@ def run(
     app_option: AppOpt = None,
     queues: QueuesOpt = None,
     concurrency: ConcurrencyOpt = None,
+    handler_threads: ThreadsOpt = None,
     shutdown_grace: GraceOpt = None,
     startup_wait: WaitOpt = None,
     dispatcher: Annotated[bool, typer.Option(help="Run a dispatcher")] = True,
@@ -147,7 +155,13 @@ def run(
     """Run dispatcher, worker, reaper and (when the App has schedules) a scheduler in one
     process (Ctrl-C stops gracefully)."""
     the_app = load_app(app_spec(app, app_option))
-    _override(the_app, concurrency=concurrency, shutdown_grace=shutdown_grace, startup_wait=startup_wait)
+    _override(
+        the_app,
+        concurrency=concurrency,
+        handler_threads=handler_threads,
+        shutdown_grace=shutdown_grace,
+        startup_wait=startup_wait,
+    )
     wanted = {"dispatcher": dispatcher, "worker": True, "reaper": reaper, "scheduler": scheduler}
     roles = [role for role, on in wanted.items() if on and (role != "scheduler" or the_app.schedules)]
     serve(the_app, roles, queues=_queues(queues, the_app), log_level=log_level)
@@ -159,13 +173,20 @@ def worker(
     app_option: AppOpt = None,
     queues: QueuesOpt = None,
     concurrency: ConcurrencyOpt = None,
+    handler_threads: ThreadsOpt = None,
     shutdown_grace: GraceOpt = None,
     startup_wait: WaitOpt = None,
     log_level: LogOpt = "INFO",
 ) -> None:
     """Run a worker only."""
     the_app = load_app(app_spec(app, app_option))
-    _override(the_app, concurrency=concurrency, shutdown_grace=shutdown_grace, startup_wait=startup_wait)
+    _override(
+        the_app,
+        concurrency=concurrency,
+        handler_threads=handler_threads,
+        shutdown_grace=shutdown_grace,
+        startup_wait=startup_wait,
+    )
     serve(the_app, ["worker"], queues=_queues(queues, the_app), log_level=log_level)
 
 

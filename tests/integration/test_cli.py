@@ -203,7 +203,8 @@ def test_worker_prints_a_banner_with_masked_urls_and_takes_queues_and_concurrenc
         env = {**os.environ, "DT_DATABASE_URL": database, "DT_NAMESPACE": namespace, "DT_DATA_DIR": str(tmp_path)}
         env["DT_REDIS_URL"] = f"redis://:{secret}@127.0.0.1:{server.port}/0"
         App(database, env["DT_REDIS_URL"], namespace).create_all()
-        with cli_process("worker", "tests.apps.cli_app:app", "-Q", "cli", "-c", "3", env=env) as proc:
+        args = ("-Q", "cli", "-c", "3", "--handler-threads", "2")
+        with cli_process("worker", "tests.apps.cli_app:app", *args, env=env) as proc:
             assert proc.stdout is not None
             banner: list[str] = []
             while not any("concurrency" in line for line in banner):
@@ -219,12 +220,16 @@ def test_worker_prints_a_banner_with_masked_urls_and_takes_queues_and_concurrenc
     assert f"namespace    {namespace}" in text
     assert "queues       cli" in text
     assert "cli.nap (cli)" in text
-    assert "concurrency  3 (shutdown grace 30 s; payloads over 64 KiB 128 MiB)" in text
+    assert "concurrency  3 (shutdown grace 30 s; payloads over 64 KiB 128 MiB; sync-handler threads 2)" in text
 
 
 @pytest.mark.parametrize(
     ("option", "says"),
-    [(["-Q", "nowhere"], "no registered task uses queue nowhere"), (["-c", "0"], "concurrency")],
+    [
+        (["-Q", "nowhere"], "no registered task uses queue nowhere"),
+        (["-c", "0"], "concurrency"),
+        (["--handler-threads", "0"], "handler_threads"),
+    ],
 )
 def test_worker_refuses_a_queue_no_task_uses_and_a_bad_concurrency_in_one_line(
     cli_env: dict[str, str], option: list[str], says: str
