@@ -108,6 +108,13 @@ def _queues(given: list[str] | None, app: App) -> list[str] | None:
     return names or None
 
 
+def _per_process(
+    app: App, concurrency: int | None, handler_threads: int | None, grace: float | None, wait: float | None
+) -> None:
+    """The options ``run`` and ``worker`` share, over the App's settings (None: as set)."""
+    _override(app, concurrency=concurrency, handler_threads=handler_threads, shutdown_grace=grace, startup_wait=wait)
+
+
 def _override(app: App, **values: Any) -> None:
     """Set the given settings on this process's App, validated as DT_* values would be."""
     given = {key: value for key, value in values.items() if value is not None}
@@ -155,13 +162,7 @@ def run(
     """Run dispatcher, worker, reaper and (when the App has schedules) a scheduler in one
     process (Ctrl-C stops gracefully)."""
     the_app = load_app(app_spec(app, app_option))
-    _override(
-        the_app,
-        concurrency=concurrency,
-        handler_threads=handler_threads,
-        shutdown_grace=shutdown_grace,
-        startup_wait=startup_wait,
-    )
+    _per_process(the_app, concurrency, handler_threads, shutdown_grace, startup_wait)
     wanted = {"dispatcher": dispatcher, "worker": True, "reaper": reaper, "scheduler": scheduler}
     roles = [role for role, on in wanted.items() if on and (role != "scheduler" or the_app.schedules)]
     serve(the_app, roles, queues=_queues(queues, the_app), log_level=log_level)
@@ -180,13 +181,7 @@ def worker(
 ) -> None:
     """Run a worker only."""
     the_app = load_app(app_spec(app, app_option))
-    _override(
-        the_app,
-        concurrency=concurrency,
-        handler_threads=handler_threads,
-        shutdown_grace=shutdown_grace,
-        startup_wait=startup_wait,
-    )
+    _per_process(the_app, concurrency, handler_threads, shutdown_grace, startup_wait)
     serve(the_app, ["worker"], queues=_queues(queues, the_app), log_level=log_level)
 
 
