@@ -32,6 +32,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -45,8 +46,6 @@ from durable_tasks.process import tune_gc
 from durable_tasks.worker import Worker
 
 KINDS = ("async", "sync", "sync_model", "async_model")
-#: How long an ``io`` handler waits (``--io-seconds``).
-IO_SECONDS = [0.05]
 
 
 class Submission(BaseModel):
@@ -56,25 +55,36 @@ class Submission(BaseModel):
     code: str
 
 
-def spend(work: str) -> None:
+@dataclass(frozen=True)
+class Work:
+    """What each handler does: ``noop``, ``io`` (wait ``io_seconds``) or ``cpu``."""
+
+    kind: str
+    io_seconds: float = 0.05
+
+    def __str__(self) -> str:
+        return self.kind if self.kind != "io" else f"io {self.io_seconds:g} s"
+
+
+def spend(work: Work) -> None:
     """The sync handlers' body."""
-    if work == "io":
-        time.sleep(IO_SECONDS[0])
-    elif work == "cpu":
+    if work.kind == "io":
+        time.sleep(work.io_seconds)
+    elif work.kind == "cpu":
         x = 0
         for i in range(20_000):  # about 1 ms of pure Python on a 2-core VM
             x += i * i
 
 
-async def aspend(work: str) -> None:
+async def aspend(work: Work) -> None:
     """The async handlers' body."""
-    if work == "io":
-        await anyio.sleep(IO_SECONDS[0])
+    if work.kind == "io":
+        await anyio.sleep(work.io_seconds)
     else:
         spend(work)
 
 
-def register(app: App, work: str) -> None:
+def register(app: App, work: Work) -> None:
     """One task per kind, each on a queue of its own (a drain reads only its kind)."""
 
     @app.task(name="path.async", queue="path.async")
@@ -133,7 +143,7 @@ async def drain_kind(app: App, kind: str, n: int, concurrency: int) -> tuple[flo
     return n / elapsed, cpu / n * 1e6
 
 
-def handlers(n: int, rounds: int, concurrencies: list[int], kinds: list[str], work: str) -> None:
+def handlers(n: int, rounds: int, concurrencies: list[int], kinds: list[str], work: Work) -> None:
     rates: dict[tuple[str, int], list[float]] = defaultdict(list)
     cpus: dict[tuple[str, int], list[float]] = defaultdict(list)
     with bench_app(batch_size=500) as (app, _db, _ns):
@@ -151,7 +161,7 @@ def handlers(n: int, rounds: int, concurrencies: list[int], kinds: list[str], wo
                 peak_rss = rss_mb()[1]
                 rates[(kind, conc)].append(rate)
                 cpus[(kind, conc)].append(cpu)
-                print(json.dumps({"round": rnd + 1, "kind": kind, "concurrency": conc, "work": work,
+                print(json.dumps({"round": rnd + 1, "kind": kind, "concurrency": conc, "work": str(work),
                                   "rate": round(rate, 1), "cpu_us_per_task": round(cpu, 1),
                                   "peak_rss_mib": round(peak_rss, 1)}), flush=True)  # fmt: skip
     print(f"\n== {work} handlers, {n} tasks, median of {rounds} round(s); x async = async rate / kind's ==")
@@ -174,12 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", default="noop", choices=["noop", "io", "cpu"])
     ap.add_argument("--io-seconds", type=float, default=0.05, help="how long an io handler waits")
     a = ap.parse_args(argv)
-    IO_SECONDS[0] = a.io_seconds
     kinds = a.kinds.split(",")
     unknown = {k.removesuffix("+anyio").removesuffix("+eager") for k in kinds} - set(KINDS)
     if unknown:
         raise SystemExit(f"unknown kinds {sorted(unknown)}; choose from {KINDS} (sync ones +anyio, +eager too)")
-    handlers(a.n, a.rounds, [int(c) for c in a.concurrency.split(",")], kinds, a.work)
+    handlers(a.n, a.rounds, [int(c) for c in a.concurrency.split(",")], kinds, Work(a.work, a.io_seconds))
 
 
 if __name__ == "__main__":
