@@ -58,7 +58,7 @@ def state_index() -> sa.TextClause:
     return sa.text(f"({state_predicate('dt_tasks.state')})")
 
 
-def indexed_by_state(state: str) -> sa.TextClause | None:
-    """What a query of the tasks in ``state`` repeats to read ix_dt_tasks_state (None: that
-    index does not hold them)."""
-    return None if state == STATE_INDEX_LEAVES_OUT else state_index()
+def indexed_by_state(state: str) -> list[sa.TextClause]:
+    """What a query of the tasks in ``state`` repeats to read ix_dt_tasks_state, as terms for its
+    WHERE (none: that index does not hold them)."""
+    return [] if state == STATE_INDEX_LEAVES_OUT else [state_index()]

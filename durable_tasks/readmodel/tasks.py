@@ -228,7 +228,7 @@ def state_counts(
         for state in states:
             capped = (
                 sa.select(sa.literal(1).label("one"))
-                .where(t.namespace == namespace, t.state == state, t.queue == queue, *_repeated(state))
+                .where(t.namespace == namespace, t.state == state, t.queue == queue, *indexed_by_state(state))
                 .limit(cap + 1)
                 .subquery()
             )
@@ -240,12 +240,6 @@ def state_counts(
     with engine.connect() as conn:
         rows = conn.execute(sa.union_all(*parts)).all()
     return {(r.queue, r.state): int(r.n) for r in rows}
-
-
-def _repeated(state: str) -> list[sa.TextClause]:
-    """The predicate of ``state``'s partial index, for its count to repeat (if it has one)."""
-    indexed = indexed_by_state(state)
-    return [] if indexed is None else [indexed]
 
 
 @dataclass(frozen=True, slots=True)

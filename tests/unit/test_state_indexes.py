@@ -21,7 +21,7 @@ def test_the_state_index_leaves_out_only_the_history_and_the_sent_index_the_deli
     assert STATE_INDEX_LEAVES_OUT in TERMINAL_STATES
     assert {TaskState(s) for s in SENT} == {TaskState.ENQUEUED, TaskState.RUNNING}
     for state in TaskState:
-        assert (indexed_by_state(state) is None) == (state == TaskState.SUCCEEDED), state
+        assert (indexed_by_state(state) == []) == (state == TaskState.SUCCEEDED), state
 
 
 def test_the_postgres_indexes_are_declared_with_the_predicates_queries_repeat() -> None:
@@ -30,8 +30,7 @@ def test_the_postgres_indexes_are_declared_with_the_predicates_queries_repeat() 
     assert where["ix_dt_tasks_state"] == state_predicate() == "state <> 'SUCCEEDED'"
     assert where["ix_dt_tasks_sent"] == predicate(SENT)
     running = indexed_by_state(TaskState.RUNNING)
-    assert running is not None
-    statement = sa.select(tasks_table.c.id).where(tasks_table.c.state == TaskState.RUNNING, running, sent_tasks())
+    statement = sa.select(tasks_table.c.id).where(tasks_table.c.state == TaskState.RUNNING, *running, sent_tasks())
     compiled = str(statement.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
     assert f"({state_predicate('dt_tasks.state')})" in compiled
     assert f"({predicate(SENT, 'dt_tasks.state')})" in compiled
