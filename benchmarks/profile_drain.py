@@ -9,7 +9,7 @@ Submits and dispatches N tasks (fresh schema and namespace, like bench_dt) of on
 Worker until all are settled and prints the rate, the process CPU per task, how busy the
 machine was, the CPU the local Postgres (by role: backend, walwriter, ...) and Redis processes
 used per task (read from /proc: the servers share the machine), the WAL PostgreSQL wrote per task,
-the HOT updates, and how long
+the HOT updates and the heap bytes per task of dt_tasks, dt_outbox and dt_attempts, and how long
 the claim and group-commit transactions took (wall, and the CPU of the thread they ran on:
 the loop's on PostgreSQL, where other work interleaves), and the garbage collector's runs per
 generation (the worker's collector is tuned as the CLI's is; DT_GC_YOUNG_THRESHOLD=0 keeps
@@ -180,7 +180,7 @@ def main() -> None:
         with app.engine.connect() as conn:
             hot = (
                 conn.exec_driver_sql(
-                    "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                    "SELECT relname, n_tup_upd, n_tup_hot_upd, pg_relation_size(relid) FROM pg_stat_user_tables"
                     " WHERE relname IN ('dt_tasks', 'dt_attempts', 'dt_outbox') AND schemaname = current_schema()"
                 ).all()
                 if app.engine.dialect.name == "postgresql"
@@ -194,8 +194,11 @@ def main() -> None:
     print(f"machine: {(busy_after - busy_before) / (total_after - total_before):.0%} of {os.cpu_count()} cores busy")
     if wal_bytes is not None:
         print(f"PostgreSQL WAL: {wal_bytes / done:,.0f} bytes/task (the server's, over the drain)")
-    for table, updated, hot_updated in hot:
-        print(f"{table}: {updated} updates, {hot_updated} HOT (cumulative, incl. submit/dispatch)")
+    for table, updated, hot_updated, size in hot:
+        print(
+            f"{table}: {updated} updates, {hot_updated} HOT (cumulative, incl. submit/dispatch);"
+            f" {size / done:,.0f} heap bytes/task"
+        )
     for name, used in sorted(servers_used.items()):
         print(f"{name} processes: CPU {used / done * 1e6:.0f} us/task ({used / wall:.0%} of a core)")
     collector.report()

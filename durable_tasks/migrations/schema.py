@@ -2,10 +2,11 @@
 the models (:data:`durable_tasks.records.metadata`), per dialect.
 
 A shape holds what the runtime depends on: columns with their type as the dialect spells it
-and their nullability, the primary key, indexes (columns, uniqueness, partial predicate) and
-unique constraints. :func:`differences` names each way one shape departs from another in a
-line an operator can act on; ``doctor`` reports them as drift, and the tests use them to prove
-that the migrations make exactly what the models declare.
+and their nullability, the primary key, indexes (columns, uniqueness, partial predicate), unique
+constraints and the table's storage parameters (PostgreSQL's ``WITH (fillfactor = 50)``).
+:func:`differences` names each way one shape departs from another in a line an operator can act
+on; ``doctor`` reports them as drift, and the tests use them to prove that the migrations make
+exactly what the models declare.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ class TableShape:
     primary_key: tuple[str, ...] = ()
     indexes: dict[str, Index] = field(default_factory=dict)
     uniques: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    storage: tuple[str, ...] = ()  # storage parameters, ``name=value``, sorted
+
+
+def _storage(options: dict[str, Any] | None) -> tuple[str, ...]:
+    """Storage parameters as ``name=value``, sorted: PostgreSQL reflects them as text."""
+    return tuple(sorted(f"{name}={value}" for name, value in (options or {}).items()))
 
 
 def runtime_tables() -> list[str]:
@@ -100,7 +107,8 @@ def reflect_shape(
             if not ix.get("duplicates_constraint") and ix["name"] not in uniques
         }
         pk = tuple(inspector.get_pk_constraint(name, schema=schema)["constrained_columns"])
-        found[name] = TableShape(columns, pk, indexes, uniques)
+        storage = _storage(inspector.get_table_options(name, schema=schema).get(f"{dialect.name}_with"))
+        found[name] = TableShape(columns, pk, indexes, uniques, storage)
     return found
 
 
@@ -123,7 +131,9 @@ def model_shape(dialect: sa.Dialect, tables: sa.MetaData = metadata) -> dict[str
             for c in table.constraints
             if isinstance(c, sa.UniqueConstraint)
         }
-        shapes[table.name] = TableShape(columns, tuple(c.name for c in table.primary_key.columns), indexes, uniques)
+        pk = tuple(c.name for c in table.primary_key.columns)
+        storage = _storage(table.dialect_options[dialect.name].get("with"))
+        shapes[table.name] = TableShape(columns, pk, indexes, uniques, storage)
     return shapes
 
 
@@ -170,4 +180,6 @@ def _table_differences(name: str, have: TableShape, want: TableShape) -> list[st
                 got_shown = got.describe() if isinstance(got, Index) else f"({', '.join(got)})"
                 lines.append(f"{name}: {kind} {ix_name} is {got_shown}, expected {shown}")
         lines += [f"{name}: extra {kind} {n}" for n in have_map if n not in want_map]
+    if have.storage != want.storage:
+        lines.append(f"{name}: storage ({', '.join(have.storage)}), expected ({', '.join(want.storage)})")
     return lines

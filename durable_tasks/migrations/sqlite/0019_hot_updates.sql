@@ -1,0 +1,4 @@
+-- Changes nothing here: on PostgreSQL dt_outbox and dt_attempts leave half of each page free, so
+-- that an outbox row's lease and an attempt's close are heap-only updates. InnoDB and SQLite
+-- update a row where it is stored, and have no such setting. The step keeps the version numbers
+-- the same on every backend.
