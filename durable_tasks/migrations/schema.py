@@ -181,5 +181,14 @@ def _table_differences(name: str, have: TableShape, want: TableShape) -> list[st
                 lines.append(f"{name}: {kind} {ix_name} is {got_shown}, expected {shown}")
         lines += [f"{name}: extra {kind} {n}" for n in have_map if n not in want_map]
     if have.storage != want.storage:
-        lines.append(f"{name}: storage ({', '.join(have.storage)}), expected ({', '.join(want.storage)})")
+        # Not a step to run (the version says it ran): the statement that puts it right.
+        fix = f"SET ({', '.join(want.storage)})" if want.storage else f"RESET ({', '.join(_names(have.storage))})"
+        lines.append(
+            f"{name}: storage parameters ({', '.join(have.storage) or 'none'}),"
+            f" expected ({', '.join(want.storage) or 'none'}): ALTER TABLE {name} {fix}"
+        )
     return lines
+
+
+def _names(storage: tuple[str, ...]) -> list[str]:
+    return [parameter.split("=", 1)[0] for parameter in storage]
