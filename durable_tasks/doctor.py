@@ -267,7 +267,7 @@ def check_schema(f: Facts) -> Finding:
     missing = [
         line
         for line in f.schema.drift
-        if " extra " not in line and not line.startswith("extra ") and ": storage parameters " not in line
+        if " extra " not in line and not line.startswith("extra ") and ": storage parameter " not in line
     ]
     if f.schema.drift:
         return Finding(

@@ -3,7 +3,8 @@ the models (:data:`durable_tasks.records.metadata`), per dialect.
 
 A shape holds what the runtime depends on: columns with their type as the dialect spells it
 and their nullability, the primary key, indexes (columns, uniqueness, partial predicate), unique
-constraints and the table's storage parameters (PostgreSQL's ``WITH (fillfactor = 50)``).
+constraints and the storage parameters the models set (PostgreSQL's ``WITH (fillfactor = 50)``;
+others an operator set, an autovacuum setting say, are the operator's and not compared).
 :func:`differences` names each way one shape departs from another in a line an operator can act
 on; ``doctor`` reports them as drift, and the tests use them to prove that the migrations make
 exactly what the models declare.
@@ -46,12 +47,12 @@ class TableShape:
     primary_key: tuple[str, ...] = ()
     indexes: dict[str, Index] = field(default_factory=dict)
     uniques: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    storage: tuple[str, ...] = ()  # storage parameters, ``name=value``, sorted
+    storage: dict[str, str] = field(default_factory=dict)  # storage parameter -> value, as text
 
 
-def _storage(options: dict[str, Any] | None) -> tuple[str, ...]:
-    """Storage parameters as ``name=value``, sorted: PostgreSQL reflects them as text."""
-    return tuple(sorted(f"{name}={value}" for name, value in (options or {}).items()))
+def _storage(options: dict[str, Any] | None) -> dict[str, str]:
+    """Storage parameters with their values as text, as PostgreSQL reflects them."""
+    return {name: str(value) for name, value in (options or {}).items()}
 
 
 def runtime_tables() -> list[str]:
@@ -180,15 +181,9 @@ def _table_differences(name: str, have: TableShape, want: TableShape) -> list[st
                 got_shown = got.describe() if isinstance(got, Index) else f"({', '.join(got)})"
                 lines.append(f"{name}: {kind} {ix_name} is {got_shown}, expected {shown}")
         lines += [f"{name}: extra {kind} {n}" for n in have_map if n not in want_map]
-    if have.storage != want.storage:
-        # Not a step to run (the version says it ran): the statement that puts it right.
-        fix = f"SET ({', '.join(want.storage)})" if want.storage else f"RESET ({', '.join(_names(have.storage))})"
-        lines.append(
-            f"{name}: storage parameters ({', '.join(have.storage) or 'none'}),"
-            f" expected ({', '.join(want.storage) or 'none'}): ALTER TABLE {name} {fix}"
-        )
+    unlike = {key: value for key, value in want.storage.items() if have.storage.get(key) != value}
+    if unlike:  # not a step to run (the version says it ran): the statement that puts it right
+        found = ", ".join(f"{key}={have.storage.get(key, 'unset')}" for key in unlike)
+        expected = ", ".join(f"{key}={value}" for key, value in unlike.items())
+        lines.append(f"{name}: storage parameter {found}, expected {expected}: ALTER TABLE {name} SET ({expected})")
     return lines
-
-
-def _names(storage: tuple[str, ...]) -> list[str]:
-    return [parameter.split("=", 1)[0] for parameter in storage]
