@@ -62,9 +62,12 @@ def close_stale(transport: RedisStreamsTransport) -> None:
         if writer is None:
             continue
         sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        if sock is None or sock.fileno() < 0:
+            continue
+        # On a second descriptor of the same socket: the loop's own socket object may refuse
+        # shutdown() (uvloop's does), while a shutdown reaches the connection from any descriptor.
+        with contextlib.suppress(OSError), socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:
+            dup.shutdown(socket.SHUT_RDWR)
 
 
 def _connections(client: Any) -> list[Any]:
