@@ -6,7 +6,8 @@
 Submits and dispatches N tasks (fresh schema and namespace, like bench_dt) of one kind
 (``noop``: the headline's ``async def`` no-op with an int payload; ``readme``: the README's
 ``def`` handler, pydantic payload, dict result, benchmarks/readme_app.py), then runs one
-Worker until all are settled and prints the rate, the process CPU per task, how busy the
+Worker until all are settled and prints the rate, the process CPU per task (and the event loop
+thread's, with the share of the drain it was busy), how busy the
 machine was, the CPU the local Postgres (by role: backend, walwriter, ...) and Redis processes
 used per task (read from /proc: the servers share the machine), the WAL PostgreSQL wrote per task,
 the HOT updates and the heap bytes per task of dt_tasks, dt_outbox and dt_attempts, and how long
@@ -152,8 +153,14 @@ def main() -> None:
         worker = Worker(app.runtime)
         tune_gc(app.settings)  # as the CLI's worker at this concurrency (DT_GC_YOUNG_THRESHOLD=0: Python's)
 
+        loop_cpu = [0.0]
+
         async def drain() -> int:
-            return await worker.run(max_tasks=args.n)
+            began = time.thread_time()  # the event loop's thread: the worker's own code runs on it
+            try:
+                return await worker.run(max_tasks=args.n)
+            finally:
+                loop_cpu[0] = time.thread_time() - began
 
         profiler = None
         if args.profile:
@@ -192,6 +199,7 @@ def main() -> None:
                 out.write(profiler.output_text(unicode=False))
     print(f"drained {done} in {wall:.2f} s = {done / wall:,.0f} tasks/s; process CPU {cpu / done * 1e6:.0f} us/task")
     print(f"machine: {(busy_after - busy_before) / (total_after - total_before):.0%} of {os.cpu_count()} cores busy")
+    print(f"event loop thread: CPU {loop_cpu[0] / done * 1e6:.0f} us/task, busy {loop_cpu[0] / wall:.0%} of the drain")
     if wal_bytes is not None:
         print(f"PostgreSQL WAL: {wal_bytes / done:,.0f} bytes/task (the server's, over the drain)")
     for table, updated, hot_updated, size in hot:
