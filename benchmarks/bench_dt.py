@@ -629,7 +629,7 @@ def latency(
                     error="warm-up task did not finish",
                 )
                 return
-            cpu_before = kids.cpu_seconds()
+            cpu_before, servers_before = kids.cpu_seconds(), server_cpu()
             t0 = time.perf_counter()
             submitted: dict[str, float] = {}  # task id -> when its submit transaction committed
 
@@ -653,6 +653,7 @@ def latency(
             # CPU per task of each process over the run (wait_count's polls end within 0.2 s of
             # the last task; an idle process spends next to nothing meanwhile)
             cpu_ms = [(b - a) * 1000 / n for a, b in zip(cpu_before, kids.cpu_seconds(), strict=True)]
+            server_roles = {role: used * 1000 / n for role, used in server_cpu_since(servers_before).items() if used}
         if done < n + 1:
             record(
                 f"submit->result p50 @{rate:g}/s",
@@ -742,6 +743,24 @@ def latency(
             metric="latency_cpu_per_task",
             worker=round(cpu_ms[0], 3),
             dispatcher=round(cpu_ms[1], 3),
+            **extra,
+        )
+        # The same as the peers' (benchmarks/peers/driver.py): the processes that run the tasks
+        # (worker and dispatcher here), and the local PostgreSQL and Redis servers, the
+        # submits' work included.
+        record(
+            "CPU per task at the paced rate: worker + dispatcher processes",
+            sum(cpu_ms),
+            "ms",
+            metric="latency_worker_cpu_per_task",
+            **extra,
+        )
+        record(
+            "CPU per task at the paced rate: PostgreSQL and Redis servers",
+            sum(server_roles.values()),
+            "ms",
+            metric="latency_server_cpu_per_task",
+            by_role={role: round(ms, 3) for role, ms in sorted(server_roles.items())},
             **extra,
         )
         record(

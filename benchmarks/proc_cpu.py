@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-__all__ = ["DATABASES", "database_cpu_since", "machine_busy", "server_cpu", "server_cpu_since"]
+__all__ = ["DATABASES", "database_cpu_since", "machine_busy", "server_cpu", "server_cpu_since", "session_cpu"]
 
 #: The names of the database servers' processes (postgres: one per connection and helper).
 DATABASES = ("postgres", "mariadbd", "mysqld")
@@ -55,6 +55,24 @@ def server_cpu() -> dict[tuple[str, str], float]:
         for server in (*DATABASES, "redis", "valkey"):
             if name.startswith(server):
                 used[(f"{server} {_role(pid, server)}".strip(), pid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
+def session_cpu(sid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of session ``sid``: a
+    worker started in a session of its own and every process it started (a child that exited
+    is left out)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid:
+            used += (int(fields[11]) + int(fields[12])) / ticks
     return used
 
 

@@ -56,6 +56,8 @@ COMPARABLE = {
     "start_latency_p50": "start_latency_p50",
     "start_latency_p99": "start_latency_p99",
     "enqueue_rate": "submit_dt_only_txn_per_s",
+    "latency_worker_cpu_per_task": "latency_worker_cpu_per_task",
+    "latency_server_cpu_per_task": "latency_server_cpu_per_task",
 }
 HIGHER_IS_BETTER = {"processing_rate", "enqueue_rate"}
 
@@ -341,7 +343,7 @@ def print_summary(
         print(f"   fastest peer: {b['peer']} ({fmt(b['value'])} tasks/s); ratio = system / that")
     head = (
         f"{'system':<15}{'tasks/s':>10}{'x fastest':>11}{'start p50':>11}{'start p99':>11}"
-        f"{'x best p50':>12}{'paced/s':>9}{'enqueue/s':>11}"
+        f"{'x best p50':>12}{'paced/s':>9}{'enqueue/s':>11}{'cpu ms':>8}{'srv ms':>8}"
     )
     print(head + "\n" + "-" * len(head))
     rows = [DT, *peers]
@@ -360,6 +362,8 @@ def print_summary(
             f"{fmt(r.get('start_latency_p50'), 2):>12}"
             f"{fmt(summary.get(system, {}).get('latency_achieved_rate', {}).get('median')):>9}"
             f"{fmt(comparable(summary, system, 'enqueue_rate')):>11}"
+            f"{fmt(comparable(summary, system, 'latency_worker_cpu_per_task'), 2):>8}"
+            f"{fmt(comparable(summary, system, 'latency_server_cpu_per_task'), 2):>8}"
             + (f"   ({len(errors)} error(s))" if errors else "")
         )
     readme = summary.get(DT, {}).get("readme_drain_rate", {}).get("median")
@@ -371,6 +375,8 @@ def print_summary(
         f"{DRAIN_CONCURRENCY}); README path = def handler, pydantic payload, dict result, `durable-tasks worker` "
         "at defaults; start = submit->handler start; "
         "enqueue/s = submit() transactions/s (one task each)\n"
+        "   cpu ms / srv ms = CPU per task while the latency's tasks ran: the worker's processes (durable_tasks: "
+        "worker + dispatcher), and the local PostgreSQL and Redis servers (the enqueues' work included)\n"
         f"   paced/s = the rate the latency producer reached (asked: {a.lat_rate:g}/s); below it, the producer "
         "could not keep up and latency is measured at that lower rate"
     )

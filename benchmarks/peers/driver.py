@@ -6,7 +6,9 @@ A) reset; one producer enqueues N no-op tasks, one call at a time, with no worke
    (enqueue rate); then ONE worker process starts: processing rate = N / (last task finish -
    first task start), both timed inside the task, so worker start-up does not count.
 B) reset; a fresh worker; one warm-up task; then L tasks paced at R/s: submit->start latency
-   (time.time() in the producer before the enqueue call -> time.time() first thing in the task).
+   (time.time() in the producer before the enqueue call -> time.time() first thing in the task),
+   and the CPU per task of the worker's processes (its session) and of the local PostgreSQL and
+   Redis servers over the paced tasks (benchmarks/proc_cpu.py).
 
 Prints one JSON object per line: {"system", "metric", "value", "unit", "round", ...}; a failed
 phase has "value": null and "error". Every wait is bounded; each worker runs in its own
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -29,6 +32,19 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 LOGDIR = os.environ.get("BENCH_LOGDIR", os.path.join(os.path.dirname(os.path.dirname(HERE)), ".bench", "logs"))
+
+
+def _proc_cpu():
+    """benchmarks/proc_cpu.py, loaded by its path: the benchmarks folder on sys.path would
+    shadow a peer's own modules (run, record, plot)."""
+    path = os.path.join(os.path.dirname(HERE), "proc_cpu.py")
+    spec = importlib.util.spec_from_file_location("dt_bench_proc_cpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+proc_cpu = _proc_cpu()
 
 
 def emit(peer: str, metric: str, value: float | None, unit: str, **extra: object) -> None:
@@ -128,9 +144,17 @@ def main() -> None:
             mod.produce(1, 0.0, warmup=True)
             why = wait_file(out + ".ready", 60, proc)
             achieved = None
+            worker_ms = 0.0
+            roles: dict[str, float] = {}
             if why is None:
+                worker_cpu, servers = proc_cpu.session_cpu(proc.pid), proc_cpu.server_cpu()
                 achieved = a.lat_n / mod.produce(a.lat_n, a.lat_rate)
                 why = wait_file(out, 60 + a.lat_n / a.lat_rate, proc)
+                # What the paced tasks cost the worker's processes and the servers (PostgreSQL,
+                # Redis: the enqueues' work included), per task
+                worker_ms = (proc_cpu.session_cpu(proc.pid) - worker_cpu) * 1000 / a.lat_n
+                used = proc_cpu.server_cpu_since(servers)
+                roles = {role: seconds * 1000 / a.lat_n for role, seconds in used.items() if seconds}
         finally:
             stop_worker(proc, log)
         if why is None:
@@ -139,6 +163,9 @@ def main() -> None:
             extra = {"n": len(lat), "rate": a.lat_rate, "achieved_rate": round(achieved or 0, 1), **common}
             emit(peer, "start_latency_p50", statistics.median(lat), "ms", **extra)
             emit(peer, "start_latency_p99", pct(lat, 99), "ms", **extra)
+            emit(peer, "latency_worker_cpu_per_task", worker_ms, "ms", **extra)
+            by_role = {role: round(ms, 3) for role, ms in sorted(roles.items())}
+            emit(peer, "latency_server_cpu_per_task", sum(roles.values()), "ms", by_role=by_role, **extra)
             emit(peer, "start_latency_samples", None, "ms", samples=[round(x, 2) for x in lat], **extra)
         else:
             emit(peer, "start_latency_p50", None, "ms", rate=a.lat_rate, error=why, **common)
