@@ -1,6 +1,6 @@
 """Where a worker's claim spends its time on the latency path, one delivery at a time.
 
-    python -m benchmarks.profile_claim [--n 300]
+    python -m benchmarks.profile_claim [--n 300] [--gap 0.005] [--cpu]
 
 Submits ``4 x N`` tasks (fresh schema and namespace, like bench_dt; PostgreSQL only) and claims
 them one at a time on the worker's own connections, rotating through four kinds of call so that
@@ -10,7 +10,9 @@ statement committed without waiting for the WAL flush (``synchronous_commit = of
 runtime does NOT do: the fences rest on the claim). Prints the median wall time of each and the
 server's own time for the statement (``EXPLAIN ANALYZE`` of one more claim). The difference
 between the store's claim and the round trip is what a claim adds to submit->start; the one
-without the flush shows how little of it the flush is.
+without the flush shows how little of it the flush is. With ``--cpu`` each call is timed by the
+event loop thread's CPU instead: what a statement costs the worker's interpreter (psycopg, the
+loop, the store's wrapper), which a task at a low rate pays whole, sharing it with no other task.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="seconds to sleep before each call (0.005: a claim every 5 ms, as at 200/s)",
     )
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="time each call by the event loop thread's CPU (time.thread_time) instead of the wall clock: "
+        "what a claim costs the worker's own process",
+    )
     a = ap.parse_args(argv)
     with bench_app(publish_on_commit=False) as (app, _db, ns):
         store = app.runtime.store
@@ -59,15 +67,16 @@ def main(argv: list[str] | None = None) -> None:
         t = tasks_table.c
         with app.engine.connect() as conn:
             keys = conn.execute(sa.select(t.id, t.generation, t.delivery).where(t.namespace == ns).order_by(t.id)).all()
-        wall = anyio.run(claim_each, store, ns, [ClaimRequest(*k) for k in keys], a.n, a.gap)
+        clock = time.thread_time if a.cpu else time.perf_counter
+        wall = anyio.run(claim_each, store, ns, [ClaimRequest(*k) for k in keys], a.n, a.gap, clock)
     warm = a.n // 10  # the first claims open connections and prepare the statement
-    print(f"one delivery per claim, medians of {a.n - warm} calls each (ms):")
+    print(f"one delivery per claim, medians of {a.n - warm} calls each (ms of {'CPU' if a.cpu else 'wall'} time):")
     for kind in KINDS:
         print(f"  {kind:<40} {statistics.median(wall[kind][warm:]) * 1000:7.3f}")
 
 
 async def claim_each(
-    store: PostgresStore, ns: str, requests: list[ClaimRequest], n: int, gap: float
+    store: PostgresStore, ns: str, requests: list[ClaimRequest], n: int, gap: float, clock: Callable[[], float]
 ) -> dict[str, list[float]]:
     conns = store.connections
     select_1 = statements.OneStatement("SELECT 1", {}, lambda rows: rows)
@@ -93,9 +102,9 @@ async def claim_each(
         for kind, call in calls.items():
             if gap:
                 await anyio.sleep(gap)
-            began = time.perf_counter()
+            began = clock()
             await call(next(pending))
-            wall[kind].append(time.perf_counter() - began)
+            wall[kind].append(clock() - began)
     last = statement(next(pending))
     plan = await conns.run(replace(last, sql="EXPLAIN (ANALYZE, TIMING OFF) " + last.sql, read=lambda rows: rows))
     server = [row[0] for row in plan if "Execution Time" in row[0] or "Planning Time" in row[0]]
