@@ -18,6 +18,7 @@ import anyio
 import psycopg
 import sqlalchemy as sa
 from anyio import to_thread
+from psycopg import pq
 
 from .. import engine as engine_options
 from ..engine import wrapped_error
@@ -34,6 +35,14 @@ logger = logging.getLogger(__name__)
 #: Statements in flight at once on one loop's connections (the worker has two claims and two
 #: group commits in flight, the dispatcher two passes, lease renewals come on top).
 MAX_CONNECTIONS = 8
+
+
+def _returns_rows(cursor: psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returned rows to fetch: what ``cursor.description`` tells,
+    without building its Column objects (one per column on every access: a claim returns 22,
+    a share of what one statement costs the loop's thread at a low rate)."""
+    result = cursor.pgresult
+    return result is not None and (result.nfields > 0 or result.status == pq.ExecStatus.TUPLES_OK)
 
 
 class AsyncConnections:
@@ -67,14 +76,14 @@ class AsyncConnections:
             if self._own_sessions:
                 async with conn.cursor() as cursor:
                     await cursor.execute(statement.sql, statement.params, prepare=statement.prepare)
-                    rows: Rows = await cursor.fetchall() if cursor.description else []
+                    rows: Rows = await cursor.fetchall() if _returns_rows(cursor) else []
             else:
                 # Behind a pooler: the setting travels with the statement, in one message (one
                 # round trip, one implicit transaction), and ends with it.
                 async with psycopg.AsyncClientCursor(conn) as client_side:
                     await client_side.execute(f"{TRANSACTION_SQL}; {statement.sql}", statement.params)
                     client_side.nextset()
-                    rows = await client_side.fetchall() if client_side.description else []
+                    rows = await client_side.fetchall() if _returns_rows(client_side) else []
             reusable = True
             return rows
         except psycopg.Error as exc:
