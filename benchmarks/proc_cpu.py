@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Iterator
 
 __all__ = ["DATABASES", "database_cpu_since", "machine_busy", "server_cpu", "server_cpu_since", "session_cpu"]
 
@@ -39,22 +40,28 @@ def machine_busy() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def server_cpu() -> dict[tuple[str, str], float]:
-    """CPU seconds (user + system) used so far by every local database (:data:`DATABASES`) and
-    redis/valkey process, by (role, pid)."""
+def _processes() -> Iterator[tuple[str, str, int, float]]:
+    """Every live process: (pid, name, session id, CPU seconds used so far, user + system)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    used: dict[tuple[str, str], float] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii") as f:
                 stat = f.read()
         except OSError:
             continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from the state on: the name may hold spaces
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
+        yield pid, name, int(fields[3]), (int(fields[11]) + int(fields[12])) / ticks
+
+
+def server_cpu() -> dict[tuple[str, str], float]:
+    """CPU seconds (user + system) used so far by every local database (:data:`DATABASES`) and
+    redis/valkey process, by (role, pid)."""
+    used: dict[tuple[str, str], float] = {}
+    for pid, name, _session, seconds in _processes():
         for server in (*DATABASES, "redis", "valkey"):
             if name.startswith(server):
-                used[(f"{server} {_role(pid, server)}".strip(), pid)] = (int(fields[11]) + int(fields[12])) / ticks
+                used[(f"{server} {_role(pid, server)}".strip(), pid)] = seconds
     return used
 
 
@@ -62,18 +69,7 @@ def session_cpu(sid: int) -> float:
     """CPU seconds (user + system) used so far by the live processes of session ``sid``: a
     worker started in a session of its own and every process it started (a child that exited
     is left out)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    used = 0.0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid:
-            used += (int(fields[11]) + int(fields[12])) / ticks
-    return used
+    return sum(seconds for _pid, _name, session, seconds in _processes() if session == sid)
 
 
 def server_cpu_since(before: dict[tuple[str, str], float]) -> dict[str, float]:
