@@ -75,7 +75,11 @@ else:
 
 
 @pytest.fixture(scope="session")
-def anyio_backend() -> str:
+def anyio_backend() -> str | tuple[str, dict[str, Any]]:
+    """asyncio's own loop; ``DT_TEST_EVENT_LOOP=uvloop`` runs every async test on uvloop instead
+    (the loop uvicorn picks when it is installed: docs/performance-design.md)."""
+    if os.environ.get("DT_TEST_EVENT_LOOP") == "uvloop":
+        return ("asyncio", {"use_uvloop": True})
     return "asyncio"
 
 
