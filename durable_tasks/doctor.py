@@ -8,7 +8,6 @@ configured badly.
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -20,6 +19,7 @@ from redis.exceptions import ResponseError
 from sqlalchemy.exc import SQLAlchemyError
 
 from .migrations import SchemaReport, schema_report
+from .migrations.schema import is_extra, is_storage
 from .readmodel.tasks import oldest_final
 from .settings import Settings
 from .store import DatabaseProblem
@@ -264,7 +264,7 @@ def check_schema(f: Facts) -> Finding:
     if f.schema.problem is not None:
         return Finding(Level.ERROR, "schema", f.schema.problem)
     # Extra columns or indexes, and storage parameters (a table's speed, not its statements), warn.
-    missing = [line for line in f.schema.drift if not re.search(r"^extra | extra |: storage parameter ", line)]
+    missing = [line for line in f.schema.drift if not (is_extra(line) or is_storage(line))]
     if f.schema.drift:
         return Finding(
             Level.ERROR if missing else Level.WARNING,

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from ..errors import MigrationError
 from ..records import tasks_table
 from .backends import Backend, backend_for, execute
-from .schema import differences, reflect_shape
+from .schema import differences, is_extra, reflect_shape
 from .steps import BACKENDS, Phase, Step, load_steps
 
 __all__ = [
@@ -304,7 +304,7 @@ def existing_version(conn: sa.Connection, backend: Backend, steps: Sequence[Step
         problems = [
             line
             for line in differences(actual, expected)
-            if not re.search(r"(^|: )extra ", line) and line.removeprefix("missing table ") not in absent
+            if not is_extra(line) and line.removeprefix("missing table ") not in absent
         ]
         if not problems:
             closest = (version, [], absent)

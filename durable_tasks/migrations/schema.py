@@ -22,7 +22,13 @@ import sqlalchemy as sa
 from ..records import metadata
 from ..store.schema import made_on
 
-__all__ = ["TableShape", "differences", "model_shape", "reflect_shape", "runtime_tables"]
+__all__ = ["TableShape", "differences", "is_extra", "is_storage", "model_shape", "reflect_shape", "runtime_tables"]
+
+#: What a line of :func:`differences` is about, read where the lines are written: something the
+#: models lack (an operator's own table, column, index or unique constraint, which the runtime
+#: never reads), and a storage parameter the models set (a table's speed, not its statements).
+_EXTRA = re.compile(r"(^|: )extra ")
+_STORAGE = ": storage parameter "
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +144,16 @@ def model_shape(dialect: sa.Dialect, tables: sa.MetaData = metadata) -> dict[str
     return shapes
 
 
+def is_extra(line: str) -> bool:
+    """Whether a line of :func:`differences` names something the models do not have."""
+    return _EXTRA.search(line) is not None
+
+
+def is_storage(line: str) -> bool:
+    """Whether a line of :func:`differences` names a storage parameter the models set."""
+    return _STORAGE in line
+
+
 def differences(
     actual: dict[str, TableShape | None], expected: dict[str, TableShape] | dict[str, TableShape | None]
 ) -> list[str]:
@@ -185,5 +201,5 @@ def _table_differences(name: str, have: TableShape, want: TableShape) -> list[st
     if unlike:  # not a step to run (the version says it ran): the statement that puts it right
         found = ", ".join(f"{key}={have.storage.get(key, 'unset')}" for key in unlike)
         expected = ", ".join(f"{key}={value}" for key, value in unlike.items())
-        lines.append(f"{name}: storage parameter {found}, expected {expected}: ALTER TABLE {name} SET ({expected})")
+        lines.append(f"{name}{_STORAGE}{found}, expected {expected}: ALTER TABLE {name} SET ({expected})")
     return lines
