@@ -68,11 +68,11 @@ def main(argv: list[str] | None = None) -> None:
         with app.engine.connect() as conn:
             keys = conn.execute(sa.select(t.id, t.generation, t.delivery).where(t.namespace == ns).order_by(t.id)).all()
         clock = time.thread_time if a.cpu else time.perf_counter
-        wall = anyio.run(claim_each, store, ns, [ClaimRequest(*k) for k in keys], a.n, a.gap, clock)
+        times = anyio.run(claim_each, store, ns, [ClaimRequest(*k) for k in keys], a.n, a.gap, clock)
     warm = a.n // 10  # the first claims open connections and prepare the statement
     print(f"one delivery per claim, medians of {a.n - warm} calls each (ms of {'CPU' if a.cpu else 'wall'} time):")
     for kind in KINDS:
-        print(f"  {kind:<40} {statistics.median(wall[kind][warm:]) * 1000:7.3f}")
+        print(f"  {kind:<40} {statistics.median(times[kind][warm:]) * 1000:7.3f}")
 
 
 async def claim_each(
@@ -96,7 +96,7 @@ async def claim_each(
         KINDS[2]: lambda r: conns.run(statement(r)),
         KINDS[3]: lambda r: conns.run(no_flush(r)),
     }
-    wall: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     pending = iter(requests)
     for _ in range(n):
         for kind, call in calls.items():
@@ -104,12 +104,12 @@ async def claim_each(
                 await anyio.sleep(gap)
             began = clock()
             await call(next(pending))
-            wall[kind].append(clock() - began)
+            times[kind].append(clock() - began)
     last = statement(next(pending))
     plan = await conns.run(replace(last, sql="EXPLAIN (ANALYZE, TIMING OFF) " + last.sql, read=lambda rows: rows))
     server = [row[0] for row in plan if "Execution Time" in row[0] or "Planning Time" in row[0]]
     print("the claim statement on the server (EXPLAIN ANALYZE, one claim):", "; ".join(server))
-    return wall
+    return times
 
 
 if __name__ == "__main__":

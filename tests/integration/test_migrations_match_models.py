@@ -5,12 +5,14 @@ here."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from durable_tasks import App
-from durable_tasks.migrations import differences, migrate, model_shape, reflect_shape
+from durable_tasks.doctor import Facts, Level, check_schema
+from durable_tasks.migrations import differences, migrate, model_shape, reflect_shape, schema_report
 from durable_tasks.records import metadata
 
 
@@ -58,11 +60,6 @@ def test_a_table_without_its_storage_parameters_is_drift(new_database: Callable[
     (step 19, the models' ``postgresql_with``); a table without it is drift that ``doctor``
     warns of, naming the statement that puts it right. The other backends have no storage
     parameters to declare. A parameter the models do not set is the operator's, not drift."""
-    from datetime import UTC, datetime
-
-    from durable_tasks.doctor import Facts, Level, check_schema
-    from durable_tasks.migrations import schema_report
-
     app = App(new_database(), "redis://127.0.0.1:1/0", "models", data_dir=tmp_path)
     engine = app.engine
     try:
