@@ -109,13 +109,17 @@ _HISTORY_ATTEMPTS = """
 INSERT INTO dt_attempts (namespace, task_id, generation, attempt, delivery, worker_id, started_at, finished_at,
     outcome)
 SELECT namespace, id, 0, 1, 0, worker_id, started_at, finished_at, 'succeeded' FROM dt_tasks WHERE namespace = :ns
-"""
+{order}"""
 _HISTORY_OUTBOX = """
 INSERT INTO dt_outbox (namespace, task_id, queue, generation, delivery, state, attempts, next_attempt_at, shadow,
     stream_id, created_at, sent_at)
 SELECT namespace, id, queue, 0, 0, 'SENT', 1, created_at, false, '0-1', created_at, enqueued_at
 FROM dt_tasks WHERE namespace = :ns
-"""
+{order}"""
+#: The attempt and outbox rows' own ids (auto-increment) follow their tasks' time, as the runtime's
+#: claims and submits make them, whatever the task ids: PostgreSQL and SQLite read the tasks back
+#: in the order they were written; InnoDB in primary-key order, which random task ids scatter.
+_CREATION_ORDER = "ORDER BY created_at, id"
 
 _PG_BACKLOG = """
 INSERT INTO dt_tasks (id, namespace, name, queue, payload, state, generation, attempt, delivery, reclaims,
@@ -221,7 +225,9 @@ def _analyze(app: App) -> None:
 def fill_history(app: App, ns: str, rows: int, *, random_ids: bool = False) -> float:
     """``rows`` finished tasks, each with its attempt and SENT outbox row; returns the seconds
     taken. Their ids are in time order unless ``random_ids`` (see the module's docstring)."""
-    return _fill(app, ns, "history", rows, [_HISTORY_ATTEMPTS, _HISTORY_OUTBOX], random_ids=random_ids)
+    order = _CREATION_ORDER if random_ids and app.engine.dialect.name in ("mysql", "mariadb") else ""
+    then = [_HISTORY_ATTEMPTS.format(order=order), _HISTORY_OUTBOX.format(order=order)]
+    return _fill(app, ns, "history", rows, then, random_ids=random_ids)
 
 
 def fill_backlog(app: App, ns: str, rows: int) -> float:
