@@ -39,7 +39,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..records import attempts_table, tasks_table
 
-__all__ = ["attempts_by_task", "filter_only", "tasks_by_id"]
+__all__ = ["attempts_by_task", "filter_only", "hints_attempts_index", "tasks_by_id"]
 
 #: Rendered by SQLAlchemy on these dialects only (a table hint after the table's name).
 _FORCE_ATTEMPTS_TASK = "FORCE INDEX (ix_dt_attempts_task)"
@@ -98,3 +98,10 @@ def attempts_by_task(statement: _Statement) -> _Statement:
         else:
             statement = statement.with_hint(_FORCE_ATTEMPTS_TASK, dialect_name=dialect)
     return statement
+
+
+def hints_attempts_index(dialect_name: str) -> bool:
+    """Whether :func:`attempts_by_task` names the index on this dialect. A statement that cannot
+    carry the hint (MySQL's single-table ``DELETE`` takes none) finds its rows with a hinted
+    ``SELECT`` there, and writes them by primary key."""
+    return dialect_name in _HINTED

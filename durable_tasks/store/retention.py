@@ -20,7 +20,7 @@ up with, so there the prune takes more of the time, and at worst runs unpaced.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,8 +28,9 @@ import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
 from .payloads import delete_payloads
+from .planning import attempts_by_task, hints_attempts_index
 
-__all__ = ["PruneReport", "final_tasks", "pause_after", "prune"]
+__all__ = ["PruneReport", "delete_tasks", "final_tasks", "pause_after", "prune"]
 
 t = tasks_table.c
 o = outbox_table.c
@@ -77,6 +78,30 @@ def pause_after(held: float, duty: float, *, rows: int = 0, min_rate: float = 0.
     return pause
 
 
+def delete_tasks(conn: sa.Connection, task_ids: Sequence[str]) -> tuple[int, int, int]:
+    """Delete the tasks ``task_ids`` and what is theirs: attempts, journal, payload kept apart,
+    outbox rows in any state. Returns the attempts, outbox rows and tasks deleted."""
+    attempts = _delete_attempts(conn, task_ids)
+    conn.execute(sa.delete(steps_table).where(steps_table.c.task_id.in_(task_ids)))
+    delete_payloads(conn, task_ids)
+    outbox_rows = conn.execute(sa.delete(outbox_table).where(o.task_id.in_(task_ids))).rowcount
+    return attempts, outbox_rows, conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
+
+
+def _delete_attempts(conn: sa.Connection, task_ids: Sequence[str]) -> int:
+    """Delete the attempts of ``task_ids`` through ``ix_dt_attempts_task`` whatever the
+    statistics say (:mod:`.planning`): MariaDB estimated a batch's IN list from misleading
+    statistics and planned the DELETE as a scan of the whole table. Where the index is named,
+    a hinted SELECT finds the rows and the DELETE goes by primary key; the SELECT reads a
+    column the index lacks (``outcome``), as over the index alone MariaDB chose to scan all
+    of it (``tests/integration/test_mysql_plans.py``)."""
+    if not hints_attempts_index(conn.dialect.name):
+        return conn.execute(sa.delete(attempts_table).where(a.task_id.in_(task_ids))).rowcount
+    found = attempts_by_task(sa.select(a.id, a.outcome)).where(a.task_id.in_(task_ids))
+    ids = [row.id for row in conn.execute(found)]
+    return conn.execute(sa.delete(attempts_table).where(a.id.in_(ids))).rowcount if ids else 0
+
+
 def prune(
     engine: sa.Engine,
     namespace: str,
@@ -116,13 +141,10 @@ def prune(
                 .all()
             )
             if task_ids:
-                report.attempts += conn.execute(sa.delete(attempts_table).where(a.task_id.in_(task_ids))).rowcount
-                # A final task's journal, remaining outbox rows (any state) and payload kept
-                # apart go with it.
-                conn.execute(sa.delete(steps_table).where(steps_table.c.task_id.in_(task_ids)))
-                delete_payloads(conn, task_ids)
-                report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.task_id.in_(task_ids))).rowcount
-                report.tasks += conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
+                attempts, outbox_rows, tasks = delete_tasks(conn, task_ids)
+                report.attempts += attempts
+                report.outbox_rows += outbox_rows
+                report.tasks += tasks
         report.batches += 1
         report.more = len(outbox_ids) == batch or len(task_ids) == batch
         report.last_rows = max(len(outbox_ids), len(task_ids))

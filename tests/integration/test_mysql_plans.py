@@ -1,5 +1,5 @@
-"""On MySQL/MariaDB the group commit closes its attempts through ix_dt_attempts_task, whatever
-the statistics say (durable_tasks.store.planning).
+"""On MySQL/MariaDB the group commit closes its attempts, and a prune deletes them, through
+ix_dt_attempts_task, whatever the statistics say (durable_tasks.store.planning).
 
 Past ``eq_range_index_dive_limit`` (200) ids an IN list is estimated from the statistics, not
 by looking in the index. ``dt_attempts`` grows by every claim, faster than its statistics
@@ -23,7 +23,7 @@ from sqlalchemy import event
 
 from durable_tasks import App
 from durable_tasks.records import attempts_table
-from durable_tasks.store import results
+from durable_tasks.store import results, retention
 from durable_tasks.store.ids import new_task_id
 from durable_tasks.store.results import FinalWrite
 from tests.helpers import first_attempt
@@ -93,3 +93,36 @@ def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics
             sa.select(sa.func.count()).where(attempts_table.c.namespace == ns, attempts_table.c.outcome == "succeeded")
         ).scalar_one()
     assert closed == CLOSED
+
+
+def test_a_prune_deletes_attempts_by_their_index_whatever_the_statistics_say(make_app: Any) -> None:
+    """A single-table DELETE takes no index hint: the prune finds the attempts with a hinted
+    SELECT and deletes them by primary key. (Its one-statement DELETE was planned as a scan.)"""
+    app: App = make_app()
+    engine, ns, now = app.engine, app.settings.namespace, datetime.now(UTC)
+    task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
+    row = {"namespace": ns, "generation": 0, "attempt": 1, "delivery": 0, "worker_id": "w", "started_at": now}
+    with engine.begin() as conn:
+        conn.execute(sa.insert(attempts_table), [row | {"task_id": task_id} for task_id in task_ids])
+    seen: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        if "FROM dt_attempts" in statement:
+            seen.append((statement, params))
+
+    with misleading_statistics(engine):
+        event.listen(engine, "before_cursor_execute", capture)
+        try:
+            with engine.begin() as conn:
+                attempts, _, _ = retention.delete_tasks(conn, task_ids[:CLOSED])
+        finally:
+            event.remove(engine, "before_cursor_execute", capture)
+        with engine.connect() as conn:
+            plans = [conn.exec_driver_sql(f"EXPLAIN {sql}", params).mappings().one() for sql, params in seen]
+    assert [statement.split()[0] for statement, _ in seen] == ["SELECT", "DELETE"]
+    by_index = [(plan["type"], plan["key"]) for plan in plans]
+    assert by_index == [("range", "ix_dt_attempts_task"), ("range", "PRIMARY")], [dict(plan) for plan in plans]
+    with engine.connect() as conn:
+        left = conn.execute(sa.select(attempts_table.c.task_id).where(attempts_table.c.namespace == ns)).scalars()
+        assert set(left) == set(task_ids[CLOSED:])
+    assert attempts == CLOSED
