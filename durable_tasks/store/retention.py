@@ -1,8 +1,9 @@
 """Retention: delete what no recovery path needs any more, in bounded batches.
 
 Sent or dead outbox rows and finished tasks (with their attempts) older than a cutoff go, a
-batch per transaction so a large backlog never holds long locks. Tasks that are not final, and
-outbox rows still PENDING, are never touched.
+batch per transaction so a large backlog never holds long locks. Tasks that are not final, a
+task another transaction holds (a rerun in progress), and outbox rows still PENDING are never
+touched.
 
 A prune that starts its next batch the moment the last commits takes what the workers need.
 Where writers are serialized (SQLite: one write lock per file) it keeps the lock from them: a
@@ -12,9 +13,10 @@ together, and an unpaced prune deletes them many times faster than workers finis
 So the store gives a ``duty`` below 1: after each batch the prune waits so that its
 transactions hold at most that share of the time (:func:`pause_after`). The pause never brings
 the prune below ``min_rate`` tasks a second (the ``retention_min_rate`` setting): where the
-database deletes slowly (MariaDB, over ids spread across the whole key: 2,700 tasks/s unpaced,
-400 at a quarter of the time) a pace by share alone fell far behind the intake it must keep
-up with, so there the prune takes more of the time, and at worst runs unpaced.
+database deletes slowly (MariaDB over ids spread across the whole key, each task's index
+entries on pages of their own: docs/performance.md#a-paced-prune) a pace by share alone fell
+far behind the intake it must keep up with, so there the prune takes more of the time, and at
+worst runs unpaced.
 """
 
 from __future__ import annotations
@@ -135,11 +137,11 @@ def prune(
             )
             if outbox_ids:
                 report.outbox_rows += conn.execute(sa.delete(outbox_table).where(o.id.in_(outbox_ids))).rowcount
-            task_ids = (
-                conn.execute(sa.select(t.id).where(final_tasks(namespace), t.finished_at < before).limit(batch))
-                .scalars()
-                .all()
-            )
+            # Locked, and a task another transaction holds is passed by: a rerun bringing it
+            # back would lose it to this batch, its new outbox row left without a task.
+            # (SQLite's writers take turns: no lock is rendered there.)
+            old_tasks = sa.select(t.id).where(final_tasks(namespace), t.finished_at < before).limit(batch)
+            task_ids = conn.execute(old_tasks.with_for_update(skip_locked=True)).scalars().all()
             if task_ids:
                 attempts, outbox_rows, tasks = delete_tasks(conn, task_ids)
                 report.attempts += attempts
