@@ -61,34 +61,48 @@ def misleading_statistics(engine: sa.Engine) -> Iterator[None]:
             conn.execute(sa.text("FLUSH TABLES dt_attempts"))
 
 
-def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics_say(
-    make_app: Any,
-) -> None:
-    app: App = make_app()
-    engine, ns, now = app.engine, app.settings.namespace, datetime.now(UTC)
+def open_attempts(app: App, now: datetime) -> list[str]:
+    """CLOSED + 1,700 tasks with an open attempt each (more than the statements touch): their ids."""
     task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
-    row = {"namespace": ns, "generation": 0, "attempt": 1, "delivery": 0, "worker_id": "w", "started_at": now}
-    with engine.begin() as conn:
-        conn.execute(sa.insert(attempts_table), [row | {"task_id": task_id} for task_id in task_ids])
+    row = {"namespace": app.settings.namespace, "generation": 0, "attempt": 1, "delivery": 0, "worker_id": "w"}
+    with app.engine.begin() as conn:
+        conn.execute(sa.insert(attempts_table), [row | {"task_id": task_id, "started_at": now} for task_id in task_ids])
+    return task_ids
+
+
+@contextmanager
+def plans_of_statements_on_attempts(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
+    """Within misleading statistics: the block's statements that read or write ``dt_attempts``,
+    each with its plan (``EXPLAIN`` with the same parameters), listed once the block ends."""
     seen: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        if statement.startswith("UPDATE dt_attempts"):
+        if "dt_attempts" in statement.split(" WHERE ")[0]:
             seen.append((statement, params))
 
-    writes = [(FinalWrite(first_attempt(ns, task_id, now), "1"), "succeeded") for task_id in task_ids[:CLOSED]]
+    plans: list[tuple[str, Any]] = []
     with misleading_statistics(engine):
         event.listen(engine, "before_cursor_execute", capture)
         try:
-            with engine.begin() as conn:
-                results.finish_attempts(conn, writes, now)
+            yield plans
         finally:
             event.remove(engine, "before_cursor_execute", capture)
-        [(statement, params)] = seen
         with engine.connect() as conn:
-            plan = conn.exec_driver_sql(f"EXPLAIN {statement}", params).mappings().one()
+            for statement, params in seen:
+                plans.append((statement, conn.exec_driver_sql(f"EXPLAIN {statement}", params).mappings().one()))
+
+
+def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics_say(make_app: Any) -> None:
+    app: App = make_app()
+    ns, now = app.settings.namespace, datetime.now(UTC)
+    task_ids = open_attempts(app, now)
+    writes = [(FinalWrite(first_attempt(ns, task_id, now), "1"), "succeeded") for task_id in task_ids[:CLOSED]]
+    with plans_of_statements_on_attempts(app.engine) as plans, app.engine.begin() as conn:
+        results.finish_attempts(conn, writes, now)
+    [(statement, plan)] = plans
+    assert statement.startswith("UPDATE dt_attempts")
     assert (plan["type"], plan["key"]) == ("range", "ix_dt_attempts_task"), dict(plan)
-    with engine.connect() as conn:
+    with app.engine.connect() as conn:
         closed = conn.execute(
             sa.select(sa.func.count()).where(attempts_table.c.namespace == ns, attempts_table.c.outcome == "succeeded")
         ).scalar_one()
@@ -99,30 +113,14 @@ def test_a_prune_deletes_attempts_by_their_index_whatever_the_statistics_say(mak
     """A single-table DELETE takes no index hint: the prune finds the attempts with a hinted
     SELECT and deletes them by primary key. (Its one-statement DELETE was planned as a scan.)"""
     app: App = make_app()
-    engine, ns, now = app.engine, app.settings.namespace, datetime.now(UTC)
-    task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
-    row = {"namespace": ns, "generation": 0, "attempt": 1, "delivery": 0, "worker_id": "w", "started_at": now}
-    with engine.begin() as conn:
-        conn.execute(sa.insert(attempts_table), [row | {"task_id": task_id} for task_id in task_ids])
-    seen: list[tuple[str, Any]] = []
-
-    def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        if "FROM dt_attempts" in statement:
-            seen.append((statement, params))
-
-    with misleading_statistics(engine):
-        event.listen(engine, "before_cursor_execute", capture)
-        try:
-            with engine.begin() as conn:
-                attempts, _, _ = retention.delete_tasks(conn, task_ids[:CLOSED])
-        finally:
-            event.remove(engine, "before_cursor_execute", capture)
-        with engine.connect() as conn:
-            plans = [conn.exec_driver_sql(f"EXPLAIN {sql}", params).mappings().one() for sql, params in seen]
-    assert [statement.split()[0] for statement, _ in seen] == ["SELECT", "DELETE"]
-    by_index = [(plan["type"], plan["key"]) for plan in plans]
-    assert by_index == [("range", "ix_dt_attempts_task"), ("range", "PRIMARY")], [dict(plan) for plan in plans]
-    with engine.connect() as conn:
+    task_ids = open_attempts(app, datetime.now(UTC))
+    with plans_of_statements_on_attempts(app.engine) as plans, app.engine.begin() as conn:
+        attempts, _, _ = retention.delete_tasks(conn, task_ids[:CLOSED])
+    assert [statement.split()[0] for statement, _ in plans] == ["SELECT", "DELETE"]
+    by_index = [(plan["type"], plan["key"]) for _, plan in plans]
+    assert by_index == [("range", "ix_dt_attempts_task"), ("range", "PRIMARY")], [dict(plan) for _, plan in plans]
+    with app.engine.connect() as conn:
+        ns = app.settings.namespace
         left = conn.execute(sa.select(attempts_table.c.task_id).where(attempts_table.c.namespace == ns)).scalars()
         assert set(left) == set(task_ids[CLOSED:])
     assert attempts == CLOSED
