@@ -24,7 +24,9 @@ a full scan of the primary key while the table held tens of thousands of rows, a
 (100,000+ rows examined per statement, seen with ``SHOW EXPLAIN FOR`` on the worker's
 connection) until a statistics refresh flipped it: the drain of a 1,000,000-task backlog fell
 to half its pace as the table grew. :func:`attempts_by_task` names the index on MySQL and
-MariaDB (``FORCE INDEX``); the other dialects get the statement as it is.
+MariaDB (``FORCE INDEX``); the other dialects get the statement as it is. :func:`outbox_by_task`
+does the same for ``dt_outbox`` (a prune's lookup of a batch's outbox rows), which grows by
+every submit.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from ..records import attempts_table, tasks_table
+from ..records import attempts_table, outbox_table, tasks_table
 
-__all__ = ["attempts_by_task", "filter_only", "hints_attempts_index", "tasks_by_id"]
+__all__ = ["attempts_by_task", "filter_only", "hints_attempts_index", "outbox_by_task", "tasks_by_id"]
 
 #: Rendered by SQLAlchemy on these dialects only (a table hint after the table's name).
 _FORCE_ATTEMPTS_TASK = "FORCE INDEX (ix_dt_attempts_task)"
+_FORCE_OUTBOX_TASK = "FORCE INDEX (ix_dt_outbox_task_id)"
 _HINTED = ("mysql", "mariadb")
 
 _Statement = TypeVar("_Statement", sa.Update, sa.Select[Any])
@@ -100,8 +103,16 @@ def attempts_by_task(statement: _Statement) -> _Statement:
     return statement
 
 
+def outbox_by_task(statement: sa.Select[Any]) -> sa.Select[Any]:
+    """A SELECT on ``dt_outbox`` found by ``ix_dt_outbox_task_id`` on MySQL and MariaDB, as
+    :func:`attempts_by_task` (the table grows by every submit as ``dt_attempts`` by every claim)."""
+    for dialect in _HINTED:
+        statement = statement.with_hint(outbox_table, _FORCE_OUTBOX_TASK, dialect_name=dialect)
+    return statement
+
+
 def hints_attempts_index(dialect_name: str) -> bool:
-    """Whether :func:`attempts_by_task` names the index on this dialect. A statement that cannot
-    carry the hint (MySQL's single-table ``DELETE`` takes none) finds its rows with a hinted
-    ``SELECT`` there, and writes them by primary key."""
+    """Whether :func:`attempts_by_task` and :func:`outbox_by_task` name the index on this
+    dialect. A statement that cannot carry the hint (MySQL's single-table ``DELETE`` takes none)
+    finds its rows with a hinted ``SELECT`` there, and writes them by primary key."""
     return dialect_name in _HINTED

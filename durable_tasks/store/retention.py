@@ -25,12 +25,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
 from .payloads import delete_payloads
-from .planning import attempts_by_task, hints_attempts_index
+from .planning import attempts_by_task, hints_attempts_index, outbox_by_task
 
 __all__ = ["PruneReport", "delete_tasks", "final_tasks", "pause_after", "prune"]
 
@@ -83,25 +84,31 @@ def pause_after(held: float, duty: float, *, rows: int = 0, min_rate: float = 0.
 def delete_tasks(conn: sa.Connection, task_ids: Sequence[str]) -> tuple[int, int, int]:
     """Delete the tasks ``task_ids`` and what is theirs: attempts, journal, payload kept apart,
     outbox rows in any state. Returns the attempts, outbox rows and tasks deleted."""
-    attempts = _delete_attempts(conn, task_ids)
+    attempts = _delete_by_task(conn, attempts_table, attempts_by_task, a.outcome, task_ids)
     conn.execute(sa.delete(steps_table).where(steps_table.c.task_id.in_(task_ids)))
     delete_payloads(conn, task_ids)
-    outbox_rows = conn.execute(sa.delete(outbox_table).where(o.task_id.in_(task_ids))).rowcount
+    outbox_rows = _delete_by_task(conn, outbox_table, outbox_by_task, o.queue, task_ids)
     return attempts, outbox_rows, conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
 
 
-def _delete_attempts(conn: sa.Connection, task_ids: Sequence[str]) -> int:
-    """Delete the attempts of ``task_ids`` through ``ix_dt_attempts_task`` whatever the
+def _delete_by_task(
+    conn: sa.Connection,
+    table: sa.Table,
+    by_task: Callable[[sa.Select[Any]], sa.Select[Any]],
+    unindexed: sa.Column[Any],
+    task_ids: Sequence[str],
+) -> int:
+    """Delete ``table``'s rows of ``task_ids`` through its index on task id whatever the
     statistics say (:mod:`.planning`): MariaDB estimated a batch's IN list from misleading
     statistics and planned the DELETE as a scan of the whole table. Where the index is named,
-    a hinted SELECT finds the rows and the DELETE goes by primary key; the SELECT reads a
-    column the index lacks (``outcome``), as over the index alone MariaDB chose to scan all
-    of it (``tests/integration/test_mysql_plans.py``)."""
+    ``by_task``'s hinted SELECT finds the rows and the DELETE goes by primary key; the SELECT
+    also reads ``unindexed``, a column the index lacks, as over the index alone MariaDB chose
+    to scan all of it (``tests/integration/test_mysql_plans.py``)."""
+    task_id, row_id = table.c.task_id, table.c.id
     if not hints_attempts_index(conn.dialect.name):
-        return conn.execute(sa.delete(attempts_table).where(a.task_id.in_(task_ids))).rowcount
-    found = attempts_by_task(sa.select(a.id, a.outcome)).where(a.task_id.in_(task_ids))
-    ids = [row.id for row in conn.execute(found)]
-    return conn.execute(sa.delete(attempts_table).where(a.id.in_(ids))).rowcount if ids else 0
+        return conn.execute(sa.delete(table).where(task_id.in_(task_ids))).rowcount
+    ids = [row.id for row in conn.execute(by_task(sa.select(row_id, unindexed)).where(task_id.in_(task_ids)))]
+    return conn.execute(sa.delete(table).where(row_id.in_(ids))).rowcount if ids else 0
 
 
 def prune(

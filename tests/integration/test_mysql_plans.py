@@ -1,5 +1,6 @@
 """On MySQL/MariaDB the group commit closes its attempts, and a prune deletes them, through
-ix_dt_attempts_task, whatever the statistics say (durable_tasks.store.planning).
+ix_dt_attempts_task, and a prune deletes outbox rows through ix_dt_outbox_task_id, whatever
+the statistics say (durable_tasks.store.planning).
 
 Past ``eq_range_index_dive_limit`` (200) ids an IN list is estimated from the statistics, not
 by looking in the index. ``dt_attempts`` grows by every claim, faster than its statistics
@@ -22,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from durable_tasks import App
-from durable_tasks.records import attempts_table
+from durable_tasks.records import attempts_table, outbox_table
 from durable_tasks.store import results, retention
 from durable_tasks.store.ids import new_task_id
 from durable_tasks.store.results import FinalWrite
@@ -34,31 +35,37 @@ pytestmark = pytest.mark.parametrize("database_url", ["mysql"], indirect=True)
 CLOSED = 300
 
 
+#: The tables that grow by every claim or submit, each with its index on task id.
+BY_TASK = {"dt_attempts": "ix_dt_attempts_task", "dt_outbox": "ix_dt_outbox_task_id"}
+
+
 @contextmanager
-def misleading_statistics(engine: sa.Engine) -> Iterator[None]:
-    """Statistics by which each task id has a thousand attempts: scanning the table looks cheaper
-    than looking the ids up. Removed after (the database is shared by the tests that follow).
-    Skipped on a MySQL server (these statistics are MariaDB's)."""
+def misleading_statistics(engine: sa.Engine, table: str = "dt_attempts") -> Iterator[None]:
+    """Statistics by which each task id has a thousand rows in ``table``: scanning the table
+    looks cheaper than looking the ids up. Removed after (the database is shared by the tests
+    that follow). Skipped on a MySQL server (these statistics are MariaDB's)."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         version = str(conn.execute(sa.text("SELECT VERSION()")).scalar_one())
         if "mariadb" not in version.lower():
             pytest.skip(f"engine-independent statistics are MariaDB's; this server is {version}")
-        conn.execute(sa.text("ANALYZE TABLE dt_attempts PERSISTENT FOR ALL")).all()
+        conn.execute(sa.text(f"ANALYZE TABLE {table} PERSISTENT FOR ALL")).all()
         conn.execute(
             sa.text(
                 "UPDATE mysql.index_stats SET avg_frequency = 1000 "
-                "WHERE db_name = DATABASE() AND table_name = 'dt_attempts' AND index_name = 'ix_dt_attempts_task'"
-            )
+                "WHERE db_name = DATABASE() AND table_name = :table AND index_name = :index"
+            ),
+            {"table": table, "index": BY_TASK[table]},
         )
-        conn.execute(sa.text("FLUSH TABLES dt_attempts"))
+        conn.execute(sa.text(f"FLUSH TABLES {table}"))
         try:
             yield
         finally:
-            for table in ("table_stats", "column_stats", "index_stats"):
+            for stats in ("table_stats", "column_stats", "index_stats"):
                 conn.execute(
-                    sa.text(f"DELETE FROM mysql.{table} WHERE db_name = DATABASE() AND table_name = 'dt_attempts'")
+                    sa.text(f"DELETE FROM mysql.{stats} WHERE db_name = DATABASE() AND table_name = :table"),
+                    {"table": table},
                 )
-            conn.execute(sa.text("FLUSH TABLES dt_attempts"))
+            conn.execute(sa.text(f"FLUSH TABLES {table}"))
 
 
 def open_attempts(app: App, now: datetime) -> list[str]:
@@ -71,17 +78,17 @@ def open_attempts(app: App, now: datetime) -> list[str]:
 
 
 @contextmanager
-def plans_of_statements_on_attempts(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
-    """Within misleading statistics: the block's statements that read or write ``dt_attempts``,
+def plans_of_statements_on(engine: sa.Engine, table: str) -> Iterator[list[tuple[str, Any]]]:
+    """Within misleading statistics of ``table``: the block's statements that read or write it,
     each with its plan (``EXPLAIN`` with the same parameters), listed once the block ends."""
     seen: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        if "dt_attempts" in statement.split(" WHERE ")[0]:
+        if f"{table} " in statement.split(" WHERE ")[0] + " ":
             seen.append((statement, params))
 
     plans: list[tuple[str, Any]] = []
-    with misleading_statistics(engine):
+    with misleading_statistics(engine, table):
         event.listen(engine, "before_cursor_execute", capture)
         try:
             yield plans
@@ -97,7 +104,7 @@ def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics
     ns, now = app.settings.namespace, datetime.now(UTC)
     task_ids = open_attempts(app, now)
     writes = [(FinalWrite(first_attempt(ns, task_id, now), "1"), "succeeded") for task_id in task_ids[:CLOSED]]
-    with plans_of_statements_on_attempts(app.engine) as plans, app.engine.begin() as conn:
+    with plans_of_statements_on(app.engine, "dt_attempts") as plans, app.engine.begin() as conn:
         results.finish_attempts(conn, writes, now)
     [(statement, plan)] = plans
     assert statement.startswith("UPDATE dt_attempts")
@@ -114,7 +121,7 @@ def test_a_prune_deletes_attempts_by_their_index_whatever_the_statistics_say(mak
     SELECT and deletes them by primary key. (Its one-statement DELETE was planned as a scan.)"""
     app: App = make_app()
     task_ids = open_attempts(app, datetime.now(UTC))
-    with plans_of_statements_on_attempts(app.engine) as plans, app.engine.begin() as conn:
+    with plans_of_statements_on(app.engine, "dt_attempts") as plans, app.engine.begin() as conn:
         attempts, _, _ = retention.delete_tasks(conn, task_ids[:CLOSED])
     assert [statement.split()[0] for statement, _ in plans] == ["SELECT", "DELETE"]
     by_index = [(plan["type"], plan["key"]) for _, plan in plans]
@@ -124,3 +131,25 @@ def test_a_prune_deletes_attempts_by_their_index_whatever_the_statistics_say(mak
         left = conn.execute(sa.select(attempts_table.c.task_id).where(attempts_table.c.namespace == ns)).scalars()
         assert set(left) == set(task_ids[CLOSED:])
     assert attempts == CLOSED
+
+
+def test_a_prune_deletes_outbox_rows_by_their_index_whatever_the_statistics_say(make_app: Any) -> None:
+    """The same for the outbox rows of a batch's tasks (``dt_outbox`` grows by every submit)."""
+    app: App = make_app()
+    ns, now = app.settings.namespace, datetime.now(UTC)
+    task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
+    row = {"namespace": ns, "queue": "q", "generation": 0, "delivery": 0, "state": "SENT", "attempts": 1}
+    with app.engine.begin() as conn:
+        rows = [
+            row | {"task_id": task_id, "next_attempt_at": now, "shadow": False, "created_at": now}
+            for task_id in task_ids
+        ]
+        conn.execute(sa.insert(outbox_table), rows)
+    with plans_of_statements_on(app.engine, "dt_outbox") as plans, app.engine.begin() as conn:
+        _, outbox_rows, _ = retention.delete_tasks(conn, task_ids[:CLOSED])
+    by_index = [(statement.split()[0], plan["type"], plan["key"]) for statement, plan in plans]
+    assert by_index == [("SELECT", "range", "ix_dt_outbox_task_id"), ("DELETE", "range", "PRIMARY")], by_index
+    with app.engine.connect() as conn:
+        left = conn.execute(sa.select(outbox_table.c.task_id).where(outbox_table.c.namespace == ns)).scalars()
+        assert set(left) == set(task_ids[CLOSED:])
+    assert outbox_rows == CLOSED
