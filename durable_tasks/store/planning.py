@@ -41,7 +41,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..records import attempts_table, outbox_table, tasks_table
 
-__all__ = ["attempts_by_task", "filter_only", "hints_attempts_index", "outbox_by_task", "tasks_by_id"]
+__all__ = ["attempts_by_task", "filter_only", "names_task_indexes", "outbox_by_task", "tasks_by_id"]
 
 #: Rendered by SQLAlchemy on these dialects only (a table hint after the table's name).
 _FORCE_ATTEMPTS_TASK = "FORCE INDEX (ix_dt_attempts_task)"
@@ -111,7 +111,7 @@ def outbox_by_task(statement: sa.Select[Any]) -> sa.Select[Any]:
     return statement
 
 
-def hints_attempts_index(dialect_name: str) -> bool:
+def names_task_indexes(dialect_name: str) -> bool:
     """Whether :func:`attempts_by_task` and :func:`outbox_by_task` name the index on this
     dialect. A statement that cannot carry the hint (MySQL's single-table ``DELETE`` takes none)
     finds its rows with a hinted ``SELECT`` there, and writes them by primary key."""

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
 from .payloads import delete_payloads
-from .planning import attempts_by_task, hints_attempts_index, outbox_by_task
+from .planning import attempts_by_task, names_task_indexes, outbox_by_task
 
 __all__ = ["PruneReport", "delete_tasks", "final_tasks", "pause_after", "prune"]
 
@@ -105,7 +105,7 @@ def _delete_by_task(
     also reads ``unindexed``, a column the index lacks, as over the index alone MariaDB chose
     to scan all of it (``tests/integration/test_mysql_plans.py``)."""
     task_id, row_id = table.c.task_id, table.c.id
-    if not hints_attempts_index(conn.dialect.name):
+    if not names_task_indexes(conn.dialect.name):
         return conn.execute(sa.delete(table).where(task_id.in_(task_ids))).rowcount
     ids = [row.id for row in conn.execute(by_task(sa.select(row_id, unindexed)).where(task_id.in_(task_ids)))]
     return conn.execute(sa.delete(table).where(row_id.in_(ids))).rowcount if ids else 0
