@@ -24,7 +24,7 @@ a full scan of the primary key while the table held tens of thousands of rows, a
 (100,000+ rows examined per statement, seen with ``SHOW EXPLAIN FOR`` on the worker's
 connection) until a statistics refresh flipped it: the drain of a 1,000,000-task backlog fell
 to half its pace as the table grew. :func:`attempts_by_task` names the index on MySQL and
-MariaDB (``FORCE INDEX``); the other dialects get the statement as it is. :func:`outbox_by_task`
+MariaDB (``FORCE INDEX``); the other dialects get the statement as it is. :func:`by_task`
 does the same for ``dt_outbox`` (a prune's lookup of a batch's outbox rows), which grows by
 every submit.
 """
@@ -41,11 +41,11 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..records import attempts_table, outbox_table, tasks_table
 
-__all__ = ["attempts_by_task", "filter_only", "names_task_indexes", "outbox_by_task", "tasks_by_id"]
+__all__ = ["attempts_by_task", "by_task", "filter_only", "names_task_indexes", "tasks_by_id"]
 
-#: Rendered by SQLAlchemy on these dialects only (a table hint after the table's name).
-_FORCE_ATTEMPTS_TASK = "FORCE INDEX (ix_dt_attempts_task)"
-_FORCE_OUTBOX_TASK = "FORCE INDEX (ix_dt_outbox_task_id)"
+#: The tables found by task id through an index named on MySQL and MariaDB, and that index
+#: (the hint is rendered by SQLAlchemy on those dialects only, after the table's name).
+_TASK_INDEX = {attempts_table.name: "ix_dt_attempts_task", outbox_table.name: "ix_dt_outbox_task_id"}
 _HINTED = ("mysql", "mariadb")
 
 _Statement = TypeVar("_Statement", sa.Update, sa.Select[Any])
@@ -92,27 +92,26 @@ def tasks_by_id(
     return sa.and_(t.id.in_(ids), filter_only(t.namespace) == namespace)
 
 
-def attempts_by_task(statement: _Statement) -> _Statement:
-    """``statement`` on ``dt_attempts``, found by ``ix_dt_attempts_task`` on MySQL and MariaDB
-    whatever their statistics say (see the module's doc)."""
+def by_task(statement: _Statement, table: sa.Table) -> _Statement:
+    """``statement`` on ``table`` (``dt_attempts`` or ``dt_outbox``, which grow by every claim
+    and submit), found by its index on task id on MySQL and MariaDB whatever their statistics
+    say (see the module's doc)."""
+    hint = f"FORCE INDEX ({_TASK_INDEX[table.name]})"
     for dialect in _HINTED:
         if isinstance(statement, sa.Select):
-            statement = statement.with_hint(attempts_table, _FORCE_ATTEMPTS_TASK, dialect_name=dialect)
+            statement = statement.with_hint(table, hint, dialect_name=dialect)
         else:
-            statement = statement.with_hint(_FORCE_ATTEMPTS_TASK, dialect_name=dialect)
+            statement = statement.with_hint(hint, dialect_name=dialect)
     return statement
 
 
-def outbox_by_task(statement: sa.Select[Any]) -> sa.Select[Any]:
-    """A SELECT on ``dt_outbox`` found by ``ix_dt_outbox_task_id`` on MySQL and MariaDB, as
-    :func:`attempts_by_task` (the table grows by every submit as ``dt_attempts`` by every claim)."""
-    for dialect in _HINTED:
-        statement = statement.with_hint(outbox_table, _FORCE_OUTBOX_TASK, dialect_name=dialect)
-    return statement
+def attempts_by_task(statement: _Statement) -> _Statement:
+    """``statement`` on ``dt_attempts``, found by ``ix_dt_attempts_task`` (:func:`by_task`)."""
+    return by_task(statement, attempts_table)
 
 
 def names_task_indexes(dialect_name: str) -> bool:
-    """Whether :func:`attempts_by_task` and :func:`outbox_by_task` name the index on this
-    dialect. A statement that cannot carry the hint (MySQL's single-table ``DELETE`` takes none)
-    finds its rows with a hinted ``SELECT`` there, and writes them by primary key."""
+    """Whether :func:`by_task` names the index on this dialect. A statement that cannot carry
+    the hint (MySQL's single-table ``DELETE`` takes none) finds its rows with a hinted
+    ``SELECT`` there, and writes them by primary key."""
     return dialect_name in _HINTED

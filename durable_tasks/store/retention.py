@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from ..records import TERMINAL_STATES, OutboxState, attempts_table, outbox_table, steps_table, tasks_table
 from .payloads import delete_payloads
-from .planning import attempts_by_task, names_task_indexes, outbox_by_task
+from .planning import by_task, names_task_indexes
 
 __all__ = ["PruneReport", "delete_tasks", "final_tasks", "pause_after", "prune"]
 
@@ -84,30 +84,24 @@ def pause_after(held: float, duty: float, *, rows: int = 0, min_rate: float = 0.
 def delete_tasks(conn: sa.Connection, task_ids: Sequence[str]) -> tuple[int, int, int]:
     """Delete the tasks ``task_ids`` and what is theirs: attempts, journal, payload kept apart,
     outbox rows in any state. Returns the attempts, outbox rows and tasks deleted."""
-    attempts = _delete_by_task(conn, attempts_table, attempts_by_task, a.outcome, task_ids)
+    attempts = _delete_by_task(conn, attempts_table, a.outcome, task_ids)
     conn.execute(sa.delete(steps_table).where(steps_table.c.task_id.in_(task_ids)))
     delete_payloads(conn, task_ids)
-    outbox_rows = _delete_by_task(conn, outbox_table, outbox_by_task, o.queue, task_ids)
+    outbox_rows = _delete_by_task(conn, outbox_table, o.queue, task_ids)
     return attempts, outbox_rows, conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount
 
 
-def _delete_by_task(
-    conn: sa.Connection,
-    table: sa.Table,
-    by_task: Callable[[sa.Select[Any]], sa.Select[Any]],
-    unindexed: sa.Column[Any],
-    task_ids: Sequence[str],
-) -> int:
+def _delete_by_task(conn: sa.Connection, table: sa.Table, unindexed: sa.Column[Any], task_ids: Sequence[str]) -> int:
     """Delete ``table``'s rows of ``task_ids`` through its index on task id whatever the
     statistics say (:mod:`.planning`): MariaDB estimated a batch's IN list from misleading
     statistics and planned the DELETE as a scan of the whole table. Where the index is named,
-    ``by_task``'s hinted SELECT finds the rows and the DELETE goes by primary key; the SELECT
+    a hinted SELECT (:func:`.planning.by_task`) finds the rows and the DELETE goes by primary key; the SELECT
     also reads ``unindexed``, a column the index lacks, as over the index alone MariaDB chose
     to scan all of it (``tests/integration/test_mysql_plans.py``)."""
     task_id, row_id = table.c.task_id, table.c.id
     if not names_task_indexes(conn.dialect.name):
         return conn.execute(sa.delete(table).where(task_id.in_(task_ids))).rowcount
-    ids = [row.id for row in conn.execute(by_task(sa.select(row_id, unindexed)).where(task_id.in_(task_ids)))]
+    ids = [row.id for row in conn.execute(by_task(sa.select(row_id, unindexed), table).where(task_id.in_(task_ids)))]
     return conn.execute(sa.delete(table).where(row_id.in_(ids))).rowcount if ids else 0
 
 
