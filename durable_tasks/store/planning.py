@@ -25,8 +25,8 @@ a full scan of the primary key while the table held tens of thousands of rows, a
 connection) until a statistics refresh flipped it: the drain of a 1,000,000-task backlog fell
 to half its pace as the table grew. :func:`attempts_by_task` names the index on MySQL and
 MariaDB (``FORCE INDEX``); the other dialects get the statement as it is. :func:`by_task`
-does the same for ``dt_outbox`` (a prune's lookup of a batch's outbox rows), which grows by
-every submit.
+does the same for ``dt_outbox`` and ``dt_steps`` (a prune's lookup of a batch's outbox rows
+and journal steps), which grow by every submit and recorded step.
 """
 
 from __future__ import annotations
@@ -39,13 +39,17 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from ..records import attempts_table, outbox_table, tasks_table
+from ..records import attempts_table, outbox_table, steps_table, tasks_table
 
 __all__ = ["attempts_by_task", "by_task", "filter_only", "names_task_indexes", "tasks_by_id"]
 
 #: The tables found by task id through an index named on MySQL and MariaDB, and that index
 #: (the hint is rendered by SQLAlchemy on those dialects only, after the table's name).
-_TASK_INDEX = {attempts_table.name: "ix_dt_attempts_task", outbox_table.name: "ix_dt_outbox_task_id"}
+_TASK_INDEX = {
+    attempts_table.name: "ix_dt_attempts_task",
+    outbox_table.name: "ix_dt_outbox_task_id",
+    steps_table.name: "uq_dt_steps_slot",
+}
 _HINTED = ("mysql", "mariadb")
 
 _Statement = TypeVar("_Statement", sa.Update, sa.Select[Any])
@@ -93,9 +97,9 @@ def tasks_by_id(
 
 
 def by_task(statement: _Statement, table: sa.Table) -> _Statement:
-    """``statement`` on ``table`` (``dt_attempts`` or ``dt_outbox``, which grow by every claim
-    and submit), found by its index on task id on MySQL and MariaDB whatever their statistics
-    say (see the module's doc)."""
+    """``statement`` on ``table`` (``dt_attempts``, ``dt_outbox`` or ``dt_steps``, which grow by
+    every claim, submit and recorded step), found by its index on task id on MySQL and MariaDB
+    whatever their statistics say (see the module's doc)."""
     hint = f"FORCE INDEX ({_TASK_INDEX[table.name]})"
     for dialect in _HINTED:
         if isinstance(statement, sa.Select):

@@ -85,7 +85,7 @@ def delete_tasks(conn: sa.Connection, task_ids: Sequence[str]) -> tuple[int, int
     """Delete the tasks ``task_ids`` and what is theirs: attempts, journal, payload kept apart,
     outbox rows in any state. Returns the attempts, outbox rows and tasks deleted."""
     attempts = _delete_by_task(conn, attempts_table, a.outcome, task_ids)
-    conn.execute(sa.delete(steps_table).where(steps_table.c.task_id.in_(task_ids)))
+    _delete_by_task(conn, steps_table, steps_table.c.kind, task_ids)
     delete_payloads(conn, task_ids)
     outbox_rows = _delete_by_task(conn, outbox_table, o.queue, task_ids)
     return attempts, outbox_rows, conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids))).rowcount

@@ -1,6 +1,6 @@
 """On MySQL/MariaDB the group commit closes its attempts, and a prune deletes them, through
-ix_dt_attempts_task, and a prune deletes outbox rows through ix_dt_outbox_task_id, whatever
-the statistics say (durable_tasks.store.planning).
+ix_dt_attempts_task, and a prune deletes outbox rows through ix_dt_outbox_task_id and journal
+steps through uq_dt_steps_slot, whatever the statistics say (durable_tasks.store.planning).
 
 Past ``eq_range_index_dive_limit`` (200) ids an IN list is estimated from the statistics, not
 by looking in the index. ``dt_attempts`` grows by every claim, faster than its statistics
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from durable_tasks import App
-from durable_tasks.records import attempts_table, outbox_table
+from durable_tasks.records import attempts_table, outbox_table, steps_table
 from durable_tasks.store import results, retention
 from durable_tasks.store.ids import new_task_id
 from durable_tasks.store.results import FinalWrite
@@ -36,7 +36,7 @@ CLOSED = 300
 
 
 #: The tables that grow by every claim or submit, each with its index on task id.
-BY_TASK = {"dt_attempts": "ix_dt_attempts_task", "dt_outbox": "ix_dt_outbox_task_id"}
+BY_TASK = {"dt_attempts": "ix_dt_attempts_task", "dt_outbox": "ix_dt_outbox_task_id", "dt_steps": "uq_dt_steps_slot"}
 
 
 @contextmanager
@@ -153,3 +153,20 @@ def test_a_prune_deletes_outbox_rows_by_their_index_whatever_the_statistics_say(
         left = conn.execute(sa.select(outbox_table.c.task_id).where(outbox_table.c.namespace == ns)).scalars()
         assert set(left) == set(task_ids[CLOSED:])
     assert outbox_rows == CLOSED
+
+
+def test_a_prune_deletes_journal_steps_by_their_index_whatever_the_statistics_say(make_app: Any) -> None:
+    """The same for a batch's journal steps (``dt_steps`` grows by every recorded step)."""
+    app: App = make_app()
+    ns, now = app.settings.namespace, datetime.now(UTC)
+    task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
+    row = {"namespace": ns, "generation": 0, "kind": "step", "label": "l", "done": True, "created_at": now}
+    with app.engine.begin() as conn:
+        conn.execute(sa.insert(steps_table), [row | {"task_id": task_id, "slot": "s"} for task_id in task_ids])
+    with plans_of_statements_on(app.engine, "dt_steps") as plans, app.engine.begin() as conn:
+        retention.delete_tasks(conn, task_ids[:CLOSED])
+    by_index = [(statement.split()[0], plan["type"], plan["key"]) for statement, plan in plans]
+    assert by_index == [("SELECT", "range", "uq_dt_steps_slot"), ("DELETE", "range", "PRIMARY")], by_index
+    with app.engine.connect() as conn:
+        left = conn.execute(sa.select(steps_table.c.task_id).where(steps_table.c.namespace == ns)).scalars()
+        assert set(left) == set(task_ids[CLOSED:])
