@@ -18,8 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from .errors import IdempotencyConflictError, InvalidSessionError
-from .records import outbox_table, tasks_table
-from .store.payloads import delete_payloads, stored_payload
+from .records import tasks_table
+from .store.payloads import stored_payload
+from .store.retention import delete_tasks
 from .store.submit import SubmitOutcome
 
 __all__ = ["check_same_payloads", "check_session", "undo_submits"]
@@ -79,12 +80,9 @@ def check_same_payloads(
 
 def undo_submits(session: Session, task_ids: Sequence[str]) -> None:
     """Delete the tasks (their outbox rows, payloads kept apart) a submit inserted in this
-    transaction."""
+    transaction, as a prune deletes old ones (:func:`.store.retention.delete_tasks`)."""
     if task_ids:
-        conn = session.connection()
-        delete_payloads(conn, task_ids)
-        conn.execute(sa.delete(outbox_table).where(outbox_table.c.task_id.in_(task_ids)))
-        conn.execute(sa.delete(tasks_table).where(t.id.in_(task_ids)))
+        delete_tasks(session.connection(), task_ids)
 
 
 def _loads(text: str | None) -> Any:
