@@ -11,13 +11,16 @@ the row then adds nothing and gets the same entry id back, which it records as a
 publish here that fails, times out or never happens (the process dies after its commit) costs
 latency only: the dispatcher publishes.
 
-The commit does not wait for Redis: it hands what it owes to one daemon thread per process
-(:class:`_Sender`), which sends everything handed to it since its last round trip in one
-write per App, on a connection of its own. A commit so costs a list append and a notify,
-whatever Redis does (the commit hook is one listener on the Session class); a Redis
-that is down or slow delays nothing but these entries (each round trip gives up after 0.25 s),
-and while one is outstanding at most ``_BACKLOG_LIMIT`` entries wait, the rest are left to the
-dispatcher. Entries still waiting when the process exits are the dispatcher's too.
+The commit does not wait for Redis. One daemon thread per process (:class:`_Sender`) connects
+and sends everything handed to it since its last round trip in one write per App, on a
+connection of its own; a Redis that is down or slow delays nothing but these entries (each
+round trip gives up after 0.25 s), and while one is outstanding at most ``_BACKLOG_LIMIT``
+entries wait, the rest are left to the dispatcher. Once a round trip on its connection has
+succeeded, the sender hands that connection to the committing threads (:mod:`.commit_write`):
+a commit then writes its calls itself, without blocking and without waiting for the reply,
+which saves the thread's wake-ups (about half of what a one-task submit's publish costs), and
+hands anything that fails back to the sender. Entries still waiting when the process exits
+are the dispatcher's.
 
 Only what the dispatcher would publish at once goes: a task that is due (not delayed), not a
 shadow, on a queue this process does not hold paused, in a process that talks to Redis (not
@@ -50,6 +53,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
+from .commit_write import DirectWriter
 from .embedded import valkey_socket
 from .settings import Settings
 from .transport.cluster_url import is_cluster_url, sync_cluster_client
@@ -66,6 +70,10 @@ logger = logging.getLogger(__name__)
 _TIMEOUT = 0.25
 #: Entries waiting for the sender thread at most; past it a commit's entries are not queued.
 _BACKLOG_LIMIT = 10_000
+
+
+#: What a write on the committing thread owed: its entries and whether it woke the dispatchers.
+_Owing = tuple[Sequence[OutgoingMessage], bool]
 
 
 @dataclass(slots=True)
@@ -100,6 +108,11 @@ class CommitPublisher:
         # (pid, connection or cluster client): a forked child makes its own
         self._conn: tuple[int, Any] | None = None
         self._client: tuple[int, Any] | None = None
+        #: The sender's connection once a round trip on it succeeded: commits write on it
+        #: themselves (:mod:`.commit_write`).
+        self._direct: DirectWriter[_Owing] = DirectWriter()
+        #: False: every publish goes through the sender thread (to measure what writing saves).
+        self.direct_writes = True
 
     def disable_wakeups(self) -> None:
         """Publish no wake-ups from now on (the dispatchers poll): for measuring what they save."""
@@ -131,18 +144,38 @@ class CommitPublisher:
         # stale). Those are the dispatcher's (a NOTIFY goes at the real commit).
         joined = any(entry.conn is not None and entry.conn.in_transaction() for entry in owed.values())
         messages = [] if joined else [m for entry in owed.values() for m in entry.messages]
-        _SENDER.put(self, messages, wake=any(entry.wake for entry in owed.values()))
+        self._hand_over(messages, wake=any(entry.wake for entry in owed.values()))
 
     def publish(self) -> None:
         """A wake-up alone (the runtime's own outbox writes: a resume, a suspension's children)."""
         if self._wakes:
-            _SENDER.put(self, (), wake=True)
+            self._hand_over((), wake=True)
+
+    def _hand_over(self, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
+        """Written here on the connection the sender handed over, or handed to the sender."""
+        if not messages and not wake:
+            return
+        owing = (messages, wake)
+        left = [owing]
+        if self.direct_writes and self._direct.ready:
+            try:
+                left = self._direct.write(self._commands(messages, wake=wake), owing)
+            except Exception:  # a commit never fails over its publish: the sender tries it
+                logger.exception("writing at commit failed (the sender thread sends it)")
+        self._to_sender(left)
+
+    def _to_sender(self, owed: Sequence[_Owing]) -> None:
+        """Hand ``owed`` to the sender thread."""
+        if owed:
+            _SENDER.put(self, [m for messages, _ in owed for m in messages], wake=any(wake for _, wake in owed))
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until what committed transactions handed over so far has been sent (or failed):
-        False if ``timeout`` seconds passed first. Nothing needs it for correctness; tests and
-        benchmarks use it to order what they observe."""
-        return _SENDER.flush(timeout)
+        """Wait until what committed transactions handed over so far has been sent and
+        answered (or failed): False if ``timeout`` seconds passed first. Nothing needs it for
+        correctness; tests and benchmarks use it to order what they observe."""
+        answered, owed = self._direct.flush(timeout)
+        self._to_sender(owed)
+        return answered and _SENDER.flush(timeout)
 
     def send(self, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
         """One round trip (the sender thread's): the enqueue script for ``messages``,
@@ -167,11 +200,8 @@ class CommitPublisher:
         except (redis.RedisError, RedisClusterException, OSError) as exc:
             logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", exc)
 
-    def _send(self, conn: Any, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
-        """The enqueue script for ``messages``, then the wake-up, in one write on the sender's
-        own connection (no pool, no pipeline object: the sender's CPU competes with the
-        committing threads for the interpreter); a script the server does not hold yet is
-        loaded, and those calls sent once more."""
+    def _commands(self, messages: Sequence[OutgoingMessage], *, wake: bool) -> list[tuple[Any, ...]]:
+        """The enqueue script's calls for ``messages``, then the wake-up."""
         calls = (
             enqueue_calls(
                 messages,
@@ -188,13 +218,30 @@ class CommitPublisher:
         ]
         if wake:
             commands.append(("PUBLISH", self._channel, "1"))
+        return commands
+
+    def _send(self, conn: Any, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
+        """:meth:`_commands` in one write on the sender's own connection (no pool, no pipeline
+        object: the sender's CPU competes with the committing threads for the interpreter); a
+        script the server does not hold yet is loaded, and those calls sent once more. Once a
+        round trip succeeded, the connection is the committing threads' to write on."""
+        commands = self._commands(messages, wake=wake)
         replies = _round_trip(conn, commands)
-        missing = [commands[i] for i, reply in enumerate(replies[: len(calls)]) if isinstance(reply, NoScriptError)]
+        script = [i for i, command in enumerate(commands) if command[0] == "EVALSHA"]
+        missing = [commands[i] for i in script if isinstance(replies[i], NoScriptError)]
         if missing:  # the first publish on this server (or it restarted): load, then once more
             replies = _round_trip(conn, [("SCRIPT", "LOAD", self._enqueue.source), *missing])[1:]
-        for reply in replies:
-            if isinstance(reply, Exception):
-                logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", reply)
+        failed = [reply for reply in replies if isinstance(reply, Exception)]
+        for reply in failed:
+            logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", reply)
+        if not failed:
+            self._hand_to_committers(conn)
+
+    def _hand_to_committers(self, conn: Any) -> None:
+        """Give ``conn`` to :attr:`_direct` (the next round trip here connects anew)."""
+        with self._lock:
+            if self.direct_writes and self._conn is not None and self._conn[1] is conn and self._direct.adopt(conn):
+                self._conn = None
 
     def _connection(self, url: str) -> Any:  # redis-py types a pool's connections partly
         """The sender's connection to a single Redis node: its own, outside any pool (only the

@@ -8,6 +8,7 @@ On every database."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import redis
 import sqlalchemy as sa
@@ -260,35 +262,108 @@ async def test_a_redis_out_of_reach_leaves_the_commit_alone_and_the_dispatcher_p
     await cut_off.aclose()
 
 
+def published(server_url: str, app: App) -> list[str]:
+    """The task ids on the ``jobs`` stream of the server at ``server_url``, oldest first."""
+    reader = redis.Redis.from_url(server_url)  # the App's own clients may have been cut off
+    try:
+        listed: Any = reader.xrange(keys(app, "jobs").stream)  # redis-py's types allow None here
+        return [fields[b"t"].decode() for _, fields in listed]
+    finally:
+        reader.close()
+
+
 async def test_a_new_or_restarted_server_gets_the_script_and_the_next_commit_publishes_again(
     database_url: str, namespace: str, tmp_path: Path
 ) -> None:
     """A server that never ran the enqueue script (a new one, or one restarted: its scripts
-    are gone) answers NOSCRIPT: the sender loads the script and sends those calls once more. A
-    restart also cuts the sender's connection: the publish that finds it dead is the
-    dispatcher's, and the next commit's goes out on a new connection."""
+    are gone) answers NOSCRIPT: the sender loads the script and sends those calls once more.
+    A restart also cuts the connection the commits write on: the commit that finds it closed
+    hands its entries to the sender, which connects again."""
     with private_redis(tmp_path / "redis") as server:
         app = App(database_url, server.url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
         app.create_all()
         helpers.doubling_app(lambda: app)
         first = submit(app, "double", 1)
         assert [f["t"] for _, f in await stream_entries(app)] == [first]  # loaded, then sent again
+        second = submit(app, "double", 2)  # written by the committing thread
+        assert app.runtime.wakeups.flush()
+        assert published(server.url, app) == [first, second]
 
         server.stop(signal.SIGKILL)
         server.start()  # the same port, no scripts, no entries (no persistence)
-        lost = submit(app, "double", 2)  # its publish finds the old connection dead: left to the dispatcher
+        third = submit(app, "double", 3)
         assert app.runtime.wakeups.flush()
-        stream = keys(app, "jobs").stream
-        reader = redis.Redis.from_url(server.url)  # the App's own clients were cut off too
-
-        def published() -> list[str]:
-            listed: Any = reader.xrange(stream)  # redis-py's types allow None here
-            return [fields[b"t"].decode() for _, fields in listed]
-
-        assert published() == []
-        assert outbox_row(app, lost).state == OutboxState.PENDING  # the dispatcher's to publish
-        second = submit(app, "double", 3)
-        assert app.runtime.wakeups.flush()
-        assert published() == [second]
-        reader.close()
+        assert published(server.url, app) == [third]
         await app.aclose()
+
+
+async def test_entries_a_server_refused_are_sent_again_by_the_sender(
+    database_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """The commits' writes do not wait for replies: one refused (NOSCRIPT, after a SCRIPT
+    FLUSH) is found by the next write or a flush, and what it owed goes to the sender, which
+    loads the script and sends it once more."""
+    with private_redis(tmp_path / "redis") as server:
+        app = App(database_url, server.url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
+        app.create_all()
+        helpers.doubling_app(lambda: app)
+        first = submit(app, "double", 1)
+        assert app.runtime.wakeups.flush()
+        redis.Redis.from_url(server.url).script_flush()
+        refused = submit(app, "double", 2)  # written; its NOSCRIPT is read by the next write
+        after = submit(app, "double", 3)
+        assert app.runtime.wakeups.flush()
+        assert published(server.url, app) == [first, refused, after]
+        await app.aclose()
+
+
+async def test_a_stopped_server_leaves_the_commits_alone(database_url: str, namespace: str, tmp_path: Path) -> None:
+    """A server that stops reading (here SIGSTOP) does not stop a commit: its write goes to the
+    socket's buffer; a flush gives up; once the server runs again the entries arrive."""
+    with private_redis(tmp_path / "redis") as server:
+        app = App(database_url, server.url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
+        app.create_all()
+        helpers.doubling_app(lambda: app)
+        first = submit(app, "double", 1)
+        assert app.runtime.wakeups.flush()
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            stopped = [submit(app, "double", n) for n in range(2, 5)]
+            assert time.monotonic() - started < 5  # no commit waited on the server
+            assert not app.runtime.wakeups.flush(timeout=0.3)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert app.runtime.wakeups.flush()
+        assert published(server.url, app) == [first, *stopped]
+        await app.aclose()
+
+
+async def test_a_forked_child_publishes_on_a_connection_of_its_own(make_app: Callable[..., App]) -> None:
+    """A process that forks after its commits wrote (a preloading server) leaves the
+    connection to the parent: the child's commits go through a sender and connection of its
+    own (on the parent's it would read the parent's replies), and the parent's writes are
+    answered as before."""
+    app = helpers.doubling_app(make_app, **NO_POLL)
+    first = submit(app, "double", 1)
+    assert app.runtime.wakeups.flush()
+    second = submit(app, "double", 2)  # written by the committing thread, its reply not read yet
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's outcome is its exit status
+        status = 1
+        try:
+            app.engine.dispose(close=False)  # the parent's database connections stay the parent's
+            from_child = submit(app, "double", 3)
+            status = 0 if app.runtime.wakeups.flush() and from_child else 1
+        finally:
+            os._exit(status)
+    _, status = await anyio.to_thread.run_sync(os.waitpid, child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    third = submit(app, "double", 4)
+    assert app.runtime.wakeups.flush()
+    published = [fields["t"] for _, fields in await stream_entries(app)]
+    assert published[:2] == [first, second]
+    assert len(published) == 4  # the child's among them
+    assert published[3] == third
+    await app.aclose()
