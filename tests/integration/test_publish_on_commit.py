@@ -262,6 +262,13 @@ async def test_a_redis_out_of_reach_leaves_the_commit_alone_and_the_dispatcher_p
     await cut_off.aclose()
 
 
+def doubling_app_on(redis_url: str, database_url: str, namespace: str, tmp_path: Path) -> App:
+    """The doubling App on the Redis at ``redis_url`` (a private server), no dispatcher polling."""
+    app = App(database_url, redis_url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
+    app.create_all()
+    return helpers.doubling_app(lambda: app)
+
+
 def published(server_url: str, app: App) -> list[str]:
     """The task ids on the ``jobs`` stream of the server at ``server_url``, oldest first."""
     reader = redis.Redis.from_url(server_url)  # the App's own clients may have been cut off
@@ -280,9 +287,7 @@ async def test_a_new_or_restarted_server_gets_the_script_and_the_next_commit_pub
     A restart also cuts the connection the commits write on: the commit that finds it closed
     hands its entries to the sender, which connects again."""
     with private_redis(tmp_path / "redis") as server:
-        app = App(database_url, server.url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
-        app.create_all()
-        helpers.doubling_app(lambda: app)
+        app = doubling_app_on(server.url, database_url, namespace, tmp_path)
         first = submit(app, "double", 1)
         assert [f["t"] for _, f in await stream_entries(app)] == [first]  # loaded, then sent again
         second = submit(app, "double", 2)  # written by the committing thread
@@ -304,12 +309,11 @@ async def test_entries_a_server_refused_are_sent_again_by_the_sender(
     FLUSH) is found by the next write or a flush, and what it owed goes to the sender, which
     loads the script and sends it once more."""
     with private_redis(tmp_path / "redis") as server:
-        app = App(database_url, server.url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
-        app.create_all()
-        helpers.doubling_app(lambda: app)
+        app = doubling_app_on(server.url, database_url, namespace, tmp_path)
         first = submit(app, "double", 1)
         assert app.runtime.wakeups.flush()
-        redis.Redis.from_url(server.url).script_flush()
+        with redis.Redis.from_url(server.url) as client:
+            client.script_flush()
         refused = submit(app, "double", 2)  # written; its NOSCRIPT is read by the next write
         after = submit(app, "double", 3)
         assert app.runtime.wakeups.flush()
@@ -321,9 +325,7 @@ async def test_a_stopped_server_leaves_the_commits_alone(database_url: str, name
     """A server that stops reading (here SIGSTOP) does not stop a commit: its write goes to the
     socket's buffer; a flush gives up; once the server runs again the entries arrive."""
     with private_redis(tmp_path / "redis") as server:
-        app = App(database_url, server.url, namespace, data_dir=tmp_path / "app", **(FAST | NO_POLL))
-        app.create_all()
-        helpers.doubling_app(lambda: app)
+        app = doubling_app_on(server.url, database_url, namespace, tmp_path)
         first = submit(app, "double", 1)
         assert app.runtime.wakeups.flush()
         assert server.proc is not None
