@@ -364,8 +364,8 @@ async def test_a_forked_child_publishes_on_a_connection_of_its_own(make_app: Cal
     assert os.waitstatus_to_exitcode(status) == 0
     third = submit(app, "double", 4)
     assert app.runtime.wakeups.flush()
-    published = [fields["t"] for _, fields in await stream_entries(app)]
-    assert published[:2] == [first, second]
-    assert len(published) == 4  # the child's among them
-    assert published[3] == third
+    ids = [fields["t"] for _, fields in await stream_entries(app)]
+    assert ids[:2] == [first, second]
+    assert len(ids) == 4  # the child's among them
+    assert ids[3] == third
     await app.aclose()
