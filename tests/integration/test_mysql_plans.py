@@ -116,57 +116,50 @@ def test_the_group_commit_closes_attempts_by_their_index_whatever_the_statistics
     assert closed == CLOSED
 
 
-def test_a_prune_deletes_attempts_by_their_index_whatever_the_statistics_say(make_app: Any) -> None:
-    """A single-table DELETE takes no index hint: the prune finds the attempts with a hinted
-    SELECT and deletes them by primary key. (Its one-statement DELETE was planned as a scan.)"""
-    app: App = make_app()
-    task_ids = open_attempts(app, datetime.now(UTC))
-    with plans_of_statements_on(app.engine, "dt_attempts") as plans, app.engine.begin() as conn:
-        attempts, _, _ = retention.delete_tasks(conn, task_ids[:CLOSED])
-    assert [statement.split()[0] for statement, _ in plans] == ["SELECT", "DELETE"]
-    by_index = [(plan["type"], plan["key"]) for _, plan in plans]
-    assert by_index == [("range", "ix_dt_attempts_task"), ("range", "PRIMARY")], [dict(plan) for _, plan in plans]
-    with app.engine.connect() as conn:
-        ns = app.settings.namespace
-        left = conn.execute(sa.select(attempts_table.c.task_id).where(attempts_table.c.namespace == ns)).scalars()
-        assert set(left) == set(task_ids[CLOSED:])
-    assert attempts == CLOSED
+def task_rows(table: str, namespace: str, now: datetime, task_id: str) -> dict[str, Any]:
+    """One row of ``table`` for ``task_id``: an open attempt, a sent outbox row, a recorded step."""
+    common = {"namespace": namespace, "task_id": task_id, "generation": 0}
+    return (
+        common
+        | {
+            "dt_attempts": {"attempt": 1, "delivery": 0, "worker_id": "w", "started_at": now},
+            "dt_outbox": {
+                "queue": "q",
+                "delivery": 0,
+                "state": "SENT",
+                "attempts": 1,
+                "next_attempt_at": now,
+                "shadow": False,
+                "created_at": now,
+            },
+            "dt_steps": {"kind": "step", "label": "l", "done": True, "created_at": now, "slot": "s"},
+        }[table]
+    )
 
 
-def test_a_prune_deletes_outbox_rows_by_their_index_whatever_the_statistics_say(make_app: Any) -> None:
-    """The same for the outbox rows of a batch's tasks (``dt_outbox`` grows by every submit)."""
-    app: App = make_app()
-    ns, now = app.settings.namespace, datetime.now(UTC)
-    task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
-    row = {"namespace": ns, "queue": "q", "generation": 0, "delivery": 0, "state": "SENT", "attempts": 1}
-    with app.engine.begin() as conn:
-        rows = [
-            row | {"task_id": task_id, "next_attempt_at": now, "shadow": False, "created_at": now}
-            for task_id in task_ids
-        ]
-        conn.execute(sa.insert(outbox_table), rows)
-    with plans_of_statements_on(app.engine, "dt_outbox") as plans, app.engine.begin() as conn:
-        _, outbox_rows, _ = retention.delete_tasks(conn, task_ids[:CLOSED])
-    by_index = [(statement.split()[0], plan["type"], plan["key"]) for statement, plan in plans]
-    assert by_index == [("SELECT", "range", "ix_dt_outbox_task_id"), ("DELETE", "range", "PRIMARY")], by_index
-    with app.engine.connect() as conn:
-        left = conn.execute(sa.select(outbox_table.c.task_id).where(outbox_table.c.namespace == ns)).scalars()
-        assert set(left) == set(task_ids[CLOSED:])
-    assert outbox_rows == CLOSED
+TABLES = {t.name: t for t in (attempts_table, outbox_table, steps_table)}
+#: Where delete_tasks' report counts each table's rows (the journal's steps are not counted).
+COUNTED = {"dt_attempts": 0, "dt_outbox": 1}
 
 
-def test_a_prune_deletes_journal_steps_by_their_index_whatever_the_statistics_say(make_app: Any) -> None:
-    """The same for a batch's journal steps (``dt_steps`` grows by every recorded step)."""
+@pytest.mark.parametrize("table", sorted(BY_TASK))
+def test_a_prune_deletes_a_tasks_rows_by_their_index_whatever_the_statistics_say(make_app: Any, table: str) -> None:
+    """A single-table DELETE takes no index hint: the prune finds a batch's attempts, outbox
+    rows (``dt_outbox`` grows by every submit) and journal steps (by every recorded step) with a
+    hinted SELECT and deletes them by primary key. (Its one-statement DELETE was planned as a
+    scan of the whole table.)"""
     app: App = make_app()
     ns, now = app.settings.namespace, datetime.now(UTC)
     task_ids = [new_task_id() for _ in range(CLOSED + 1700)]
-    row = {"namespace": ns, "generation": 0, "kind": "step", "label": "l", "done": True, "created_at": now}
     with app.engine.begin() as conn:
-        conn.execute(sa.insert(steps_table), [row | {"task_id": task_id, "slot": "s"} for task_id in task_ids])
-    with plans_of_statements_on(app.engine, "dt_steps") as plans, app.engine.begin() as conn:
-        retention.delete_tasks(conn, task_ids[:CLOSED])
+        conn.execute(sa.insert(TABLES[table]), [task_rows(table, ns, now, task_id) for task_id in task_ids])
+    with plans_of_statements_on(app.engine, table) as plans, app.engine.begin() as conn:
+        deleted = retention.delete_tasks(conn, task_ids[:CLOSED])
     by_index = [(statement.split()[0], plan["type"], plan["key"]) for statement, plan in plans]
-    assert by_index == [("SELECT", "range", "uq_dt_steps_slot"), ("DELETE", "range", "PRIMARY")], by_index
+    assert by_index == [("SELECT", "range", BY_TASK[table]), ("DELETE", "range", "PRIMARY")], by_index
+    columns = TABLES[table].c
     with app.engine.connect() as conn:
-        left = conn.execute(sa.select(steps_table.c.task_id).where(steps_table.c.namespace == ns)).scalars()
+        left = conn.execute(sa.select(columns.task_id).where(columns.namespace == ns)).scalars()
         assert set(left) == set(task_ids[CLOSED:])
+    if table in COUNTED:
+        assert deleted[COUNTED[table]] == CLOSED
