@@ -11,16 +11,16 @@ the row then adds nothing and gets the same entry id back, which it records as a
 publish here that fails, times out or never happens (the process dies after its commit) costs
 latency only: the dispatcher publishes.
 
-The commit does not wait for Redis. One daemon thread per process (:class:`_Sender`) connects
-and sends everything handed to it since its last round trip in one write per App, on a
+The commit does not wait for Redis. One daemon thread per process (:mod:`.commit_sender`)
+connects and sends everything handed to it since its last round trip in one write per App, on a
 connection of its own; a Redis that is down or slow delays nothing but these entries (each
-round trip gives up after 0.25 s), and while one is outstanding at most ``_BACKLOG_LIMIT``
-entries wait, the rest are left to the dispatcher. Once a round trip on its connection has
-succeeded, the sender hands that connection to the committing threads (:mod:`.commit_write`):
-a commit then writes its calls itself, without blocking and without waiting for the reply,
-which saves the thread's wake-ups (about half of what a one-task submit's publish costs), and
-hands anything that fails back to the sender. Entries still waiting when the process exits
-are the dispatcher's.
+round trip gives up after 0.25 s), and while one is outstanding at most
+``commit_sender.BACKLOG_LIMIT`` entries wait, the rest are left to the dispatcher. Once a
+round trip on its connection has succeeded, the sender hands that connection to the
+committing threads (:mod:`.commit_write`): a commit then writes its calls itself, without
+blocking and without waiting for the reply, which saves the thread's wake-ups (about half of
+what a one-task submit's publish costs), and hands anything that fails back to the sender.
+Entries still waiting when the process exits are the dispatcher's.
 
 Only what the dispatcher would publish at once goes: a task that is due (not delayed), not a
 shadow, on a queue this process does not hold paused, in a process that talks to Redis (not
@@ -49,10 +49,11 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
-from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
+from .commit_sender import SENDER, round_trip
 from .commit_write import DirectWriter
 from .embedded import valkey_socket
 from .settings import Settings
@@ -68,10 +69,6 @@ logger = logging.getLogger(__name__)
 
 #: A round trip that takes longer is given up (the dispatchers publish, and poll).
 _TIMEOUT = 0.25
-#: Entries waiting for the sender thread at most; past it a commit's entries are not queued.
-_BACKLOG_LIMIT = 10_000
-
-
 #: What a write on the committing thread owed: its entries and whether it woke the dispatchers.
 _Owing = tuple[Sequence[OutgoingMessage], bool]
 
@@ -167,7 +164,7 @@ class CommitPublisher:
     def _to_sender(self, owed: Sequence[_Owing]) -> None:
         """Hand ``owed`` to the sender thread."""
         if owed:
-            _SENDER.put(self, [m for messages, _ in owed for m in messages], wake=any(wake for _, wake in owed))
+            SENDER.put(self, [m for messages, _ in owed for m in messages], wake=any(wake for _, wake in owed))
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until what committed transactions handed over so far has been sent and
@@ -175,7 +172,7 @@ class CommitPublisher:
         correctness; tests and benchmarks use it to order what they observe."""
         answered, owed = self._direct.flush(timeout)
         self._to_sender(owed)
-        return answered and _SENDER.flush(timeout)
+        return answered and SENDER.flush(timeout)
 
     def send(self, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
         """One round trip (the sender thread's): the enqueue script for ``messages``,
@@ -226,11 +223,11 @@ class CommitPublisher:
         script the server does not hold yet is loaded, and those calls sent once more. Once a
         round trip succeeded, the connection is the committing threads' to write on."""
         commands = self._commands(messages, wake=wake)
-        replies = _round_trip(conn, commands)
+        replies = round_trip(conn, commands)
         script = [i for i, command in enumerate(commands) if command[0] == "EVALSHA"]
         missing = [commands[i] for i in script if isinstance(replies[i], NoScriptError)]
         if missing:  # the first publish on this server (or it restarted): load, then once more
-            replies = _round_trip(conn, [("SCRIPT", "LOAD", self._enqueue.source), *missing])[1:]
+            replies = round_trip(conn, [("SCRIPT", "LOAD", self._enqueue.source), *missing])[1:]
         failed = [reply for reply in replies if isinstance(reply, Exception)]
         for reply in failed:
             logger.debug("publishing at commit failed (the dispatchers publish and poll): %s", reply)
@@ -261,23 +258,6 @@ class CommitPublisher:
                     sync_cluster_client(url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT),
                 )
             return self._client[1]
-
-
-def _round_trip(conn: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """Send ``commands`` in one write and read their replies (an error reply as its exception);
-    a connection that failed midway is dropped (the next round trip connects anew)."""
-    try:
-        conn.send_packed_command(conn.pack_commands(commands))
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
 
 
 #: session.info key: what each publisher is owed once the session's outermost transaction commits.
@@ -324,71 +304,6 @@ def _session_rolled_back(session: Session, previous_transaction: SessionTransact
 def _session_transaction_ended(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None:  # the outermost, committed (published) or not
         session.info.pop(_OWED, None)
-
-
-class _Sender:
-    """The process's one thread that sends what commits owe: everything waiting, one round
-    trip per App (each App has its own Redis and namespace)."""
-
-    def __init__(self) -> None:
-        self._forget()
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        """A fresh start, also in a forked child: the parent's thread does not exist there, and
-        a lock another thread held at the fork stays held in the child."""
-        self._cond = threading.Condition()
-        self._owed: dict[CommitPublisher, _Owed] = {}
-        self._waiting = 0
-        self._handed = self._sent = 0  # puts so far; puts whose round trip is over
-        self._thread: threading.Thread | None = None
-        self._warned = False
-
-    def put(self, publisher: CommitPublisher, messages: Sequence[OutgoingMessage], *, wake: bool) -> None:
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="durable_tasks-commit-publish", daemon=True)
-                self._thread.start()
-            owed = self._owed.setdefault(publisher, _Owed())
-            if self._waiting + len(messages) <= _BACKLOG_LIMIT:
-                owed.messages.extend(messages)
-                self._waiting += len(messages)
-            elif not self._warned:
-                self._warned = True
-                logger.warning(
-                    "over %d entries wait to be published at commit (Redis slow or down): "
-                    "the dispatchers publish the rest",
-                    _BACKLOG_LIMIT,
-                )
-            owed.wake = owed.wake or wake
-            self._handed += 1
-            self._cond.notify_all()  # the thread, not only a flush() waiting on the same condition
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until what was handed over before this call has been sent (or failed)."""
-        with self._cond:
-            handed = self._handed
-            return self._cond.wait_for(lambda: self._sent >= handed, timeout)
-
-    def _run(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while not self._owed:
-                    cond.wait()
-                owed, self._owed, self._waiting = self._owed, {}, 0
-                handed = self._handed
-            for publisher, entry in owed.items():
-                try:
-                    publisher.send(entry.messages, wake=entry.wake)
-                except Exception:  # never end the thread: the next commits' entries still go
-                    logger.exception("publishing at commit failed (the dispatchers publish and poll)")
-            with cond:
-                self._sent = handed
-                cond.notify_all()
-
-
-_SENDER = _Sender()
 
 
 def _within(transaction: SessionTransaction | None, outer: SessionTransaction) -> bool:
