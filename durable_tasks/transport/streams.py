@@ -324,10 +324,15 @@ class RedisStreamsTransport:
         return [bool(r) for r in await pipe.execute()]
 
     async def trim(self, stream: str) -> int:
-        """Trim acknowledged entries: MINID below the oldest pending and undelivered entry."""
+        """Trim acknowledged entries: MINID below the oldest pending and undelivered entry.
+
+        The group's last delivered id is read before its PEL: an entry a worker reads in
+        between is then in the PEL read, and the floor stays at or below it. The other order
+        put the floor past it, and trimmed an entry its worker still held (whose loss the PEL
+        scan then never saw: XAUTOCLAIM drops a deleted entry)."""
         try:
-            summary = await self.client.xpending(stream, CONSUMER_GROUP)
             groups = await self.client.xinfo_groups(stream)
+            summary = await self.client.xpending(stream, CONSUMER_GROUP)
         except ResponseError:
             return 0
         group = next((g for g in groups if str(g["name"]) == CONSUMER_GROUP), None)

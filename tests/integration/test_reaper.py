@@ -613,6 +613,52 @@ async def test_trim_drops_acknowledged_entries_but_never_a_pending_or_undelivere
         assert [i for i, _ in await _xrange(app, stream)] == [e3, e4]
 
 
+async def test_trim_never_drops_an_entry_a_worker_reads_while_it_looks(
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trim's floor comes from two reads, the group's last delivered id and its PEL; a
+    worker that reads an entry between them makes it both delivered and pending. Read in the
+    wrong order the floor passed it: the pending entry was trimmed, its worker's death then
+    went unnoticed by the PEL scan (XAUTOCLAIM drops deleted entries) and was reconciled as an
+    entry Redis lost, not counted against max_deliveries."""
+    app = make_app(lease_timeout=timedelta(minutes=10), reconcile_grace=timedelta(hours=1))
+    async with _opened(app):
+        double = _register(app)
+        for n in range(3):
+            _submit(app, double, n)
+        assert await app.dispatch_once() == 3
+        stream = _stream(app)
+        [first] = await _read(app, "c1")
+        assert await app.runtime.transport().ack(stream, [first.entry_id]) == 1
+        client = _redis(app)
+        looked: list[str] = []
+        read: list[StreamEntry] = []
+
+        def between(name: str) -> Callable[..., Any]:
+            real = getattr(client, name)
+
+            async def look(*args: Any, **kwargs: Any) -> Any:
+                looked.append(name)
+                if len(looked) == 2:  # the second of the floor's two reads: a worker reads first
+                    read.extend(await _read(app, "c2", count=2))
+                return await real(*args, **kwargs)
+
+            return look
+
+        for name in ("xpending", "xinfo_groups"):
+            monkeypatch.setattr(client, name, between(name))
+
+        report = await app.reap_once()
+
+        assert sorted(looked[:2]) == ["xinfo_groups", "xpending"]
+        assert len(read) == 2
+        held = [e.entry_id for e in read]
+        assert [i for i, _ in await _xrange(app, stream)][-2:] == held  # both entries c2 holds
+        # The next pass, with nothing read in between, trims the acknowledged entry only.
+        assert report.trimmed + (await app.reap_once()).trimmed == 1
+        assert [i for i, _ in await _xrange(app, stream)] == held
+
+
 async def test_a_dead_lettered_task_runs_its_failure_hooks(make_app: Callable[..., App]) -> None:
     """The hooks get the task's payload, a large one too (kept in dt_payloads on SQLite and MySQL)."""
     app = make_app(max_deliveries=1)
