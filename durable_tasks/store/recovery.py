@@ -82,6 +82,12 @@ def lease_views(conn: sa.Connection, namespace: str, task_ids: Iterable[str]) ->
     }
 
 
+#: Tasks that owe no entry on their delivery: finished, or suspended (the resume makes a
+#: delivery of its own). The reaper acts on what it read a moment before, and a worker past its
+#: lease (a late heartbeat) may have suspended the task since: it is left waiting.
+_OWE_NO_ENTRY = [*TERMINAL_STATES, TaskState.WAITING]
+
+
 def _unowned(task_id: str, namespace: str, generation: int, delivery: int, now: datetime) -> sa.ColumnElement[bool]:
     """The task still waits on this delivery and nobody holds a live lease on it."""
     return sa.and_(
@@ -89,7 +95,7 @@ def _unowned(task_id: str, namespace: str, generation: int, delivery: int, now: 
         t.namespace == namespace,
         t.generation == generation,
         t.delivery == delivery,
-        t.state.not_in(list(TERMINAL_STATES)),
+        t.state.not_in(_OWE_NO_ENTRY),
         sa.or_(t.state != TaskState.RUNNING, t.lease_expires_at.is_(None), t.lease_expires_at <= now),
     )
 
@@ -190,7 +196,7 @@ def _take_unowned(
     taken: list[_Taken] = []
     for r in rows:
         state = TaskState(r.state)
-        if r.namespace != namespace or state in TERMINAL_STATES or (r.id, r.generation, r.delivery) not in keys:
+        if r.namespace != namespace or state in _OWE_NO_ENTRY or (r.id, r.generation, r.delivery) not in keys:
             continue
         if state == TaskState.RUNNING and r.lease_expires_at is not None and r.lease_expires_at > now:
             continue

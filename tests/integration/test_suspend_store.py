@@ -185,6 +185,29 @@ async def test_a_suspension_of_an_attempt_that_lost_its_task_writes_nothing(app:
         assert children.scalar_one() == 0
 
 
+async def test_a_reaper_that_saw_a_suspended_task_running_neither_redelivers_nor_dead_letters_it(app: App) -> None:
+    """A worker past its lease (a slow heartbeat) suspends its task between a reaper's read
+    of the task (running, lease expired) and that reaper's write: the task waits for its
+    signal, owes no entry (its resume makes a delivery), and stays waiting."""
+    parent = await claimed_parent(waiter_app(app))
+    store, ns = app.runtime.store, app.settings.namespace
+    done = await store.suspend(parent, [], [pending_signal("go")], now=app.clock())
+    assert done is not None
+    assert done.state is Suspended.WAITING
+    later = app.clock() + timedelta(minutes=5)  # the suspended attempt's lease long over
+    key = (parent.task_id, parent.generation, parent.delivery)
+    assert await store.redeliver_lost(ns, [key], now=later, reason="worker lost") == [False]
+    assert await store.redeliver_lost(ns, [key], now=later, reason="entry gone", count_reclaim=False) == [False]
+    dead = await store.dead_letter_task(
+        ns, task_id=key[0], generation=key[1], delivery=key[2], now=later, reason="lost 3 deliveries"
+    )
+    assert not dead
+    found = app.get_task(parent.task_id)
+    assert (found.state, found.delivery) == (TaskState.WAITING, 0)
+    assert app.signal(parent.task_id, "go", {"ok": True})  # it resumes as it would have
+    assert (app.get_task(parent.task_id).state, app.get_task(parent.task_id).delivery) == (TaskState.PENDING, 1)
+
+
 async def test_a_suspension_that_finds_its_child_ended_and_its_signal_delivered_redelivers_at_once(
     app: App,
 ) -> None:

@@ -458,7 +458,7 @@ WITH locked AS MATERIALIZED (
     JOIN unnest(%(ids)b::text[], %(generations)b::int[], %(deliveries)b::int[]) AS d (id, generation, delivery)
       ON d.id = l.id AND d.generation = l.generation AND d.delivery = l.delivery
     WHERE l.namespace = %(namespace)s
-      AND l.state NOT IN ('SUCCEEDED', 'FAILED', 'DEAD', 'CANCELLED')
+      AND l.state NOT IN ('SUCCEEDED', 'FAILED', 'DEAD', 'CANCELLED', 'WAITING')  -- recovery.py's _OWE_NO_ENTRY
       AND (l.state <> 'RUNNING' OR l.lease_expires_at IS NULL OR l.lease_expires_at <= %(now)s)
 ), moved AS (
     UPDATE dt_tasks AS t
