@@ -179,13 +179,16 @@ class Reaper:
     async def _redeliver_lost(
         self, queue: str, stream: str, lost: Sequence[tuple[str, Delivery]], now: datetime, report: ReapReport
     ) -> None:
-        """Redeliver the entries of dead workers, all in one transaction, then acknowledge them."""
+        """Redeliver the entries of dead workers, all in one transaction, then acknowledge those
+        redelivered. A refused one stays pending for the next pass: its worker may have renewed
+        the lease since this pass read it (it holds the entry), or the task moved on (stale)."""
         if not lost:
             return
         runtime = self.runtime
         reason = "worker lost: lease expired, entry reclaimed"
         keys = [(d.task_id, d.generation, d.delivery) for _, d in lost]
         flags = await runtime.store.redeliver_lost(runtime.settings.namespace, keys, now=now, reason=reason)
+        redelivered = [entry_id for (entry_id, _), done in zip(lost, flags, strict=True) if done]
         for (_, d), done in zip(lost, flags, strict=True):
             report.redelivered += int(done)
             if failpoints.ENABLED:
@@ -196,7 +199,7 @@ class Reaper:
                 runtime.telemetry.task_event(
                     "reclaim", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": "lease expired"}
                 )
-        await runtime.transport().ack(stream, [entry_id for entry_id, _ in lost])
+        await runtime.transport().ack(stream, redelivered)
 
     async def _settle_entry(
         self,
