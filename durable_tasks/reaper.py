@@ -236,18 +236,17 @@ class Reaper:
                 reason=reason,
                 on_dead=partial(self._failure_hooks, reason),
             )
-            if done:
-                await self._publish_dead_letter(queue, entry_id, d, reason)
-                if view is not None:  # wake the result waits on it
-                    dead = TaskOutcome(d.task_id, d.generation, TaskState.DEAD, None, "DeadLettered", reason)
-                    await announce_outcomes(
-                        runtime.transport().client, s.namespace, [dead], inline_bytes=s.result_inline_bytes
-                    )
-                report.dead_lettered += 1
-                runtime.telemetry.dead_lettered.add(1, {"queue": queue})
-                runtime.telemetry.task_event(
-                    "dead_letter", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": reason}
-                )
+            if not done:  # refused (a lease renewed since the view, or the task moved on): next pass decides
+                return
+            await self._publish_dead_letter(queue, entry_id, d, reason)
+            if view is not None:  # wake the result waits on it
+                dead = TaskOutcome(d.task_id, d.generation, TaskState.DEAD, None, "DeadLettered", reason)
+                await announce_outcomes(transport.client, s.namespace, [dead], inline_bytes=s.result_inline_bytes)
+            report.dead_lettered += 1
+            runtime.telemetry.dead_lettered.add(1, {"queue": queue})
+            runtime.telemetry.task_event(
+                "dead_letter", d.traceparent, queue, {"durable_tasks.task.id": d.task_id, "reason": reason}
+            )
         else:
             if (
                 view is not None

@@ -169,43 +169,47 @@ async def test_worker_lost_after_claim_is_redelivered_and_completes(app: App) ->
     assert await _pending(app) == 0
 
 
+@pytest.mark.parametrize(("max_deliveries", "acts"), [(3, "redeliver_lost"), (1, "dead_letter_task")])
 async def test_a_worker_that_renews_its_lease_as_the_reaper_acts_keeps_its_entry(
-    app: App, monkeypatch: pytest.MonkeyPatch
+    make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch, max_deliveries: int, acts: str
 ) -> None:
     """The reaper read the task with its lease expired (a late heartbeat); the heartbeat lands
-    before the reaper's redelivery, which the live lease refuses. The entry stays pending: when
-    that worker does die, the PEL scan finds it and counts the loss (acknowledged, it was
-    trimmed, and the loss came back through the reconciler, uncounted)."""
-    double = _register(app)
-    task_id = _submit(app, double, 4)
-    assert await app.dispatch_once() == 1
-    [entry] = await _read(app, "slow-worker")
-    claim = await claim_entry(app, entry, "slow-worker")
-    assert claim is not None
-    store = app.runtime.store
-    redeliver_lost = store.redeliver_lost
-    renewed: list[bool] = []
+    before the reaper's redelivery (or, at its last delivery, its dead-lettering), which the
+    live lease refuses. The entry stays pending: when that worker does die, the PEL scan finds
+    it and counts the loss (acknowledged, it was trimmed, and the loss came back through the
+    reconciler, uncounted)."""
+    async with _opened(make_app(max_deliveries=max_deliveries)) as app:
+        double = _register(app)
+        task_id = _submit(app, double, 4)
+        assert await app.dispatch_once() == 1
+        [entry] = await _read(app, "slow-worker")
+        claim = await die_running_alone(app, entry, "slow-worker")  # alone: its loss is its own
+        store = app.runtime.store
+        act = getattr(store, acts)
+        renewed: list[bool] = []
 
-    async def after_a_heartbeat(*args: Any, **kwargs: Any) -> list[bool]:
-        renewed.append(await store.heartbeat(claim, now=app.clock(), lease=app.settings.lease_timeout))
-        return await redeliver_lost(*args, **kwargs)
+        async def after_a_heartbeat(*args: Any, **kwargs: Any) -> Any:
+            renewed.append(await store.heartbeat(claim, now=app.clock(), lease=app.settings.lease_timeout))
+            return await act(*args, **kwargs)
 
-    monkeypatch.setattr(store, "redeliver_lost", after_a_heartbeat)
-    assert await outlive_lease(app) == 1
-    report = await app.reap_once()
-    monkeypatch.undo()
+        monkeypatch.setattr(store, acts, after_a_heartbeat)
+        assert await outlive_lease(app) == 1
+        report = await app.reap_once()
+        monkeypatch.undo()
 
-    assert renewed == [True]
-    assert (report.redelivered, report.reconciled, report.acked_stale) == (0, 0, 0)
-    assert app.get_task(task_id).state == TaskState.RUNNING
-    assert await _pending(app) == 1  # still held: the worker runs on
+        assert renewed == [True]
+        assert (report.redelivered, report.dead_lettered, report.reconciled, report.acked_stale) == (0, 0, 0, 0)
+        assert app.get_task(task_id).state == TaskState.RUNNING
+        assert await _pending(app) == 1  # still held: the worker runs on
 
-    assert await outlive_lease(app) == 1  # now it is gone
-    report = await app.reap_once()
-    assert (report.redelivered, report.reconciled) == (1, 0)
-    info = app.get_task(task_id)
-    assert (info.state, info.delivery, info.reclaims) == (TaskState.PENDING, 1, 1)
-    assert await _pending(app) == 0
+        assert await outlive_lease(app) == 1  # now it is gone
+        report = await app.reap_once()
+        assert (report.redelivered, report.dead_lettered, report.reconciled) == (
+            (1, 0, 0) if max_deliveries > 1 else (0, 1, 0)
+        )
+        info = app.get_task(task_id)
+        assert (info.state, info.reclaims) == ((TaskState.PENDING, 1) if max_deliveries > 1 else (TaskState.DEAD, 0))
+        assert await _pending(app) == 0
 
 
 async def test_entry_read_but_never_claimed_is_redelivered(make_app: Callable[..., App]) -> None:
