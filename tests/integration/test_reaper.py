@@ -621,19 +621,24 @@ async def test_pending_entry_deleted_from_stream_leaves_pel_and_task_is_reconcil
 # -- trimming --------------------------------------------------------------------------------
 
 
+@asynccontextmanager
+async def _dispatched_untouched(make_app: Callable[..., App], n: int) -> AsyncIterator[tuple[App, str]]:
+    """An app whose ``n`` tasks are in the stream (and the stream's key), none to be reclaimed
+    or reconciled: a long lease keeps pending entries out of reclaim, a long grace keeps the
+    reconciler away from tasks whose entries a test acknowledges by hand without running them."""
+    async with _opened(make_app(lease_timeout=timedelta(minutes=10), reconcile_grace=timedelta(hours=1))) as app:
+        double = _register(app)
+        for i in range(n):
+            _submit(app, double, i)
+        assert await app.dispatch_once() == n
+        yield app, _stream(app)
+
+
 async def test_trim_drops_acknowledged_entries_but_never_a_pending_or_undelivered_one(
     make_app: Callable[..., App],
 ) -> None:
-    # A long lease keeps the pending entry out of reclaim; a long grace keeps the reconciler
-    # away from tasks whose entries this test acknowledges by hand without running them.
-    app = make_app(lease_timeout=timedelta(minutes=10), reconcile_grace=timedelta(hours=1))
-    async with _opened(app):
-        double = _register(app)
-        for n in range(4):
-            _submit(app, double, n)
-        assert await app.dispatch_once() == 4
+    async with _dispatched_untouched(make_app, 4) as (app, stream):
         client = _redis(app)
-        stream = _stream(app)
         e1, e2, e3 = (e.entry_id for e in await _read(app, "c1", count=3))
         [(e4, _)] = await _xrange(app, stream, start=f"({e3}")  # never delivered
         assert await app.runtime.transport().ack(stream, [e1, e3]) == 2
@@ -664,13 +669,7 @@ async def test_trim_never_drops_an_entry_a_worker_reads_while_it_looks(
     wrong order the floor passed it: the pending entry was trimmed, its worker's death then
     went unnoticed by the PEL scan (XAUTOCLAIM drops deleted entries) and was reconciled as an
     entry Redis lost, not counted against max_deliveries."""
-    app = make_app(lease_timeout=timedelta(minutes=10), reconcile_grace=timedelta(hours=1))
-    async with _opened(app):
-        double = _register(app)
-        for n in range(3):
-            _submit(app, double, n)
-        assert await app.dispatch_once() == 3
-        stream = _stream(app)
+    async with _dispatched_untouched(make_app, 3) as (app, stream):
         [first] = await _read(app, "c1")
         assert await app.runtime.transport().ack(stream, [first.entry_id]) == 1
         client = _redis(app)
