@@ -279,7 +279,8 @@ class Store(Protocol):
         due: datetime | None = None,
     ) -> bool:
         """Supersede a delivery nobody holds with a new one (delivery + 1), due at ``due``
-        (default now); False if stale."""
+        (default now); False if stale (superseded, finished, suspended, or held by a live lease,
+        judged under the row's lock)."""
         ...
 
     async def redeliver_lost(
@@ -313,7 +314,7 @@ class Store(Protocol):
         on_dead: Callable[[sa.Connection, DeadTask], None] | None = None,
     ) -> bool:
         """Mark the task DEAD (running ``on_dead`` in the same transaction); False if it moved
-        on meanwhile."""
+        on meanwhile, suspended, or its lease is live again."""
         ...
 
     async def unconfirmed_deliveries(

@@ -327,9 +327,9 @@ class RedisStreamsTransport:
         """Trim acknowledged entries: MINID below the oldest pending and undelivered entry.
 
         The group's last delivered id is read before its PEL: an entry a worker reads in
-        between is then in the PEL read, and the floor stays at or below it. The other order
-        put the floor past it, and trimmed an entry its worker still held (whose loss the PEL
-        scan then never saw: XAUTOCLAIM drops a deleted entry)."""
+        between is then in the PEL read, and the floor stays at or below it. Read the other
+        way round, the floor could pass it and trim an entry its worker still holds (whose loss
+        the PEL scan would then never see: XAUTOCLAIM drops a deleted entry)."""
         try:
             groups = await self.client.xinfo_groups(stream)
             summary = await self.client.xpending(stream, CONSUMER_GROUP)
