@@ -176,8 +176,8 @@ async def test_a_worker_that_renews_its_lease_as_the_reaper_acts_keeps_its_entry
     """The reaper read the task with its lease expired (a late heartbeat); the heartbeat lands
     before the reaper's redelivery (or, at its last delivery, its dead-lettering), which the
     live lease refuses. The entry stays pending: when that worker does die, the PEL scan finds
-    it and counts the loss (acknowledged, it was trimmed, and the loss came back through the
-    reconciler, uncounted)."""
+    it and counts the loss (acknowledged, it would be trimmed, and the loss would come back
+    through the reconciler, uncounted)."""
     async with _opened(make_app(max_deliveries=max_deliveries)) as app:
         double = _register(app)
         task_id = _submit(app, double, 4)
@@ -666,9 +666,9 @@ async def test_trim_never_drops_an_entry_a_worker_reads_while_it_looks(
 ) -> None:
     """The trim's floor comes from two reads, the group's last delivered id and its PEL; a
     worker that reads an entry between them makes it both delivered and pending. Read in the
-    wrong order the floor passed it: the pending entry was trimmed, its worker's death then
-    went unnoticed by the PEL scan (XAUTOCLAIM drops deleted entries) and was reconciled as an
-    entry Redis lost, not counted against max_deliveries."""
+    other order, the floor passes it: the pending entry is trimmed, its worker's death goes
+    unseen by the PEL scan (XAUTOCLAIM drops deleted entries) and is reconciled as an entry
+    Redis lost, not counted against max_deliveries."""
     async with _dispatched_untouched(make_app, 3) as (app, stream):
         [first] = await _read(app, "c1")
         assert await app.runtime.transport().ack(stream, [first.entry_id]) == 1
