@@ -315,7 +315,7 @@ class Reaper:
             )
             by_stream: dict[str, list[UnconfirmedDelivery]] = defaultdict(list)
             for u in page.deliveries:
-                by_stream[transport.keys(u.queue, u.partition).stream_for(shadow=u.shadow)].append(u)
+                by_stream[transport.stream_of(u.queue, u.partition, shadow=u.shadow, priority=u.priority)].append(u)
             lost: list[tuple[str, UnconfirmedDelivery]] = []
             for stream, items in by_stream.items():
                 exists = await transport.entries_exist(stream, [u.stream_id for u in items])

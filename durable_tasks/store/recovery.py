@@ -319,6 +319,7 @@ class UnconfirmedDelivery:
     delivery: int
     stream_id: str
     partition: int | None = None
+    priority: int | None = None
 
 
 #: Where the reconciler's walk stands: the (enqueued_at, id) of the last task it read (an
@@ -350,7 +351,9 @@ def unconfirmed_deliveries(
     lost entries behind a backlog that Redis still holds. Tasks without an enqueued_at (a
     worker claimed them before their mark-SENT) come first, in id order."""
     sent = (
-        sa.select(t.id, t.queue, t.shadow, t.generation, t.delivery, t.enqueued_at, o.stream_id, o.partition)
+        sa.select(
+            t.id, t.queue, t.shadow, t.generation, t.delivery, t.enqueued_at, o.stream_id, o.partition, t.priority
+        )
         .join(
             outbox_table,
             sa.and_(
@@ -369,7 +372,7 @@ def unconfirmed_deliveries(
             ),
         )
     )
-    rows: list[Any] = []  # the Row type of an 8-column select
+    rows: list[Any] = []  # the Row type of a 9-column select
     if after is None or after[0] is None:
         unstamped = sent.where(t.enqueued_at.is_(None))
         if after is not None:
@@ -382,7 +385,7 @@ def unconfirmed_deliveries(
     if len(rows) < limit:
         rows += conn.execute(stamped.order_by(t.enqueued_at, t.id).limit(limit - len(rows))).all()
     deliveries = [
-        UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id, r.partition)
+        UnconfirmedDelivery(r.id, r.queue, r.shadow, r.generation, r.delivery, r.stream_id, r.partition, r.priority)
         for r in rows
         if r.stream_id
     ]

@@ -89,6 +89,12 @@ class RedisStreamsTransport:
         """The level stream a delivery goes to (:func:`.enqueue.level_of`)."""
         return level_of(msg, self.prioritized)
 
+    def stream_of(self, queue: str, partition: int | None, *, shadow: bool, priority: int | None) -> str:
+        """The stream a task's delivery was published to: its partition's, shadow or main, on
+        its priority's level where ``queue`` has levels (as :meth:`level_of` chose)."""
+        level = (priority or 0) if self.prioritized(queue) else 0
+        return self.keys(queue, partition).stream_for(shadow=shadow, priority=level)
+
     def streams(self, queue: str) -> list[tuple[str, bool, int | None]]:
         """Every stream of ``queue``: (key, shadow, partition) for each partition, main and
         shadow, and each priority level's of a prioritized queue."""

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, InvalidFlowControlError, TaskContext, current_journal
+from durable_tasks import App, FrozenClock, InvalidFlowControlError, TaskContext, current_journal
 from durable_tasks.flow.policy import GUARD_SHARE, guard_reserve
 from durable_tasks.records import tasks_table
 from tests.helpers import keys, submit, submit_all
@@ -168,4 +168,22 @@ async def test_a_child_task_goes_at_the_priority_its_task_declares(
     assert sorted(levels) == [("parent", None), ("urgent", 2)]
     client = app.runtime.transport().client
     assert await client.xlen(keys(app).level_stream(2)) == 1
+    await app.aclose()
+
+
+async def test_the_reconciler_finds_a_waiting_prioritized_entry_on_its_level_stream(
+    make_app: Callable[..., App],
+) -> None:
+    """A task of a prioritized queue that waits in its level's backlog past the reconcile grace
+    is still there: the reconciler looks for its entry on its level stream, and sends nothing
+    again."""
+    started: list[int] = []
+    app = prioritized_app(make_app, started, clock=FrozenClock())
+    task_ids = [submit(app, "job", 1, priority=2), submit(app, "job", 2)]
+    await dispatch_all(app)
+    assert isinstance(app.clock, FrozenClock)
+    app.clock.advance(app.settings.reconcile_grace + timedelta(seconds=1))
+    report = await app.reap_once()
+    assert report.reconciled == 0
+    assert [app.get_task(i).delivery for i in task_ids] == [0, 0]
     await app.aclose()
