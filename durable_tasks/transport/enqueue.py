@@ -16,7 +16,7 @@ from typing import Any
 from .keys import QueueKeys, partition_for
 from .messages import OutgoingMessage
 
-__all__ = ["PUBLISH_CHUNK", "EnqueueCalls", "enqueue_calls", "entry_json", "level_of", "outgoing"]
+__all__ = ["PUBLISH_CHUNK", "EnqueueCalls", "enqueue_calls", "entry_json", "level_for", "level_of", "outgoing"]
 
 #: Deliveries per enqueue-script call: bounds how long one call holds the Redis server.
 PUBLISH_CHUNK = 128
@@ -53,10 +53,15 @@ def outgoing(
     )
 
 
+def level_for(queue: str, priority: int | None, prioritized: Callable[[str], bool]) -> int:
+    """The level stream a delivery of ``priority`` on ``queue`` goes to: its priority on a
+    prioritized queue, else 0 (the publish's choice, and where the reconciler looks)."""
+    return priority if priority and prioritized(queue) else 0
+
+
 def level_of(msg: OutgoingMessage, prioritized: Callable[[str], bool]) -> int:
-    """The level stream a delivery goes to: its priority on a prioritized queue, else 0
-    (a level-0 delivery, the usual case, costs one attribute read)."""
-    return msg.priority if msg.priority and prioritized(msg.queue) else 0
+    """:func:`level_for` of a delivery (a level-0 one, the usual case, costs one attribute read)."""
+    return level_for(msg.queue, msg.priority, prioritized) if msg.priority else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,7 @@ class MemoryTransport(RedisStreamsTransport):
         out: list[str | Exception] = []
         for msg in messages:
             keys = self.keys(msg.queue, msg.partition)
-            stream = keys.stream_for(shadow=msg.shadow, priority=msg.priority if self.prioritized(msg.queue) else 0)
+            stream = keys.stream_for(shadow=msg.shadow, priority=self.level_of(msg))
             dedup = keys.dedup(msg.task_id, msg.generation, msg.delivery)
             if dedup not in self._dedup:
                 self._dedup[dedup] = self._append(stream, msg.fields(stream, self.signing_key))

@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..flow.policy import PRIORITY_LEVELS
 from .announce import announce, announce_failed
-from .enqueue import enqueue_calls, entry_json, level_of
+from .enqueue import enqueue_calls, entry_json, level_for, level_of
 from .keys import CONSUMER_GROUP, QueueKeys
 from .levels import never, read_by_level
 from .messages import AutoclaimPage, Delivery, OutgoingMessage, StreamEntry, parse_autoclaim_reply, parse_delivery
@@ -91,9 +91,10 @@ class RedisStreamsTransport:
 
     def stream_of(self, queue: str, partition: int | None, *, shadow: bool, priority: int | None) -> str:
         """The stream a task's delivery was published to: its partition's, shadow or main, on
-        its priority's level where ``queue`` has levels (as :meth:`level_of` chose)."""
-        level = (priority or 0) if self.prioritized(queue) else 0
-        return self.keys(queue, partition).stream_for(shadow=shadow, priority=level)
+        its priority's level where ``queue`` has levels (:func:`.enqueue.level_for`)."""
+        return self.keys(queue, partition).stream_for(
+            shadow=shadow, priority=level_for(queue, priority, self.prioritized)
+        )
 
     def streams(self, queue: str) -> list[tuple[str, bool, int | None]]:
         """Every stream of ``queue``: (key, shadow, partition) for each partition, main and
