@@ -178,11 +178,11 @@ async def test_the_reconciler_finds_a_waiting_prioritized_entry_on_its_level_str
     is still there: the reconciler looks for its entry on its level stream, and sends nothing
     again."""
     started: list[int] = []
-    app = prioritized_app(make_app, started, clock=FrozenClock())
+    clock = FrozenClock()
+    app = prioritized_app(make_app, started, clock=clock)
     task_ids = [submit(app, "job", 1, priority=2), submit(app, "job", 2)]
     await dispatch_all(app)
-    assert isinstance(app.clock, FrozenClock)
-    app.clock.advance(app.settings.reconcile_grace + timedelta(seconds=1))
+    clock.advance(app.settings.reconcile_grace + timedelta(seconds=1))
     report = await app.reap_once()
     assert report.reconciled == 0
     assert [app.get_task(i).delivery for i in task_ids] == [0, 0]
