@@ -21,6 +21,7 @@ __all__ = [
     "decide_after_failure",
     "decide_reap",
     "loss_counts",
+    "loss_suspects",
     "pause_after_wait",
     "suspect_group_limit",
 ]
@@ -83,6 +84,20 @@ def loss_counts(state: TaskState, attempt: int, solo_attempt: int | None) -> boo
     without a crash), so its loss is the infrastructure's, like a broker's data loss.
     """
     return state == TaskState.RUNNING and solo_attempt == attempt
+
+
+def loss_suspects(state: TaskState, started: bool) -> bool:
+    """Whether losing the current delivery makes the task (more) suspect (``reclaims + 1``).
+
+    Only when its attempt had started: a worker claims an attempt *held* (not started) when it
+    must wait at the isolation gate first (every suspect does, and any attempt claimed while
+    the worker isolates), and records the start just before the task's code runs. A worker
+    killed meanwhile, by the group it waited for, ran none of the held task's code, so that
+    loss tells nothing about the task. Counting it made every kill promote the whole queue
+    waiting behind a group of suspects: their limits shrank, more of them waited, and more of
+    them were lost with the next kill (the reason is in docs/reliability.md's rules).
+    """
+    return state == TaskState.RUNNING and started
 
 
 def suspect_group_limit(reclaims: int, concurrency: int) -> int:

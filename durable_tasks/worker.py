@@ -36,41 +36,20 @@ from .payload_memory import PayloadMemory
 from .policy import suspect_group_limit
 from .records import TaskState
 from .runtime import Runtime
+from .starts import StartRecorder
 from .store.execution import ClaimRefused, ClaimRequest, ExecutionClaim
-from .store.results import CommitOutcome, FinalWrite
+from .store.results import CommitOutcome
 from .telemetry import link_to, traceparent_of
 from .transport.announce import announcement
 from .transport.keys import CONSUMER_GROUP
 from .transport.messages import Delivery, MalformedEntryError, StreamEntry
 from .unknown import hand_back
+from .worker_commit import PendingCommit
 from .worker_counters import WorkerCounters
 
 __all__ = ["Worker", "WorkerCounters"]
 
 logger = logging.getLogger(__name__)
-
-
-class _Commit:
-    """An attempt's way to the group committer (``commit(write)`` for :func:`run_attempt`),
-    with the entry to acknowledge after its result: one object per attempt where a closure
-    would be a function and its cells, all alive as long as the attempt."""
-
-    __slots__ = ("acked", "committer", "entry", "write")
-
-    def __init__(self, committer: Coalescer[_Commit], entry: StreamEntry) -> None:
-        self.committer = committer
-        self.entry = entry
-        self.write: FinalWrite | None = None
-        self.acked = False  # the committer acknowledged the entry
-
-    async def __call__(self, write: FinalWrite) -> None:
-        self.write = write
-        await self.committer.submit(self)
-
-    @property
-    def final_write(self) -> FinalWrite:
-        assert self.write is not None, "handed to the committer only once written"
-        return self.write
 
 
 _ACKED_OUTCOMES = (CommitOutcome.COMMITTED, CommitOutcome.FENCED_OUT)
@@ -91,7 +70,7 @@ class Worker:
         self._stopping = anyio.Event()
         self._slot_freed = anyio.Event()
         s = runtime.settings
-        self._committer: Coalescer[_Commit] = Coalescer(
+        self._committer: Coalescer[PendingCommit] = Coalescer(
             self._commit, max_batch=s.commit_batch_max, window=s.commit_window, concurrency=2
         )
         self._acker: Coalescer[tuple[str, str]] = Coalescer(self._ack_now, max_batch=1000)
@@ -99,6 +78,7 @@ class Worker:
         # Sync handlers' own threads: never anyio's pool, where claims, commits and leases run.
         self._handler_threads = HandlerThreads(min(self.concurrency, s.handler_threads or self.concurrency))
         self._gate = IsolationGate()
+        self._starts = StartRecorder(runtime)  # of the attempts claimed held (waiting at the gate)
         self._payloads = PayloadMemory(s.payload_memory)  # payloads the claims did not carry
         self._background_tasks: set[asyncio.Task[None]] = set()  # claims (intakes) and attempts
         # Claims of consecutive reads overlap: while one batch's claim transaction runs, the next batch is
@@ -124,6 +104,7 @@ class Worker:
                 tg.start_soon(self._committer.run)
                 tg.start_soon(self._acker.run)
                 tg.start_soon(self._leases.run)
+                tg.start_soon(self._starts.run)
                 try:
                     await self._read_loop(start, max_tasks)
                     with anyio.move_on_after(self.runtime.settings.shutdown_grace.total_seconds()):
@@ -253,6 +234,7 @@ class Worker:
                 worker_id=self.worker_id,
                 now=runtime.clock(),
                 lease=runtime.settings.lease_timeout,
+                hold=self._gate.isolating,  # its attempts wait at the gate: claimed held (StartRecorder)
             )
         except SQLAlchemyError as exc:
             logger.warning("cannot reach the database to claim %d entries (%s); they stay pending", len(batch), exc)
@@ -261,6 +243,7 @@ class Worker:
             return
         runtime.flow.unclaimed(batch, claims)  # admitted, yet will not run: their slots go back
         stale: list[tuple[StreamEntry, Span]] = []
+        suspects: list[tuple[StreamEntry, ExecutionClaim, Span]] = []  # after the others, which start now
         for (entry, delivery, span), claim in zip(batch, claims, strict=True):
             if claim is ClaimRefused.NO_TASK:
                 # The database may be restoring or lagging: the reaper dead-letters the entry
@@ -269,8 +252,12 @@ class Worker:
                 self._end(span, "no_task", settled=False)
             elif claim is ClaimRefused.STALE:
                 stale.append((entry, span))
+            elif claim.reclaims:
+                suspects.append((entry, claim, span))
             else:
                 self._background(self._execute(entry, claim, span))
+        for entry, claim, span in suspects:
+            self._background(self._execute(entry, claim, span))
         if stale:
             try:
                 await self._ack_now([(e.stream, e.entry_id) for e, _ in stale])
@@ -306,7 +293,7 @@ class Worker:
         runtime = self.runtime
         settled = False
         outcome = "unreachable"
-        commit = _Commit(self._committer, entry)  # the committer acknowledges what it settles
+        commit = PendingCommit(self._committer, entry)  # the committer acknowledges what it settles
         payload_bytes = 0
         try:
             with runtime.telemetry.current(span):
@@ -325,6 +312,8 @@ class Worker:
                 else:  # beside the others (in this frame: one coroutine fewer per attempt in flight)
                     await self._gate.join(self._leases.hold, claim)
                     try:
+                        if claim.held:  # claimed while the worker isolated
+                            await self._starts.started(claim)
                         outcome = await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
                     finally:
                         self._gate.leave()
@@ -338,7 +327,7 @@ class Worker:
                     await self._acker.submit((entry.stream, entry.entry_id))
             settled = True
         except SQLAlchemyError as exc:
-            logger.warning("cannot record the outcome of %s (%s); entry stays pending", claim.task_id, exc)
+            logger.warning("cannot record the start or outcome of %s (%s); entry stays pending", claim.task_id, exc)
         except Exception:
             logger.exception("unexpected error running %s; its entry stays pending", claim.task_id)
         finally:
@@ -348,18 +337,20 @@ class Worker:
             self._end(span, outcome, settled=settled)
             self._forget()
 
-    async def _run_suspect(self, claim: ExecutionClaim, span: Span, commit: _Commit) -> ExecutionOutcome:
+    async def _run_suspect(self, claim: ExecutionClaim, span: Span, commit: PendingCommit) -> ExecutionOutcome:
         """Run a suspect attempt in a group of suspects (see IsolationGate,
         policy.suspect_group_limit); one that runs alone is marked solo, so its loss counts.
         Its lease is renewed from its wait at the gate on (any attempt's wait there, too)."""
         runtime = self.runtime
         limit = suspect_group_limit(claim.reclaims, self.concurrency)
         async with self._gate.suspect(limit=limit, hold=partial(self._leases.hold, claim)) as alone:
-            if alone:
-                await runtime.store.mark_solo(claim)
+            if alone:  # its start and its solitude, in one write
+                await runtime.store.mark_solo(claim, now=runtime.clock())
+            else:
+                await self._starts.started(claim)
             return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
 
-    async def _commit(self, items: Sequence[_Commit]) -> None:
+    async def _commit(self, items: Sequence[PendingCommit]) -> None:
         """Commit a group of results, then acknowledge the entries whose outcome is recorded
         (committed or fenced out); a failed XACK leaves them pending for the reaper."""
         runtime, s = self.runtime, self.runtime.settings

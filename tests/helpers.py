@@ -279,7 +279,7 @@ async def die_running_alone(app: App, entry: StreamEntry, worker_id: str = "doom
     charges the loss to the task (with max_deliveries=1, it is dead-lettered)."""
     claim = await claim_entry(app, entry, worker_id)
     assert claim is not None
-    await app.runtime.store.mark_solo(claim)
+    await app.runtime.store.mark_solo(claim, now=app.clock())
     return claim
 
 

@@ -251,7 +251,14 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
     # -- the worker --------------------------------------------------------------------------
 
     async def claim_executions(
-        self, namespace: str, requests: Sequence[ClaimRequest], *, worker_id: str, now: datetime, lease: timedelta
+        self,
+        namespace: str,
+        requests: Sequence[ClaimRequest],
+        *,
+        worker_id: str,
+        now: datetime,
+        lease: timedelta,
+        hold: bool = False,
     ) -> list[ExecutionClaim | ClaimRefused]:
         """Take the execution fence for a read batch in one transaction."""
         if not requests:
@@ -261,14 +268,14 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
         def claim() -> list[ExecutionClaim | ClaimRefused]:
             with self._engine.begin() as conn:
                 rows = execution.claim_rows(
-                    conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease
+                    conn, namespace, keys, worker_id=worker_id, now=now, lease_until=now + lease, hold=hold
                 )
                 execution.open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
                 follow_ups = execution.claim_follow_ups(requests, rows)
                 known = (
                     execution.after_claim(conn, namespace, follow_ups, now) if follow_ups else execution.NOTHING_KNOWN
                 )
-            return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
+            return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id, hold=hold)
 
         return await self._in_thread(claim)
 
@@ -345,9 +352,13 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
         """Extend one attempt's lease."""
         return await self._in_thread(partial(self._runtime_transaction, leases.heartbeat, claim, now=now, lease=lease))
 
-    async def mark_solo(self, claim: ExecutionClaim) -> None:
-        """Record that this attempt runs alone."""
-        await self._in_thread(partial(self._runtime_transaction, leases.mark_solo, claim))
+    async def mark_solo(self, claim: ExecutionClaim, *, now: datetime) -> None:
+        """Record that this attempt starts, alone."""
+        await self._in_thread(partial(self._runtime_transaction, leases.mark_solo, claim, now=now))
+
+    async def mark_started(self, claims: Sequence[ExecutionClaim], *, now: datetime) -> None:
+        """Record that held attempts start now."""
+        await self._in_thread(partial(self._runtime_transaction, leases.mark_started, claims, now=now))
 
     # -- lifecycle ---------------------------------------------------------------------------
 

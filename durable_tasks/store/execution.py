@@ -43,6 +43,7 @@ __all__ = [
     "claims_for",
     "close_open_attempts",
     "fenced_rows",
+    "is_held",
     "open_attempts",
 ]
 
@@ -81,6 +82,11 @@ class ExecutionClaim:
     parent_slot: str | None = None
     #: The payload's size in bytes (characters, on SQLite, for a task written without ``payload_bytes``).
     payload_size: int = 0
+    #: Claimed without starting (``dt_tasks.started_at`` NULL): the attempt waits at the worker's
+    #: isolation gate (a suspect, or any attempt claimed while the worker isolates), and the
+    #: worker records its start (:meth:`~durable_tasks.store.Store.mark_started`) before it runs.
+    #: Its worker lost before then ran none of its code: the loss makes it no more suspect.
+    held: bool = False
 
     def fence(self) -> sa.ColumnElement[bool]:
         """The WHERE clause every write of this execution carries: its row found by id alone,
@@ -143,14 +149,25 @@ CLAIMED_COLUMNS = (
     payload_size(),
 )
 #: What a claim sets on a task row, for a statement built once (SQLite's here, MySQL's): its
-#: values are the bind parameters ``until`` (the lease's end), ``worker`` and ``now``.
+#: values are the bind parameters ``until`` (the lease's end), ``worker``, ``now`` and ``hold``
+#: (the worker isolates: every attempt of the batch waits at its gate). A held attempt
+#: (:attr:`ExecutionClaim.held`: a suspect, or ``hold``) is claimed with no start.
 CLAIM_VALUES = {
     "state": TaskState.RUNNING,
     "attempt": t.attempt + 1,
     "lease_expires_at": sa.bindparam("until", type_=t.lease_expires_at.type),
     "worker_id": sa.bindparam("worker", type_=t.worker_id.type),
-    "started_at": sa.bindparam("now", type_=t.started_at.type),
+    "started_at": sa.case(
+        (sa.or_(t.reclaims > 0, sa.bindparam("hold", type_=sa.Boolean)), sa.null()),
+        else_=sa.bindparam("now", type_=t.started_at.type),
+    ),
 }
+
+
+def is_held(row: ClaimedRow, hold: bool) -> bool:
+    """Whether a claim leaves its attempt unstarted (as :data:`CLAIM_VALUES` and PostgreSQL's
+    claim statement decide it)."""
+    return hold or row.reclaims > 0
 
 
 def claim_keys(requests: Sequence[ClaimRequest]) -> tuple[list[tuple[str, int, int]], dict[str, str | None]]:
@@ -190,8 +207,10 @@ def claims_for(
     *,
     namespace: str,
     worker_id: str,
+    hold: bool = False,
 ) -> list[ExecutionClaim | ClaimRefused]:
-    """Each request's answer, in request order: its claim, STALE, or NO_TASK."""
+    """Each request's answer, in request order: its claim, STALE, or NO_TASK (``hold``: as the
+    claim was made)."""
     claimed = {r.id: r for r in rows}
     out: list[ExecutionClaim | ClaimRefused] = []
     handed_out: set[str] = set()
@@ -203,7 +222,7 @@ def claims_for(
             and (row.generation, row.delivery) == (r.generation, r.delivery)
         ):
             handed_out.add(r.task_id)  # a second copy of the same delivery is stale
-            out.append(_claim_from(row, namespace, worker_id, known.previous.get(row.id)))
+            out.append(_claim_from(row, namespace, worker_id, known.previous.get(row.id), is_held(row, hold)))
         elif row is not None or r.task_id in known.existing:
             out.append(ClaimRefused.STALE)
         else:
@@ -228,9 +247,18 @@ def claim_rows(
     worker_id: str,
     now: datetime,
     lease_until: datetime,
+    hold: bool = False,
 ) -> list[ClaimedRow]:
     ids = [key[0] for key in keys]
-    claim = {"ns": namespace, "ids": ids, "keys": keys, "now": now, "until": lease_until, "worker": worker_id}
+    claim = {
+        "ns": namespace,
+        "ids": ids,
+        "keys": keys,
+        "now": now,
+        "until": lease_until,
+        "worker": worker_id,
+        "hold": hold,
+    }
     rows = conn.execute(_CLAIM_ROWS, claim)
     return [ClaimedRow._make(row) for row in rows]
 
@@ -306,7 +334,7 @@ def _reopened(conn: sa.Connection, rows: Sequence[ClaimedRow], now: datetime) ->
     return latest
 
 
-def _claim_from(row: ClaimedRow, namespace: str, worker_id: str, previous: str | None) -> ExecutionClaim:
+def _claim_from(row: ClaimedRow, namespace: str, worker_id: str, previous: str | None, held: bool) -> ExecutionClaim:
     return ExecutionClaim(
         namespace=namespace,
         task_id=row.id,
@@ -330,6 +358,7 @@ def _claim_from(row: ClaimedRow, namespace: str, worker_id: str, previous: str |
         parent_generation=row.parent_generation,
         parent_slot=row.parent_slot,
         payload_size=row.payload_size,
+        held=held,
     )
 
 

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from ..records import tasks_table
 from .execution import ExecutionClaim, fenced_rows
 
-__all__ = ["heartbeat", "mark_solo", "renew_leases"]
+__all__ = ["heartbeat", "mark_solo", "mark_started", "renew_leases"]
 
 t = tasks_table.c
 
@@ -28,9 +28,15 @@ def renew_leases(conn: sa.Connection, claims: Sequence[ExecutionClaim], *, now: 
     )
 
 
-def mark_solo(conn: sa.Connection, claim: ExecutionClaim) -> None:
-    """Record that this attempt runs alone: if its worker dies now, the loss is its own."""
-    conn.execute(sa.update(tasks_table).where(claim.fence()).values(solo_attempt=claim.attempt))
+def mark_solo(conn: sa.Connection, claim: ExecutionClaim, *, now: datetime) -> None:
+    """Record that this attempt starts, alone: if its worker dies now, the loss is its own."""
+    conn.execute(sa.update(tasks_table).where(claim.fence()).values(solo_attempt=claim.attempt, started_at=now))
+
+
+def mark_started(conn: sa.Connection, claims: Sequence[ExecutionClaim], *, now: datetime) -> None:
+    """Record that held attempts (claimed without a start: :attr:`ExecutionClaim.held`) start
+    now: from here on, losing their worker makes them more suspect."""
+    conn.execute(sa.update(tasks_table).where(fenced_rows(claims)).values(started_at=now))
 
 
 def heartbeat(conn: sa.Connection, claim: ExecutionClaim, *, now: datetime, lease: timedelta) -> bool:

@@ -184,6 +184,7 @@ class MySqlStore(SqlStore):
         worker_id: str,
         now: datetime,
         lease: timedelta,
+        hold: bool = False,
     ) -> list[ExecutionClaim | ClaimRefused]:
         """Lock the batch's task rows (reading what a claim returns), claim the claimable ones.
         The claimed rows are the locked rows one attempt on, as the update leaves them: no
@@ -203,12 +204,13 @@ class MySqlStore(SqlStore):
                     if r.namespace == namespace and _claimable(r, wanted, now)
                 ]
                 if rows:
-                    claimed = {"ids": [r.id for r in rows], "until": now + lease, "worker": worker_id, "now": now}
+                    ids = [r.id for r in rows]
+                    claimed = {"ids": ids, "until": now + lease, "worker": worker_id, "now": now, "hold": hold}
                     conn.execute(_CLAIM, claimed)
                 execution.open_attempts(conn, namespace, rows, traceparents, worker_id=worker_id, now=now)
                 if follow_ups := execution.claim_follow_ups(requests, rows):
                     known = execution.after_claim(conn, namespace, follow_ups, now)
-            return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
+            return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id, hold=hold)
 
         return await self._in_thread(claim)
 

@@ -210,8 +210,11 @@ class Store(Protocol):
         worker_id: str,
         now: datetime,
         lease: timedelta,
+        hold: bool = False,
     ) -> list[ExecutionClaim | ClaimRefused]:
-        """Take the execution fence for a read batch (answers in request order)."""
+        """Take the execution fence for a read batch (answers in request order). The attempts of
+        suspects (``reclaims > 0``), and every attempt with ``hold`` (the worker isolates), are
+        claimed held: not started until :meth:`mark_started` or :meth:`mark_solo`."""
         ...
 
     async def commit_results(self, writes: Sequence[FinalWrite], *, now: datetime) -> None:
@@ -245,8 +248,13 @@ class Store(Protocol):
         """Extend one attempt's lease; False once it is fenced out."""
         ...
 
-    async def mark_solo(self, claim: ExecutionClaim) -> None:
-        """Record that this attempt runs alone (if its worker dies now, the loss is its own)."""
+    async def mark_solo(self, claim: ExecutionClaim, *, now: datetime) -> None:
+        """Record that this attempt starts, alone (if its worker dies now, the loss is its own)."""
+        ...
+
+    async def mark_started(self, claims: Sequence[ExecutionClaim], *, now: datetime) -> None:
+        """Record that held attempts (:attr:`ExecutionClaim.held`) start now (a loss of their
+        worker from here on makes them more suspect), in one statement."""
         ...
 
     # -- result waits ----------------------------------------------------------------------

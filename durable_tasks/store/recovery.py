@@ -102,6 +102,8 @@ def _unowned(task_id: str, namespace: str, generation: int, delivery: int, now: 
 
 #: 1 when losing the current delivery counts toward max_deliveries: policy.loss_counts in SQL.
 _LOSS_COUNTS = sa.case((sa.and_(t.state == TaskState.RUNNING, t.solo_attempt == t.attempt), 1), else_=0)
+#: 1 when losing it makes the task more suspect: policy.loss_suspects in SQL.
+_LOSS_SUSPECTS = sa.case((sa.and_(t.state == TaskState.RUNNING, t.started_at.is_not(None)), 1), else_=0)
 
 
 def redeliver(
@@ -220,13 +222,14 @@ def _supersede(
     conn.execute(
         sa.update(tasks_table)
         .where(t.id.in_(ids))
-        # counted_losses first: MySQL evaluates SET left to right, each on the values already
-        # set (its CASE must read the state before it becomes PENDING); the others read the old row.
+        # counted_losses and reclaims first: MySQL evaluates SET left to right, each on the values
+        # already set (their CASEs must read the state before it becomes PENDING); the others read
+        # the old row.
         .ordered_values(
             (t.counted_losses, t.counted_losses + (_LOSS_COUNTS if count_reclaim else sa.literal(0))),
+            (t.reclaims, t.reclaims + (_LOSS_SUSPECTS if count_reclaim else sa.literal(0))),
             (t.state, TaskState.PENDING),
             (t.delivery, t.delivery + 1),
-            (t.reclaims, t.reclaims + (1 if count_reclaim else 0)),
             (t.lease_expires_at, None),
         )
     )

@@ -78,8 +78,13 @@ async def test_a_worker_lost_with_50_running_tasks_has_them_all_run_together_nex
         info = app.get_task(task_id)
         assert (info.state, info.result, info.reclaims) == (TaskState.SUCCEEDED, i + 1, 1)
     with app.engine.connect() as conn:
-        solo = conn.execute(sa.select(tasks_table.c.solo_attempt).where(tasks_table.c.id.in_(ids))).scalars().all()
-    assert set(solo) == {None}  # they ran in a group: none alone, so a loss would not have counted
+        rows = conn.execute(
+            sa.select(tasks_table.c.solo_attempt, tasks_table.c.started_at).where(tasks_table.c.id.in_(ids))
+        ).all()
+    assert {r.solo_attempt for r in rows} == {None}  # they ran in a group: none alone, so a loss would not have counted
+    # Claimed held (suspects), each had its start recorded before it ran: a loss in the group would
+    # have made them more suspect.
+    assert None not in {r.started_at for r in rows}
     await app.aclose()
 
 
@@ -96,7 +101,11 @@ async def test_a_suspect_lost_again_runs_in_a_smaller_group_down_to_alone(make_a
     assert await app.dispatch_once() == 1
     for worker in ("dead-1", "dead-2"):  # lost twice: reclaims 2, group limit 16 >> 4 = 1
         [entry] = await app.runtime.transport().read(["groups"], worker, count=1, block=app.settings.read_block)
-        assert await claim_entry(app, entry, worker, lease=timedelta(milliseconds=1)) is not None
+        claim = await claim_entry(app, entry, worker, lease=timedelta(milliseconds=1))
+        assert claim is not None
+        # Its attempt started (a suspect's is claimed held: its worker records the start before
+        # it runs), then the worker died: each loss makes it more suspect.
+        await app.runtime.store.mark_started([claim], now=app.clock())
         await make_idle(app, timedelta(seconds=5))
         assert (await app.reap_once()).redelivered == 1
         assert await app.dispatch_once() == 1

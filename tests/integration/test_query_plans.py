@@ -95,6 +95,7 @@ def statement_params(name: str, namespace: str, now: datetime, ids: list[str]) -
             "lease_until": later,
             "worker_id": "w",
             "inline_payload": INLINE_PAYLOAD_BYTES,
+            "hold": False,
         },
         "commit_results": common
         | {"ids": ids, "parent_ids": [], "generations": [0] * n, "attempts": [1] * n, "results": ["null"] * n},

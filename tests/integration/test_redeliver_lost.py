@@ -38,7 +38,7 @@ async def test_each_item_is_answered_as_redeliver_answers_it(app: App, clock: Fr
     store, ns = app.runtime.store, app.settings.namespace
     unclaimed, lost, solo, live, done = submit(app, 5)
     await claimed(app, lost)
-    await store.mark_solo(await claimed(app, solo))
+    await store.mark_solo(await claimed(app, solo), now=app.clock())
     await store.commit_results([FinalWrite(await claimed(app, done), "1")], now=app.clock())
     held = await claimed(app, live)
     clock.advance(LEASE * 2)
@@ -57,7 +57,7 @@ async def test_each_item_is_answered_as_redeliver_answers_it(app: App, clock: Fr
     assert flags == [True, True, True, False, False, False, False, False]
     rows = {task_id: task_row(app, task_id) for task_id in (unclaimed, lost, solo, live, done)}
     assert {i: (r.state, r.delivery, r.reclaims, r.counted_losses) for i, r in rows.items()} == {
-        unclaimed: (TaskState.PENDING, 1, 1, 0),  # lost before any claim: never charged
+        unclaimed: (TaskState.PENDING, 1, 0, 0),  # lost before any claim: ran nothing, not a suspect
         lost: (TaskState.PENDING, 1, 1, 0),  # lost beside others: a suspect, not charged
         solo: (TaskState.PENDING, 1, 1, 1),  # lost while running alone: its own loss
         live: (TaskState.RUNNING, 0, 0, 0),
@@ -72,6 +72,35 @@ async def test_each_item_is_answered_as_redeliver_answers_it(app: App, clock: Fr
     # Redis losing entries (the reconciler) is nobody's fault: no reclaim is counted.
     assert await store.redeliver_lost(ns, [(lost, 0, 1)], now=app.clock(), reason="gone", count_reclaim=False)
     assert (task_row(app, lost).delivery, task_row(app, lost).reclaims) == (2, 1)
+
+
+async def test_a_loss_makes_a_task_more_suspect_only_once_its_attempt_started(app: App, clock: FrozenClock) -> None:
+    """A suspect's attempt is claimed held (no start), as is every attempt claimed with
+    ``hold`` (its worker isolates): losing its worker before the start is recorded leaves its
+    reclaims as they were; after ``mark_started`` or ``mark_solo`` the loss counts as one."""
+    store, ns = app.runtime.store, app.settings.namespace
+    waited, started, solo, shared = submit(app, 4)
+    for task_id in (waited, started, solo):  # each lost once while it ran: a suspect
+        assert not (await claimed(app, task_id)).held
+    clock.advance(LEASE * 2)
+    assert await store.redeliver_lost(ns, [(i, 0, 0) for i in (waited, started, solo)], now=app.clock(), reason=REASON)
+    claims = {i: await claimed(app, i, 1) for i in (waited, started, solo)}
+    claims[shared] = await claimed(app, shared, hold=True)
+    assert all(c.held for c in claims.values())
+    assert {i: task_row(app, i).started_at for i in claims} == dict.fromkeys(claims)  # none started
+    await store.mark_started([claims[started]], now=app.clock())
+    await store.mark_solo(claims[solo], now=app.clock())
+    assert task_row(app, started).started_at == task_row(app, solo).started_at == app.clock()
+    clock.advance(LEASE * 2)
+    keys = [(waited, 0, 1), (started, 0, 1), (solo, 0, 1), (shared, 0, 0)]
+    assert await store.redeliver_lost(ns, keys, now=app.clock(), reason=REASON) == [True] * 4
+    rows = {i: task_row(app, i) for i in claims}
+    assert {i: (r.state, r.delivery, r.reclaims, r.counted_losses) for i, r in rows.items()} == {
+        waited: (TaskState.PENDING, 2, 1, 0),  # lost while it waited: as suspect as before
+        started: (TaskState.PENDING, 2, 2, 0),  # lost in its group: more suspect
+        solo: (TaskState.PENDING, 2, 2, 1),  # lost alone: its own loss
+        shared: (TaskState.PENDING, 1, 0, 0),  # lost while it waited behind suspects: not a suspect
+    }
 
 
 async def test_a_page_costs_the_statements_of_one_item(app: App, clock: FrozenClock) -> None:

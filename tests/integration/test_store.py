@@ -67,19 +67,22 @@ async def lease(app: App) -> list[ClaimedDelivery]:
     )
 
 
-async def claim(app: App, task_id: str, generation: int = 0, delivery: int = 0) -> ExecutionClaim | ClaimRefused:
+async def claim(
+    app: App, task_id: str, generation: int = 0, delivery: int = 0, *, hold: bool = False
+) -> ExecutionClaim | ClaimRefused:
     [answer] = await app.runtime.store.claim_executions(
         app.settings.namespace,
         [ClaimRequest(task_id, generation, delivery)],
         worker_id="w",
         now=app.clock(),
         lease=LEASE,
+        hold=hold,
     )
     return answer
 
 
-async def claimed(app: App, task_id: str) -> ExecutionClaim:
-    answer = await claim(app, task_id)
+async def claimed(app: App, task_id: str, delivery: int = 0, *, hold: bool = False) -> ExecutionClaim:
+    answer = await claim(app, task_id, 0, delivery, hold=hold)
     assert isinstance(answer, ExecutionClaim)
     return answer
 
@@ -287,7 +290,7 @@ async def test_leases_are_renewed_only_for_attempts_still_held(app: App, clock: 
     assert await store.renew_leases([held, done], now=app.clock(), lease=LEASE) == {held_id}
     assert await store.heartbeat(held, now=app.clock(), lease=LEASE)
     assert not await store.heartbeat(done, now=app.clock(), lease=LEASE)
-    await store.mark_solo(held)
+    await store.mark_solo(held, now=app.clock())
     clock.advance(LEASE * 2)
     view = (await store.lease_views(app.settings.namespace, [held_id, "no-such-task"]))[held_id]
     assert (view.state, view.loss_counts) == (TaskState.RUNNING, True)  # it ran alone: its own loss
@@ -313,7 +316,8 @@ async def test_the_reaper_redelivers_dead_letters_and_finds_unconfirmed_deliveri
     assert not await store.redeliver(  # the old delivery is stale now
         ns, task_id=lost_id, generation=0, delivery=0, now=app.clock(), reason="lost", count_reclaim=True
     )
-    assert (app.get_task(lost_id).delivery, app.get_task(lost_id).reclaims) == (1, 1)
+    # Never claimed, so none of its code ran: redelivered, not made a suspect.
+    assert (app.get_task(lost_id).delivery, app.get_task(lost_id).reclaims) == (1, 0)
     told: list[DeadTask] = []
     assert await store.dead_letter_task(
         ns,

@@ -1,6 +1,7 @@
 """An attempt that waits at a worker's isolation gate, while a suspect (a task whose worker was
-lost before) runs alone, keeps its lease: the suspect may run longer than a lease, and an
-attempt whose lease ran out there would be reclaimed as lost and become a suspect in turn."""
+lost before) runs, keeps its lease: the suspect may run longer than a lease, and an attempt
+whose lease ran out there would be reclaimed as lost. It waits claimed but not started, so
+that losing its worker meanwhile would not make it a suspect (policy.loss_suspects)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskState
 from durable_tasks.records import tasks_table
-from tests.helpers import claim_entry, make_idle, wait_until
+from tests.helpers import claim_entry, make_idle, task_row, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -32,9 +33,12 @@ async def test_an_attempt_waiting_behind_a_suspect_keeps_its_lease(make_app: Cal
     app = make_app(concurrency=4, publish_on_commit=False)  # entries in the order the dispatches below make
     release = threading.Event()
 
+    running = threading.Event()
+
     @app.task(name="slow", queue="gate")
     def slow(ctx: TaskContext[int], n: int) -> int:
-        release.wait(60)  # runs alone until the test has seen what it waits for
+        running.set()
+        release.wait(60)  # runs until the test has seen what it waits for
         return n
 
     @app.task(name="quick", queue="gate")
@@ -50,20 +54,61 @@ async def test_an_attempt_waiting_behind_a_suspect_keeps_its_lease(make_app: Cal
     assert await claim_entry(app, entry, "dead-worker", lease=timedelta(milliseconds=1)) is not None
     await make_idle(app, timedelta(seconds=5))
     assert (await app.reap_once()).redelivered == 1
-    with Session(app.engine) as session:
-        waiting = quick.submit(session, 2)
-        session.commit()
-    assert await app.dispatch_once() == 2  # the suspect's redelivery, then the quick task: one read
+    assert await app.dispatch_once() == 1
     async with anyio.create_task_group() as tg:
         tg.start_soon(app.work, 2, timedelta(seconds=60))
+        await wait_until(running.is_set, what="the suspect's run")
+        with Session(app.engine) as session:  # read while the worker isolates: it waits at the gate
+            waiting = quick.submit(session, 2)
+            session.commit()
+        assert await app.dispatch_once() == 1
         await wait_until(lambda: lease_of(app, waiting.id) is not None, what="the quick task's claim")
         first = lease_of(app, waiting.id)
         assert first is not None
+        assert task_row(app, waiting.id).started_at is None  # claimed held
         # Renewed while it waits behind the suspect, which does not end before the test says so.
         await wait_until(lambda: (lease_of(app, waiting.id) or first) > first, what="a renewal", timeout=15)
         assert app.get_task(suspect.id).state is TaskState.RUNNING
+        assert task_row(app, waiting.id).started_at is None  # still waiting: not started
         release.set()
     for task_id, attempts in ((suspect.id, 2), (waiting.id, 1)):
         info = app.get_task(task_id)
         assert (info.state, len(info.attempts), info.reclaims) == (TaskState.SUCCEEDED, attempts, attempts - 1)
+    assert task_row(app, waiting.id).started_at is not None  # recorded when the gate let it run
+    await app.aclose()
+
+
+async def test_a_read_batch_starts_its_first_time_attempts_before_its_suspects(make_app: Callable[..., App]) -> None:
+    """A read batch that holds a suspect and a first-time task: the first-time task runs at once
+    (claimed started) and the suspect waits for it, not the other way round. An attempt waiting
+    at the gate is one a kill of its worker would take without any of its code having run."""
+    app = make_app(concurrency=4, publish_on_commit=False)  # reads of 2: both entries in one
+    release = threading.Event()
+
+    @app.task(name="slow", queue="gate")
+    def slow(ctx: TaskContext[int], n: int) -> int:
+        release.wait(60)
+        return n
+
+    @app.task(name="quick", queue="gate")
+    def quick(ctx: TaskContext[int], n: int) -> int:
+        return n
+
+    with Session(app.engine) as session:
+        suspect = slow.submit(session, 1)
+        session.commit()
+    assert await app.dispatch_once() == 1
+    [entry] = await app.runtime.transport().read(["gate"], "dead-worker", count=1, block=app.settings.read_block)
+    assert await claim_entry(app, entry, "dead-worker", lease=timedelta(milliseconds=1)) is not None
+    await make_idle(app, timedelta(seconds=5))
+    assert (await app.reap_once()).redelivered == 1
+    with Session(app.engine) as session:
+        first_time = quick.submit(session, 2)
+        session.commit()
+    assert await app.dispatch_once() == 2  # the suspect's redelivery first, then the quick task
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app.work, 2, timedelta(seconds=60))
+        await wait_until(lambda: app.get_task(first_time.id).state is TaskState.SUCCEEDED, what="the quick task")
+        release.set()
+    assert app.get_task(suspect.id).state is TaskState.SUCCEEDED
     await app.aclose()

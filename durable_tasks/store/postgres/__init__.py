@@ -311,6 +311,7 @@ class PostgresStore(SqlStore):
         worker_id: str,
         now: datetime,
         lease: timedelta,
+        hold: bool = False,
     ) -> list[ExecutionClaim | ClaimRefused]:
         """One statement claims, opens the attempts and does a re-run's follow-up (the earlier
         attempt's trace context; attempts left open closed as lost); ids not claimed, which
@@ -318,7 +319,7 @@ class PostgresStore(SqlStore):
         if not requests:
             return []
         rows, previous = await self.connections.run(
-            statements.claim_executions(namespace, requests, worker_id=worker_id, now=now, lease=lease)
+            statements.claim_executions(namespace, requests, worker_id=worker_id, now=now, lease=lease, hold=hold)
         )
         known = execution.Known(previous, frozenset()) if previous else execution.NOTHING_KNOWN
         if missing := {r.task_id for r in requests} - {r.id for r in rows}:
@@ -329,7 +330,7 @@ class PostgresStore(SqlStore):
                     return execution.after_claim(conn, namespace, follow_ups, now)
 
             known = execution.Known(previous, (await self._in_thread(after)).existing)
-        return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id)
+        return execution.claims_for(requests, rows, known, namespace=namespace, worker_id=worker_id, hold=hold)
 
     async def commit_results(self, writes: Sequence[FinalWrite], *, now: datetime) -> None:
         """A group without on-commit hooks is one statement; with hooks, a transaction with a

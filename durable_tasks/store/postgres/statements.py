@@ -141,7 +141,13 @@ def _first_int(rows: Rows) -> int:
 
 
 def claim_executions(
-    namespace: str, requests: Sequence[ClaimRequest], *, worker_id: str, now: datetime, lease: timedelta
+    namespace: str,
+    requests: Sequence[ClaimRequest],
+    *,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    hold: bool = False,
 ) -> OneStatement[tuple[list[ClaimedRow], dict[str, str | None]]]:
     """The batch claim: it claims the tasks and opens their attempts (one round trip); reads
     the claimed rows, and the re-runs' earlier trace contexts (:func:`..execution.after_claim`'s
@@ -159,6 +165,7 @@ def claim_executions(
         "now": now,
         "lease_until": now + lease,
         "inline_payload": INLINE_PAYLOAD_BYTES,
+        "hold": hold,
     }
     return OneStatement(sql.postgres()["claim_executions"], params, _claimed_rows)
 

@@ -45,7 +45,8 @@ WITH locked AS MATERIALIZED (
         attempt = t.attempt + 1,
         lease_expires_at = %(lease_until)s,
         worker_id = %(worker_id)s,
-        started_at = %(now)s
+        -- a held attempt (a suspect's, or any with hold: execution.CLAIM_VALUES) starts later
+        started_at = CASE WHEN t.reclaims > 0 OR %(hold)s THEN NULL ELSE %(now)s END
     FROM claimable AS k
     WHERE t.id = k.id
     RETURNING t.id, t.name, t.queue, t.attempt, t.max_attempts, t.failures,
@@ -438,22 +439,23 @@ ORDER BY c.ord;
 -- name: redeliver_lost
 -- Supersede lost deliveries nobody holds, each with the next one (store/recovery.py's
 -- redeliver_many in one statement): arrays ids, generations, deliveries; count_reclaim (a
--- worker lost them, not Redis: reclaims + 1, and counted_losses + 1 for an attempt that ran
--- alone); reason (of the attempts closed as lost). Returns (id, generation, delivery) of each
+-- worker lost them, not Redis: reclaims + 1 for an attempt that had started, and
+-- counted_losses + 1 for one that ran alone: policy.loss_suspects, policy.loss_counts); reason (of the attempts closed as lost). Returns (id, generation, delivery) of each
 -- delivery superseded, as it was named. The runtime's transactions plan with sequential scans
 -- priced out (store/postgres/planner.py): each row of taken is one probe of a primary key or
 -- of ix_dt_attempts_task. (An "id = ANY(ids)" beside the join would be tested against the
 -- whole array on every probe: a page of 500 then took a second.)
 WITH locked AS MATERIALIZED (
     SELECT c.id, c.namespace, c.state, c.generation, c.delivery, c.lease_expires_at, c.attempt, c.solo_attempt,
-           c.queue, c.shadow
+           c.started_at, c.queue, c.shadow
     FROM dt_tasks AS c
     WHERE c.id = ANY(%(ids)b::text[])
     ORDER BY c.id
     FOR UPDATE OF c
 ), taken AS MATERIALIZED (
     SELECT DISTINCT l.id, l.generation, l.delivery, l.queue, l.shadow,
-           (%(count_reclaim)s AND l.state = 'RUNNING' AND l.solo_attempt = l.attempt) AS charged
+           (%(count_reclaim)s AND l.state = 'RUNNING' AND l.solo_attempt = l.attempt) AS charged,
+           (%(count_reclaim)s AND l.state = 'RUNNING' AND l.started_at IS NOT NULL) AS suspected
     FROM locked AS l
     JOIN unnest(%(ids)b::text[], %(generations)b::int[], %(deliveries)b::int[]) AS d (id, generation, delivery)
       ON d.id = l.id AND d.generation = l.generation AND d.delivery = l.delivery
@@ -464,7 +466,7 @@ WITH locked AS MATERIALIZED (
     UPDATE dt_tasks AS t
     SET state = 'PENDING',
         delivery = t.delivery + 1,
-        reclaims = t.reclaims + CASE WHEN %(count_reclaim)s THEN 1 ELSE 0 END,
+        reclaims = t.reclaims + CASE WHEN k.suspected THEN 1 ELSE 0 END,
         counted_losses = t.counted_losses + CASE WHEN k.charged THEN 1 ELSE 0 END,
         lease_expires_at = NULL
     FROM taken AS k
