@@ -376,19 +376,12 @@ def check(snapshot: Snapshot, history: Iterable[Mapping[str, Any]]) -> CheckResu
         for anomaly in {a for a, _ in v.anomalies}:
             result.counts[anomaly] += 1
     attempt_outcomes = Counter(a.outcome for a in snapshot.attempts)
-    # A worker's loss of an attempt that waited at its isolation gate (never started) is a lost
-    # attempt without a reclaim (policy.loss_suspects): the deliveries Redis lost are those that
-    # neither a worker's loss nor a failure explains.
-    lost = Counter(a.task_id for a in snapshot.attempts if a.outcome == "lost")
     result.stats = {
         "executions": sum(executions.values()),
         "re-executions": sum(n - 1 for n in executions.values() if n > 1),
         "fenced_out": attempt_outcomes.get("fenced_out", 0),
         "lost_attempts": attempt_outcomes.get("lost", 0),
         "reclaims": sum(t.reclaims for t in snapshot.tasks),
-        "reconciled": sum(
-            max(0, t.delivery - max(t.reclaims, lost[t.task_id]) - t.failures) for t in snapshot.tasks
-        ),
         "reruns": sum(len(g) for g in reruns.values()),
         "final_writes": len(snapshot.audit),
         "dlq": len(snapshot.dlq),
