@@ -440,7 +440,8 @@ ORDER BY c.ord;
 -- Supersede lost deliveries nobody holds, each with the next one (store/recovery.py's
 -- redeliver_many in one statement): arrays ids, generations, deliveries; count_reclaim (a
 -- worker lost them, not Redis: reclaims + 1 for an attempt that had started, and
--- counted_losses + 1 for one that ran alone: policy.loss_suspects, policy.loss_counts); reason (of the attempts closed as lost). Returns (id, generation, delivery) of each
+-- counted_losses + 1 for one that ran alone: policy.loss_suspects, policy.loss_counts);
+-- reason (of the attempts closed as lost). Returns (id, generation, delivery) of each
 -- delivery superseded, as it was named. The runtime's transactions plan with sequential scans
 -- priced out (store/postgres/planner.py): each row of taken is one probe of a primary key or
 -- of ix_dt_attempts_task. (An "id = ANY(ids)" beside the join would be tested against the
