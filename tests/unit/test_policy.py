@@ -14,6 +14,7 @@ from durable_tasks.policy import (
     decide_after_failure,
     decide_reap,
     loss_counts,
+    loss_suspects,
     pause_after_wait,
     suspect_group_limit,
 )
@@ -228,6 +229,19 @@ def test_only_a_loss_while_running_alone_counts(
     state: TaskState, attempt: int, solo_attempt: int | None, counts: bool
 ) -> None:
     assert loss_counts(state, attempt, solo_attempt) is counts
+
+
+@pytest.mark.parametrize(
+    ("state", "started", "suspects"),
+    [
+        (TaskState.RUNNING, True, True),  # its code ran when the worker died
+        (TaskState.RUNNING, False, False),  # claimed held: it waited at the gate, ran nothing
+        (TaskState.ENQUEUED, False, False),  # read, never claimed
+        (TaskState.ENQUEUED, True, False),  # an earlier attempt's start: this delivery ran nothing
+    ],
+)
+def test_only_a_loss_of_a_started_attempt_makes_a_suspect(state: TaskState, started: bool, suspects: bool) -> None:
+    assert loss_suspects(state, started) is suspects
 
 
 def test_max_deliveries_of_one_dead_letters_the_first_lost_delivery() -> None:
