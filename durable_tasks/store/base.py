@@ -357,8 +357,13 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
         await self._in_thread(partial(self._runtime_transaction, leases.mark_solo, claim, now=now))
 
     async def mark_started(self, claims: Sequence[ExecutionClaim], *, now: datetime) -> None:
-        """Record that held attempts start now."""
-        await self._in_thread(partial(self._runtime_transaction, leases.mark_started, claims, now=now))
+        """Record that held attempts start now, their rows locked in id order first (as every
+        multi-row write of dt_tasks: a lease renewal or a group commit beside it)."""
+        await self._in_thread(partial(self._runtime_transaction, self._mark_started, claims, now))
+
+    def _mark_started(self, conn: sa.Connection, claims: Sequence[ExecutionClaim], now: datetime) -> None:
+        self._lock_tasks(conn, sorted({c.task_id for c in claims}))
+        leases.mark_started(conn, claims, now=now)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -18,12 +18,14 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from durable_tasks import App, TaskState
+from durable_tasks import App, FrozenClock, TaskState
 from durable_tasks.records import tasks_table
 from durable_tasks.store import ids, journal
 from durable_tasks.store.execution import ExecutionClaim
 from durable_tasks.store.journal import child_task
 from durable_tasks.store.results import FinalWrite
+from tests.helpers import statements_on, task_row
+from tests.integration.test_store import claimed, new_task
 from tests.integration.test_suspend_store import claimed_parent, pending_child, waiter_app, waiting_on_a_claimed_child
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("database_url", ["postgres", "mysql"], indirect=True)]
@@ -173,4 +175,23 @@ async def test_a_step_recorded_while_its_fence_waited_for_the_row_returns_the_re
     assert returned == ['"first"']
     assert read_again == ["model:0"]
     assert [(st.slot, st.result) for st in app.steps(run.task_id)] == [("model:0", '"first"')]
+    await app.aclose()
+
+
+async def test_recording_held_attempts_starts_locks_their_rows_in_id_order_first(make_app: Callable[..., App]) -> None:
+    """The starts of the attempts an isolation gate lets in together are one UPDATE of several
+    task rows: it takes their locks in id order first, as a lease renewal or a group commit
+    beside it does, whatever order the plan would visit them in."""
+    app = make_app(clock=FrozenClock())
+    with Session(app.engine) as session:
+        task_ids = sorted(app.runtime.store.submit(session, new_task(app), app.clock()).task_id for _ in range(3))
+        session.commit()
+    claims = [await claimed(app, task_id, hold=True) for task_id in task_ids]
+    with statements_on(app.engine, lambda sql: "dt_tasks" in sql) as seen:
+        await app.runtime.store.mark_started(claims[::-1], now=app.clock())
+    lock, update = seen
+    assert "FOR UPDATE" in lock.upper(), lock
+    assert "ORDER BY" in lock.upper(), lock
+    assert update.lstrip().upper().startswith("UPDATE"), update
+    assert all(task_row(app, task_id).started_at == app.clock() for task_id in task_ids)
     await app.aclose()
