@@ -32,11 +32,10 @@ class StartRecorder:
         await self._coalescer.run()
 
     async def started(self, claim: ExecutionClaim) -> None:
-        """Return once ``claim``'s start is recorded (at once for an attempt claimed started).
-        Raises the database's error when the start cannot be recorded: the attempt must not
-        run then (its entry stays pending for the reaper)."""
-        if claim.held:
-            await self._coalescer.submit(claim)
+        """Return once the start of ``claim`` (a held one) is recorded. Raises the database's
+        error when it cannot be: the attempt must not run then (its entry stays pending for
+        the reaper)."""
+        await self._coalescer.submit(claim)
 
     async def _record(self, claims: Sequence[ExecutionClaim]) -> None:
         await self.runtime.store.mark_started(claims, now=self.runtime.clock())

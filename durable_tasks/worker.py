@@ -346,7 +346,7 @@ class Worker:
         async with self._gate.suspect(limit=limit, hold=partial(self._leases.hold, claim)) as alone:
             if alone:  # its start and its solitude, in one write
                 await runtime.store.mark_solo(claim, now=runtime.clock())
-            else:
+            else:  # a suspect's claim is always held
                 await self._starts.started(claim)
             return await run_attempt(runtime, claim, span, commit, self._leases, self._handler_threads)
 

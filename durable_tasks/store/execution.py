@@ -43,7 +43,6 @@ __all__ = [
     "claims_for",
     "close_open_attempts",
     "fenced_rows",
-    "is_held",
     "open_attempts",
 ]
 
@@ -164,12 +163,6 @@ CLAIM_VALUES = {
 }
 
 
-def is_held(row: ClaimedRow, hold: bool) -> bool:
-    """Whether a claim leaves its attempt unstarted (as :data:`CLAIM_VALUES` and PostgreSQL's
-    claim statement decide it)."""
-    return hold or row.reclaims > 0
-
-
 def claim_keys(requests: Sequence[ClaimRequest]) -> tuple[list[tuple[str, int, int]], dict[str, str | None]]:
     """The distinct (task id, generation, delivery) of a read batch, and each task's trace context."""
     return list({(r.task_id, r.generation, r.delivery) for r in requests}), {r.task_id: r.traceparent for r in requests}
@@ -222,7 +215,8 @@ def claims_for(
             and (row.generation, row.delivery) == (r.generation, r.delivery)
         ):
             handed_out.add(r.task_id)  # a second copy of the same delivery is stale
-            out.append(_claim_from(row, namespace, worker_id, known.previous.get(row.id), is_held(row, hold)))
+            # held as CLAIM_VALUES and PostgreSQL's claim statement decide it
+            out.append(_claim_from(row, namespace, worker_id, known.previous.get(row.id), hold or row.reclaims > 0))
         elif row is not None or r.task_id in known.existing:
             out.append(ClaimRefused.STALE)
         else:
