@@ -54,5 +54,11 @@ def due_time(now: datetime, *, delay: timedelta | None, not_before: datetime | N
                 f"not_before={not_before!r} is a naive datetime; pass an aware one, "
                 "e.g. datetime.now(UTC) + timedelta(hours=1)"
             )
-        return not_before.astimezone(UTC) if not_before > now else None
+        try:
+            due = not_before.astimezone(UTC)
+        except OverflowError:  # a moment of the year 9999 west of UTC is in the year 10000 in UTC
+            raise InvalidDelayError(
+                f"not_before={not_before} is past the year 9999 in UTC; pass an earlier one"
+            ) from None
+        return due if due > now else None
     return None

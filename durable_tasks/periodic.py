@@ -14,6 +14,7 @@ passes ``now`` in.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, Final, Literal, get_args
@@ -114,10 +115,9 @@ class Schedule:
         if self.every is not None:
             return _EPOCH + ((after - _EPOCH) // self.every + 1) * self.every
         assert self.cron is not None
-        # Around a DST fall-back cronsim may answer a wall time already passed (Debian cron
-        # runs a fixed-time job once in the repeated hour): skip whatever is not after.
-        for found in CronSim(self.cron, after.astimezone(self._zone)):
-            tick = found.astimezone(UTC)
+        # Around a DST fall-back a fixed-time job's wall time may already have passed (it runs
+        # once, in the first pass of the repeated hour): skip whatever is not after.
+        for tick in _cron_ticks(self.cron, self._zone, after):
             if tick > after:
                 return tick
         return None
@@ -129,12 +129,14 @@ class Schedule:
             return _EPOCH + ((at - _EPOCH) // self.every) * self.every
         assert self.cron is not None
         # cronsim's reverse walk starts strictly before its start: start one second past `at`.
-        start = (at.replace(microsecond=0) + _SECOND).astimezone(self._zone)
-        for found in CronSim(self.cron, start, reverse=True):
-            tick = found.astimezone(UTC)
-            if tick <= at:
-                return tick
-        return None
+        start = at.replace(microsecond=0) + _SECOND
+        latest = next((tick for tick in _cron_ticks(self.cron, self._zone, start, reverse=True) if tick <= at), None)
+        # Walking back in wall time steps over a fixed-time tick when `at` is in the second pass
+        # of a repeated hour, before the tick's wall time (its first pass is already over): the
+        # forward walk, which places ticks in real time, finds what lies between.
+        while latest is not None and (following := self.next_tick(latest)) is not None and following <= at:
+            latest = following
+        return latest
 
     def ticks(self, after: datetime, until: datetime, *, limit: int) -> list[datetime]:
         """Up to ``limit`` ticks in ``(after, until]``, oldest first."""
@@ -209,6 +211,36 @@ def _zone(timezone: str, name: str) -> ZoneInfo:
         raise ConfigurationError(
             f"schedule {name!r}: unknown time zone {timezone!r}; use an IANA name such as 'Europe/Paris' or 'UTC'"
         ) from exc
+
+
+def _cron_ticks(expression: str, zone: tzinfo, start: datetime, *, reverse: bool = False) -> Iterator[datetime]:
+    """The ticks of ``expression`` in ``zone`` from ``start`` on (or back), as aware UTC.
+
+    A job at a fixed time (neither its minute nor its hour field starts with ``*``) follows
+    Debian cron through DST changes: its wall times are walked as the clock on the wall shows
+    them, so a wall time the clocks skip runs once when the gap ends and one they repeat runs
+    once, in its first pass. cronsim does that for five fields only; six (a leading seconds
+    field) get the same rule here. Other jobs run at every real instant that matches, in both
+    passes of a repeated hour.
+    """
+    fields = expression.split()
+    minute, hour = fields[-5], fields[-4]
+    if minute.startswith("*") or hour.startswith("*"):
+        for found in CronSim(expression, start.astimezone(zone), reverse=reverse):
+            yield found.astimezone(UTC)
+        return
+    for wall in CronSim(expression, start.astimezone(zone).replace(tzinfo=None), reverse=reverse):
+        yield _on_the_wall(wall, zone)
+
+
+def _on_the_wall(wall: datetime, zone: tzinfo) -> datetime:
+    """When the clocks in ``zone`` show ``wall`` (its first pass, if they show it twice), or
+    the first minute after a gap that skips it, as aware UTC."""
+    while True:
+        moment = wall.replace(tzinfo=zone).astimezone(UTC)
+        if moment.astimezone(zone).replace(tzinfo=None) == wall:
+            return moment
+        wall += timedelta(minutes=1)
 
 
 def _utc(moment: datetime) -> datetime:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from functools import partial
 
 import anyio
@@ -79,6 +79,8 @@ async def test_a_rerun_can_be_delayed(make_app: Callable[..., App]) -> None:
         ({"delay": timedelta(seconds=-1)}, "zero or more"),
         ({"delay": timedelta(seconds=1), "not_before": T0}, "not both"),
         ({"delay": timedelta.max}, "ends past the year 9999"),  # not datetime's OverflowError
+        # 9999-12-31 23:00 at UTC-5 is in the year 10000 in UTC: not datetime's OverflowError either
+        ({"not_before": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))}, "past the year 9999"),
     ],
 )
 async def test_a_bad_delay_is_a_typed_error_and_writes_nothing(

@@ -63,18 +63,23 @@ def test_cron_is_read_in_the_schedules_time_zone() -> None:
     assert s.next_tick(utc(2026, 7, 15, 0, 0)) == utc(2026, 7, 15, 7, 0)  # CEST, UTC+2
 
 
-def test_spring_forward_runs_a_job_of_the_skipped_hour_once_right_after_the_gap() -> None:
+FIXED_TIME = pytest.mark.parametrize("expression", ["30 2 * * *", "0 30 2 * * *"], ids=["five-fields", "six-fields"])
+
+
+@FIXED_TIME
+def test_spring_forward_runs_a_job_of_the_skipped_hour_once_right_after_the_gap(expression: str) -> None:
     # 2026-03-29, Berlin: 02:00 CET jumps to 03:00 CEST; 02:30 does not exist that day.
-    s = cron("30 2 * * *", "Europe/Berlin")
+    s = cron(expression, "Europe/Berlin")
     assert s.ticks(utc(2026, 3, 28, 12), utc(2026, 3, 30, 12), limit=10) == [
         utc(2026, 3, 29, 1, 0),  # 03:00 CEST, at the end of the gap
         utc(2026, 3, 30, 0, 30),  # 02:30 CEST
     ]
 
 
-def test_fall_back_runs_a_fixed_time_job_once_in_the_repeated_hour() -> None:
+@FIXED_TIME
+def test_fall_back_runs_a_fixed_time_job_once_in_the_repeated_hour(expression: str) -> None:
     # 2026-10-25, Berlin: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice.
-    s = cron("30 2 * * *", "Europe/Berlin")
+    s = cron(expression, "Europe/Berlin")
     assert s.ticks(utc(2026, 10, 24, 12), utc(2026, 10, 26, 12), limit=10) == [
         utc(2026, 10, 25, 0, 30),  # the first 02:30 (CEST) only
         utc(2026, 10, 26, 1, 30),
@@ -87,6 +92,25 @@ def test_fall_back_from_inside_the_repeated_hour_does_not_go_back_in_time() -> N
     s = cron("30 2 * * *", "Europe/Berlin")
     second_0210 = datetime(2026, 10, 25, 2, 10, tzinfo=BERLIN, fold=1).astimezone(UTC)
     assert s.next_tick(second_0210) == utc(2026, 10, 26, 1, 30)
+
+
+@FIXED_TIME
+def test_the_latest_tick_from_the_second_pass_of_the_repeated_hour_is_that_nights(expression: str) -> None:
+    # At 02:10 CET (the second pass), 02:30 CEST (the first) is forty minutes past: walking
+    # back in wall time from 02:10 would find the night before's 02:30.
+    s = cron(expression, "Europe/Berlin")
+    second_0210 = datetime(2026, 10, 25, 2, 10, tzinfo=BERLIN, fold=1).astimezone(UTC)
+    assert s.latest_tick(second_0210) == utc(2026, 10, 25, 0, 30)
+    assert s.latest_tick(utc(2026, 10, 25, 0, 29)) == utc(2026, 10, 24, 0, 30)
+
+
+def test_latest_after_downtime_that_ends_in_the_repeated_hour_submits_that_nights_tick_at_once() -> None:
+    s = cron("30 2 * * *", "Europe/Berlin", catch_up="latest")
+    second_0210 = datetime(2026, 10, 25, 2, 10, tzinfo=BERLIN, fold=1).astimezone(UTC)
+    for last_tick in (utc(2026, 10, 24, 0, 30), utc(2026, 10, 23, 0, 30)):  # one night missed, or two
+        plan = plan_ticks(s, last_tick=last_tick, now=second_0210, grace=GRACE, limit=100)
+        assert plan.submit == (utc(2026, 10, 25, 0, 30),)
+        assert plan.last_tick == utc(2026, 10, 25, 0, 30)
 
 
 def test_fall_back_runs_an_hourly_job_in_both_passes_of_the_repeated_hour() -> None:
