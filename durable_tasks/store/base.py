@@ -217,8 +217,11 @@ class SqlStore(CommitWakes, SubmitStore, RecoveryStore, JournalStore):
 
         def settle() -> int:
             with self._engine.begin() as conn:
+                children = self._lock_children_to_dead_letter(conn, sent, dead)
                 marked = self._mark_sent(conn, sent, now)
                 outbox.mark_dead(conn, dead, now=now)
+                for namespace, task_id in children:
+                    self._settle_if_child(conn, namespace, task_id, "DEAD", now)
                 outbox.schedule_retry(conn, retry)
                 outbox.release(conn, held, next_attempt_at=release_at)
             return marked

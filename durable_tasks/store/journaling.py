@@ -13,10 +13,10 @@ import anyio
 import sqlalchemy as sa
 
 from ..journal import ChildOutcome, PendingChild, PendingSignal, RecordedStep, StepKind, Suspended
-from ..records import steps_table, tasks_table
+from ..records import TERMINAL_STATES, steps_table, tasks_table
 from . import journal, waits
 from .execution import ExecutionClaim
-from .outbox import NewDelivery
+from .outbox import Dead, NewDelivery, Sent
 from .submit import NewTask, SubmitOutcome
 from .waits import OpenWait
 
@@ -215,6 +215,31 @@ class JournalStore:
     def _settle_if_child(self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime) -> None:
         """After :meth:`_lock_with_parent_of` found a parent, and the task's end without a result."""
         journal.settle_if_child(conn, namespace, task_id, state, now, settle=self._settle_slot)
+
+    def _lock_children_to_dead_letter(
+        self, conn: sa.Connection, sent: Sequence[Sent], dead: Sequence[Dead]
+    ) -> list[tuple[str, str]]:
+        """First in a dispatcher's pass that dead-letters rows (a payload its task refuses, a
+        name still unknown past its grace) when some of them are children: the pass's task rows
+        and their parents', in id order (as :meth:`_lock_with_parents`). Returns (namespace,
+        task id) of the children the pass is about to end, whose parents' slots it settles
+        (:meth:`_settle_if_child`) once they are DEAD: a parent waits for its children's ends,
+        this one included."""
+        if not dead:
+            return []
+        generations = {row.task_id: row.generation for row, _ in dead}
+        ending = sa.select(t.id, t.namespace, t.generation, t.state, t.parent_id).where(
+            t.id.in_(list(generations)), t.parent_id.is_not(None)
+        )
+        parents = {row.parent_id for row in conn.execute(ending)}
+        if not parents:
+            return []
+        self._lock_tasks(conn, sorted(parents | set(generations) | {row.task_id for row, _, _ in sent}))
+        return [  # read again under the locks: what mark_dead will end
+            (row.namespace, row.id)
+            for row in conn.execute(ending)
+            if row.generation == generations[row.id] and row.state not in TERMINAL_STATES
+        ]
 
     # -- signals and reading (the App) ---------------------------------------------------------
 

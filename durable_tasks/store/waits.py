@@ -10,7 +10,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from ..journal import StepKind, signal_slot
-from ..records import steps_table, tasks_table
+from ..records import TERMINAL_STATES, steps_table, tasks_table
 from .journal import Lock, Resume
 
 __all__ = ["OpenWait", "deliver_signal", "open_waits"]
@@ -37,11 +37,13 @@ def open_waits(
     conn: sa.Connection, namespace: str, *, kinds: Sequence[StepKind], limit: int, after_id: int = 0
 ) -> list[OpenWait]:
     """Open waits of these kinds in the tasks' current generations, oldest first, ``limit``
-    at a time after ``after_id`` (keyed paging on the partial index of open rows)."""
+    at a time after ``after_id`` (keyed paging on the partial index of open rows). A task that
+    ended while it waited (cancelled, dead-lettered) keeps its open rows, and waits for nothing."""
     rows = conn.execute(
         sa.select(s.id, s.task_id, t.name, s.generation, s.label, s.kind, s.request, s.created_at)
         .join(tasks_table, sa.and_(t.id == s.task_id, t.generation == s.generation))
         .where(s.namespace == namespace, s.kind.in_([k.value for k in kinds]), s.done.is_(False), s.id > after_id)
+        .where(t.state.not_in(TERMINAL_STATES))
         .order_by(s.id)
         .limit(limit)
     ).all()

@@ -105,6 +105,32 @@ async def test_a_task_still_unknown_after_the_grace_is_dead_lettered(make_app: C
     await old_runtime.aclose()
 
 
+async def test_a_child_dead_lettered_as_unknown_resumes_its_parent(make_app: Callable[..., App]) -> None:
+    # A parent waits for a child whose name the dispatching release does not know: the child's
+    # end by the dispatcher settles the parent's slot, as a worker's or the reaper's end does.
+    producer = make_app()
+    register_grade(producer)
+
+    @producer.task(name="review", queue="grading")
+    async def review(ctx: TaskContext[int], n: int) -> int:
+        assert ctx.journal is not None
+        return int(await ctx.journal.child("grade_v2", Grade(n=n), label="grade"))
+
+    parent_id = submit(producer, "review", 4)
+    assert await producer.dispatch_once() == 1
+    assert await producer.work(max_tasks=1, timeout=timedelta(seconds=20)) == 1  # suspends: submits its child
+    assert producer.get_task(parent_id).state is TaskState.WAITING
+    [step] = producer.steps(parent_id)
+    assert step.child_task_id is not None
+    old_runtime = make_app(unknown_task_grace=timedelta(0))  # knows neither task
+    assert await old_runtime.dispatch_once() == 1
+    assert old_runtime.get_task(step.child_task_id).state is TaskState.DEAD
+    [step] = producer.steps(parent_id)
+    assert (step.done, producer.get_task(parent_id).state) == (True, TaskState.PENDING)  # a new delivery
+    await old_runtime.aclose()
+    await producer.aclose()
+
+
 def register_grade_v1(app: App) -> None:
     """The previous release: another task on the same queue, so its workers read the queue."""
 

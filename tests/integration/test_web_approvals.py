@@ -110,3 +110,14 @@ async def test_read_only_shows_approvals_without_buttons_and_refuses_answers(mak
     assert client.post("/approvals/answer", data=form).status_code == 403
     assert [a.task_id for a in app.open_approvals()] == [task_id]
     await app.aclose()
+
+
+async def test_a_run_cancelled_while_it_waits_for_an_approval_leaves_the_list(make_app: Callable[..., App]) -> None:
+    app, task_id = await waiting_run(make_app)
+    assert [a.task_id for a in app.open_approvals()] == [task_id]
+    with Session(app.engine) as session:
+        assert app.cancel(session, task_id)
+        session.commit()
+    assert app.open_approvals() == []  # its journal row stays open: the run waits for nothing
+    assert "approval:call_1" not in TestClient(create_app(app)).get("/approvals").text
+    await app.aclose()
