@@ -41,29 +41,50 @@ def level_of(stream: str) -> int:
 async def read_by_level(transport: LevelReader, streams: list[str], consumer: str, count: int) -> list[Any]:
     """A prioritized read, highest level first with the starvation guard's reserve; never
     blocks (the caller's plain read blocks when this finds nothing). ``streams`` come from
-    ``RedisStreamsTransport.streams``. The reply has XREADGROUP's shape."""
+    ``RedisStreamsTransport.streams``. The reply has XREADGROUP's shape.
+
+    A script call reads the streams of one cluster slot (all of them, off a cluster). A
+    queue's partitions have slots of their own, so on a cluster each slot's call gets a fair
+    share of ``count`` first, and what a slot leaves goes to those that filled theirs: one
+    partition's backlog of low entries never keeps another's high ones out of the read."""
     ordered = sorted(streams, key=level_of, reverse=True)  # stable: queue order within a level
     by_tag: dict[str, list[str]] = defaultdict(list)
     for stream in ordered:
         by_tag[stream.split("}", 1)[0] if transport.cluster else ""].append(stream)
-    reserve = guard_reserve(count, transport.level_reads)
+    reads = transport.level_reads
     transport.level_reads += 1
     out: list[Any] = []
     left = count
-    for keys in by_tag.values():  # one slot per call: one call, or one per slot on a cluster
-        if left <= 0:
-            break
-        try:
-            reply = await transport.run_script(
-                "read_levels", keys, [CONSUMER_GROUP, consumer, left, min(reserve, left)]
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            for stream in keys:  # recreated; this read finds nothing there, the next one does
-                await transport.ensure_group(stream)
-            continue
-        for stream, entries in reply:  # a script's reply has flat field lists: as XREADGROUP's
-            out.append([stream, [(entry_id, dict(zip(f[::2], f[1::2], strict=True))) for entry_id, f in entries]])
-            left -= len(entries)
+    slots = list(by_tag.values())
+    while slots and left > 0:
+        share, filled = max(1, left // len(slots)), []
+        for keys in slots:
+            want = min(share, left)
+            if want <= 0:
+                break
+            got = await _read_levels(transport, keys, consumer, want, guard_reserve(want, reads), out)
+            left -= got
+            if got == want:  # it may hold more
+                filled.append(keys)
+        slots = filled
     return out
+
+
+async def _read_levels(
+    transport: LevelReader, keys: list[str], consumer: str, count: int, reserve: int, out: list[Any]
+) -> int:
+    """One script call over one slot's streams; appends what it read to ``out`` and returns
+    how many entries that was."""
+    try:
+        reply = await transport.run_script("read_levels", keys, [CONSUMER_GROUP, consumer, count, reserve])
+    except ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+        for stream in keys:  # recreated; this read finds nothing there, the next one does
+            await transport.ensure_group(stream)
+        return 0
+    read = 0
+    for stream, entries in reply:  # a script's reply has flat field lists: as XREADGROUP's
+        out.append([stream, [(entry_id, dict(zip(f[::2], f[1::2], strict=True))) for entry_id, f in entries]])
+        read += len(entries)
+    return read

@@ -5,8 +5,10 @@ typed errors that write nothing."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,6 +17,9 @@ from sqlmodel import Session
 from durable_tasks import App, FrozenClock, InvalidFlowControlError, TaskContext, current_journal
 from durable_tasks.flow.policy import GUARD_SHARE, guard_reserve
 from durable_tasks.records import tasks_table
+from durable_tasks.transport.keys import partition_for
+from durable_tasks.transport.levels import read_by_level
+from durable_tasks.transport.streams import RedisStreamsTransport
 from tests.helpers import keys, submit, submit_all
 
 pytestmark = pytest.mark.anyio
@@ -109,6 +114,44 @@ async def test_the_starvation_guard_reads_lower_levels_first_for_its_share(make_
     assert await app.work(max_tasks=GUARD_SHARE * 2, timeout=timedelta(seconds=60)) == GUARD_SHARE * 2
     low = [n for n in started if n < 1000]
     assert len(low) == guard_reserve(GUARD_SHARE * 2, 0) == 2
+    await app.aclose()
+
+
+class AsCluster:
+    """The real transport, read as a cluster's: one script call per hash tag (the standalone
+    server runs each call as the node holding that slot would)."""
+
+    cluster = True
+
+    def __init__(self, transport: RedisStreamsTransport) -> None:
+        self.transport = transport
+        self.level_reads = 0
+
+    async def run_script(self, name: str, keys: list[str], args: list[str | int]) -> Any:
+        return await self.transport.run_script(name, keys, args)
+
+    async def ensure_group(self, stream: str) -> None:
+        await self.transport.ensure_group(stream)
+
+
+async def test_on_a_cluster_a_partitions_low_backlog_leaves_room_for_anothers_high_entry(
+    make_app: Callable[..., App],
+) -> None:
+    # A queue's partitions have hash tags of their own: one script call each on a cluster.
+    app = prioritized_app(make_app, [], queue_partitions={"jobs": 2})
+    key0, key1 = (next(k for k in (f"k{i}" for i in range(100)) if partition_for(k, 2) == p) for p in (0, 1))
+    submit_all(app, "job", range(20), partition_key=key0)  # a level-0 backlog in partition 0
+    submit_all(app, "job", [999], partition_key=key1, priority=3)  # one high task in partition 1
+    await dispatch_all(app)
+    transport = app.runtime.transport()
+    streams = [stream for stream, _, _ in transport.streams("jobs")]
+    for stream in streams:
+        await transport.ensure_group(stream)
+    reply = await read_by_level(AsCluster(transport), streams, "c1", 4)
+    read = Counter[str]()
+    for stream, entries in reply:  # a slot read again (it filled its share) may name a stream twice
+        read[stream.rsplit(":", 1)[-1]] += len(entries)
+    assert read == {"p3": 1, "stream": 3}  # the high entry, and the backlog fills the rest
     await app.aclose()
 
 
