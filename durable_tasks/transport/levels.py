@@ -38,10 +38,13 @@ def level_of(stream: str) -> int:
     return -1 if stream.endswith(":shadow") else 0
 
 
-async def read_by_level(transport: LevelReader, streams: list[str], consumer: str, count: int) -> list[Any]:
+async def read_by_level(
+    transport: LevelReader, streams: list[str], consumer: str, count: int
+) -> tuple[list[Any], dict[str, str]]:
     """A prioritized read, highest level first with the starvation guard's reserve; never
-    blocks (the caller's plain read blocks when this finds nothing). ``streams`` come from
-    ``RedisStreamsTransport.streams``. The reply has XREADGROUP's shape.
+    blocks. ``streams`` come from ``RedisStreamsTransport.streams``. Returns the reply, in
+    XREADGROUP's shape, and when it found nothing each stream's last entry id, for a wait
+    (:mod:`.reads`).
 
     A script call reads the streams of one cluster slot (all of them, off a cluster). A
     queue's partitions have slots of their own, so on a cluster each slot's call gets a fair
@@ -54,6 +57,7 @@ async def read_by_level(transport: LevelReader, streams: list[str], consumer: st
     reads = transport.level_reads
     transport.level_reads += 1
     out: list[Any] = []
+    last: dict[str, str] = {}
     left = count
     slots = list(by_tag.values())
     while slots and left > 0:
@@ -62,21 +66,23 @@ async def read_by_level(transport: LevelReader, streams: list[str], consumer: st
             want = min(share, left)
             if want <= 0:
                 break
-            got = await _read_levels(transport, keys, consumer, want, guard_reserve(want, reads), out)
+            args: list[str | int] = [CONSUMER_GROUP, consumer, want, guard_reserve(want, reads)]
+            got = await run_read_script(transport, "read_levels", keys, args, out, last)
             left -= got
             if got == want:  # it may hold more
                 filled.append(keys)
         slots = filled
-    return out
+    return out, ({} if out else last)
 
 
-async def _read_levels(
-    transport: LevelReader, keys: list[str], consumer: str, count: int, reserve: int, out: list[Any]
+async def run_read_script(
+    transport: LevelReader, name: str, keys: list[str], args: list[str | int], out: list[Any], last: dict[str, str]
 ) -> int:
-    """One script call over one slot's streams; appends what it read to ``out`` and returns
-    how many entries that was."""
+    """One call of a read script (``lua/read_levels.lua``, ``lua/read_fair.lua``) over one
+    slot's streams: appends what it read to ``out`` in XREADGROUP's shape, and the streams'
+    last entry ids to ``last`` when it read nothing; returns how many entries it read."""
     try:
-        reply = await transport.run_script("read_levels", keys, [CONSUMER_GROUP, consumer, count, reserve])
+        reply, tails = await transport.run_script(name, keys, args)
     except ResponseError as exc:
         if "NOGROUP" not in str(exc):
             raise
@@ -87,4 +93,5 @@ async def _read_levels(
     for stream, entries in reply:  # a script's reply has flat field lists: as XREADGROUP's
         out.append([stream, [(entry_id, dict(zip(f[::2], f[1::2], strict=True))) for entry_id, f in entries]])
         read += len(entries)
+    last.update(zip(keys, tails, strict=False))  # none when it read something
     return read

@@ -25,6 +25,7 @@ from .enqueue import enqueue_calls, entry_json, level_for, level_of
 from .keys import CONSUMER_GROUP, QueueKeys
 from .levels import never, read_by_level
 from .messages import AutoclaimPage, Delivery, OutgoingMessage, StreamEntry, parse_autoclaim_reply, parse_delivery
+from .reads import read_counted
 from .scripts import Script
 
 __all__ = ["QueueSnapshot", "RedisStreamsTransport", "stream_id_order"]
@@ -182,13 +183,12 @@ class RedisStreamsTransport:
         for stream in by_stream:
             if stream not in self._groups_ready:
                 await self.ensure_group(stream)
-        reply: list[Any] = []
-        if any(self.prioritized(q) for q, _, _ in by_stream.values()):
-            reply = await read_by_level(self, list(by_stream), consumer, count)
-        if reply:
-            pass  # a prioritized read found entries: no blocking read after it
-        elif self.cluster:
-            reply = await self._read_cluster(by_stream, consumer, count, block)
+        prioritized = any(self.prioritized(q) for q, _, _ in by_stream.values())
+        if self.cluster:
+            reply = (await read_by_level(self, list(by_stream), consumer, count))[0] if prioritized else []
+            reply = reply or await self._read_cluster(by_stream, consumer, count, block)
+        elif prioritized or len({(q, p) for q, _, p in by_stream.values()}) > 1:  # COUNT is per stream
+            reply = await read_counted(self, list(by_stream), consumer, count, block, prioritized=prioritized)
         else:
             reply = await self._read_recreating(list(by_stream), consumer, count, block)
         out: list[StreamEntry] = []
@@ -224,10 +224,10 @@ class RedisStreamsTransport:
         for attempt in range(2):
             replies: list[Any] = []
             for streams in by_tag.values():
-                if count - sum(len(e) for _, e in replies) <= 0:
+                if (left := count - sum(len(e) for _, e in replies)) <= 0:
                     break
                 try:
-                    replies += await self._read_recreating(streams, consumer, count, None)
+                    replies += await self._read_recreating(streams, consumer, left, None)
                 except RedisError as exc:  # one failing node (a failover) must not stop the others
                     logger.warning("reading %s failed (%s); reading the other partitions", streams[0], exc)
             if replies or attempt:

@@ -9,9 +9,10 @@
 -- ARGV[4]      the starvation guard's reserve: how many of them are read lowest level first
 --              (durable_tasks.flow.policy.guard_reserve)
 --
--- Returns XREADGROUP's reply shape: {{stream, {{id, {field, value, ...}}, ...}}, ...}, a
--- stream possibly twice (once per pass). Reads never block here; the caller blocks on a plain
--- XREADGROUP when this finds nothing.
+-- Returns {reply, last}: reply has XREADGROUP's shape ({{stream, {{id, {field, value, ...}},
+-- ...}}, ...}, a stream possibly twice: once per pass); when it read nothing, last holds each
+-- stream's last entry id ('0-0' for an empty stream), from which a plain XREAD blocks until
+-- one of them gets a new entry (transport/reads.py). Reads never block here.
 local group, consumer = ARGV[1], ARGV[2]
 local count, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
@@ -39,4 +40,11 @@ for i = #KEYS, 1, -1 do
   end
   left = left - take(KEYS[i], left)
 end
-return out
+local last = {}
+if #out == 0 then
+  for i = 1, #KEYS do
+    local tail = redis.call('XREVRANGE', KEYS[i], '+', '-', 'COUNT', 1)
+    last[i] = tail[1] and tail[1][1] or '0-0'
+  end
+end
+return {out, last}
