@@ -4,10 +4,10 @@ actions (``dt_audit``), the step journal (``dt_steps``), periodic schedules (``d
 and the agent records (``dt_agent_runs``, ``dt_agent_turns``).
 
 Every row carries its App's namespace. Timestamps are aware UTC (timestamptz on Postgres,
-DATETIME(6) in UTC on MySQL/MariaDB). On MySQL/MariaDB, ids, names and idempotency keys compare
-as bytes (``'CaseKey'`` is not ``'casekey'``), and namespaces and queue names are ASCII, which
-keeps the idempotency key's unique index within InnoDB's 3,072 bytes. Payloads and results are
-the exact JSON text the runtime validated: nothing is serialized twice.
+DATETIME(6) in UTC on MySQL/MariaDB). On MySQL/MariaDB ids, names, keys and journal slots compare
+as bytes (``'CaseKey'`` is not ``'casekey'``), and namespaces and queue names are ASCII, which keeps
+the idempotency key's unique index within InnoDB's 3,072 bytes. Payloads and results are the exact
+JSON text the runtime validated: nothing is serialized twice.
 
 The tables live on their own :data:`metadata`, not on SQLModel's global one: an application's
 ``SQLModel.metadata.create_all()`` or Alembic autogenerate does not see them. Their schema is
@@ -207,7 +207,7 @@ class TaskRecord(RuntimeRecord, table=True):
     #: A child task's parent: the task, generation and journal slot its outcome settles.
     parent_id: str | None = Field(default=None, max_length=36, sa_type=_key(36))
     parent_generation: int | None = None
-    parent_slot: str | None = Field(default=None, max_length=200)
+    parent_slot: str | None = Field(default=None, max_length=200, sa_type=_key(200))
     created_at: datetime = _at()
     enqueued_at: datetime | None = _maybe_at()
     started_at: datetime | None = _maybe_at()
@@ -345,13 +345,13 @@ class StepRecord(RuntimeRecord, table=True):
     namespace: str = Field(max_length=64, sa_type=_ascii(64))
     task_id: str = Field(max_length=36, sa_type=_key(36))
     generation: int
-    slot: str = Field(max_length=200)
+    slot: str = Field(max_length=200, sa_type=_key(200))
     kind: str = Field(max_length=16)
     label: str = Field(max_length=200)
     done: bool = False
     result: str | None = Field(default=None, sa_type=JsonText)
     request: str | None = Field(default=None, sa_type=JsonText)
-    child_task_id: str | None = Field(default=None, max_length=36)
+    child_task_id: str | None = Field(default=None, max_length=36, sa_type=_key(36))
     child_state: str | None = Field(default=None, max_length=16)
     error_type: str | None = Field(default=None, max_length=200)
     error_message: str | None = Field(default=None, sa_type=sa.Text)
@@ -365,8 +365,8 @@ class AgentRun(RuntimeRecord, table=True):
     __tablename__ = "dt_agent_runs"
     # The dashboard's list of runs, newest first (durable_tasks.readmodel.agent_runs).
     __table_args__ = (sa.Index("ix_dt_agent_runs_created", "namespace", "created_at", "id"),)
-    id: str = Field(primary_key=True, max_length=36)
-    namespace: str = Field(max_length=64)
+    id: str = Field(primary_key=True, max_length=36, sa_type=_key(36))
+    namespace: str = Field(max_length=64, sa_type=_ascii(64))
     agent: str = Field(max_length=200)
     generation: int = 0
     state: str = Field(default="RUNNING", max_length=16)
@@ -382,7 +382,7 @@ class AgentTurn(RuntimeRecord, table=True):
     __tablename__ = "dt_agent_turns"
     __table_args__ = (sa.UniqueConstraint("run_id", "generation", "index", name="uq_dt_agent_turn"),)
     id: int | None = Field(default=None, primary_key=True)
-    run_id: str = Field(max_length=36, index=True)
+    run_id: str = Field(max_length=36, index=True, sa_type=_key(36))
     generation: int
     index: int
     output: str = Field(sa_type=JsonText)

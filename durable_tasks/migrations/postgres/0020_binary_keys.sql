@@ -1,0 +1,5 @@
+-- Changes nothing here: on MySQL/MariaDB the journal's slots, a child task's slot and id on its
+-- parent's side, and the agent records' ids and namespace take the binary collation of the other
+-- ids and keys, so that values differing in case or accents stay apart. PostgreSQL and SQLite
+-- compare text byte for byte already. The step keeps the version numbers the same on every
+-- backend.
