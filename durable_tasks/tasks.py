@@ -17,6 +17,7 @@ from sqlmodel import Session
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+from .errors import ConfigurationError
 from .flow.policy import NO_FLOW, TaskFlow
 from .handler_threads import HandlerThreads
 from .journal import Journal
@@ -229,6 +230,13 @@ class Task(Generic[PayloadT, ResultT]):
         retry_on: tuple[type[BaseException], ...],
         flow: TaskFlow = NO_FLOW,
     ) -> None:
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ConfigurationError(f"task {name!r}: timeout={timeout!r} must be a timedelta over zero, or None")
+        exception_classes = isinstance(retry_on, tuple) and all(
+            isinstance(e, type) and issubclass(e, BaseException) for e in retry_on
+        )
+        if not exception_classes:
+            raise ConfigurationError(f"task {name!r}: retry_on={retry_on!r} must be a tuple of exception classes")
         self._submit = submit
         self._submit_many = submit_many
         self.fn = fn

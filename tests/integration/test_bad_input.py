@@ -3,6 +3,7 @@ leaves nothing half-written, on real PostgreSQL / SQLite and Redis."""
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -269,6 +270,31 @@ async def test_queue_name_that_would_break_the_key_layout_is_refused(offline_app
             return None
 
     assert f"queue name {queue!r} must match" in str(exc_info.value)
+    assert app.registry == {}
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"timeout": timedelta(0)}, "timeout=datetime.timedelta(0) must be a timedelta over zero"),
+        ({"timeout": timedelta(seconds=-5)}, "must be a timedelta over zero"),
+        ({"timeout": 30}, "timeout=30 must be a timedelta over zero"),  # seconds as a number: which unit?
+        ({"retry_on": ValueError}, "retry_on=<class 'ValueError'> must be a tuple of exception classes"),
+        ({"retry_on": ("ValueError",)}, "must be a tuple of exception classes"),
+    ],
+)
+async def test_a_timeout_or_retry_on_no_attempt_could_use_is_refused_at_registration(
+    offline_app: App, options: dict[str, object], says: str
+) -> None:
+    """Not when a worker first runs the task (a zero timeout cancelled every attempt; a bare
+    exception class failed the retry decision)."""
+    app = offline_app
+    with pytest.raises(ConfigurationError, match=re.escape(says)):
+
+        @app.task(name="job", **options)  # type: ignore[arg-type]
+        def job(ctx: TaskContext[Job], p: Job) -> None:
+            return None
+
     assert app.registry == {}
 
 
