@@ -27,6 +27,9 @@ __all__ = [
 ]
 
 
+_CURVE_TOP = 64
+
+
 def backoff_delay(failures: int, *, initial: timedelta, cap: timedelta, jitter: timedelta) -> timedelta:
     """Delay before the next try after ``failures`` consecutive failures (1 = first failure).
 
@@ -39,7 +42,10 @@ def backoff_delay(failures: int, *, initial: timedelta, cap: timedelta, jitter: 
         jitter=jitter.total_seconds(),
     )
     state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
-    state.attempt_number = max(1, failures)
+    # Past 64 failures the curve is far above any cap (2**63 microseconds: 292,000 years); and
+    # tenacity answers its maximum when 2**n overflows a float, which an initial of zero (no
+    # backoff) would reach after 1,025 failures of a long outage.
+    state.attempt_number = min(max(1, failures), _CURVE_TOP)
     return min(timedelta(seconds=wait(state)), cap)
 
 

@@ -65,6 +65,12 @@ def test_backoff_after_very_many_failures_is_exactly_the_cap(failures: int) -> N
     assert backoff_delay(failures, initial=SECOND, cap=CAP, jitter=SECOND) == CAP
 
 
+@pytest.mark.parametrize("failures", [1, 1_025, 1_000_000])
+def test_no_backoff_stays_none_however_many_failures(failures: int) -> None:
+    """An initial delay of zero: retry at once (plus jitter), through the longest outage."""
+    assert backoff_delay(failures, initial=timedelta(0), cap=CAP, jitter=timedelta(0)) == timedelta(0)
+
+
 def test_backoff_never_exceeds_a_cap_smaller_than_initial_plus_jitter() -> None:
     cap = timedelta(seconds=3)
     for _ in range(200):
