@@ -45,6 +45,7 @@ from sqlmodel import Session
 
 from benchmarks.bench_dt import REDIS, Children, analyze, delete_keys, record, run_child, schema, seconds
 from durable_tasks import App, TaskContext
+from durable_tasks.flow.gate import holder
 from durable_tasks.records import tasks_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,7 +234,7 @@ def hooks(batch: int, rounds: int) -> None:
         for msg in messages:  # the dispatcher's publish, per message
             transport.level_of(msg)
         for _, d, _ in items:  # the end of each attempt
-            gate.release_soon(d.task_id)
+            gate.release_soon([holder(d)])
 
     async def run() -> float:
         started = time.perf_counter()

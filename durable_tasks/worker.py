@@ -116,12 +116,14 @@ class Worker:
                 tg.cancel_scope.cancel()
         return self.counters.settled - start
 
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+    def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         # A plain asyncio task: anyio's start_soon costs several times more per task, a large share
         # of the worker's CPU at thousands of tasks/s. run() cancels the ones still running when it
         # returns. Each takes itself out of the set as it ends (_forget): a done callback would be
         # one more object for the task to hold and one more event-loop callback per task.
-        self._background_tasks.add(asyncio.get_running_loop().create_task(work))
+        task = asyncio.get_running_loop().create_task(work)
+        self._background_tasks.add(task)
+        return task
 
     def _forget(self) -> None:
         """The last step of a background task: its own end (see _background)."""
@@ -236,7 +238,10 @@ class Worker:
                 lease=runtime.settings.lease_timeout,
                 hold=self._gate.isolating,  # its attempts wait at the gate: claimed held (StartRecorder)
             )
-        except SQLAlchemyError as exc:
+        except BaseException as exc:  # none starts (an outage, or the worker stops): free their slots
+            runtime.flow.unclaimed(batch)
+            if not isinstance(exc, SQLAlchemyError):
+                raise
             logger.warning("cannot reach the database to claim %d entries (%s); they stay pending", len(batch), exc)
             for _, _, span in batch:
                 self._end(span, "unreachable", settled=False)
@@ -255,9 +260,9 @@ class Worker:
             elif claim.reclaims:
                 suspects.append((entry, claim, span))
             else:
-                self._background(self._execute(entry, claim, span))
+                self._start(entry, claim, span)
         for entry, claim, span in suspects:
-            self._background(self._execute(entry, claim, span))
+            self._start(entry, claim, span)
         if stale:
             try:
                 await self._ack_now([(e.stream, e.entry_id) for e, _ in stale])
@@ -268,6 +273,10 @@ class Worker:
             for _, span in stale:
                 self.counters.skipped_stale += 1
                 self._end(span, "stale", settled=acked)
+
+    def _start(self, entry: StreamEntry, claim: ExecutionClaim, span: Span) -> None:
+        # Its slots go back when its task ends, even one cancelled before it ran (no finally then).
+        self.runtime.flow.release_when_done(self._background(self._execute(entry, claim, span)), claim)
 
     def _start_span(self, entry: StreamEntry, d: Delivery) -> Span:
         tel = self.runtime.telemetry
@@ -333,7 +342,6 @@ class Worker:
         finally:
             self._payloads.release(payload_bytes)  # 0: nothing to give back
             self._leases.release(claim)  # held from a wait at the gate on; a no-op once run_attempt released it
-            runtime.flow.release_soon(claim.task_id)
             self._end(span, outcome, settled=settled)
             self._forget()
 

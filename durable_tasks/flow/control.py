@@ -72,26 +72,30 @@ async def write_limit(
     burst: int | None = None,
     concurrency: int | None = None,
 ) -> None:
-    """Override some of ``limit``'s values on every worker (kept until :func:`clear_limit`)."""
-    key = FlowKeys(namespace).settings
-    current = await transport.client.hget(key, limit.name)
-    given: dict[str, Any] = json.loads(current) if current else {}
+    """Override some of ``limit``'s values on every worker (kept until :func:`clear_limit`).
+    The values not given keep their setting, even when another call changes them meanwhile."""
+    changes: dict[str, Any] = {}
     if rate is not None:
         if limit.rate is None:
             raise InvalidFlowControlError(f"limit {limit.name!r} has no rate in the code; declare one to change it")
         parsed = parse_rate(rate)
-        given["interval_ms"], given["rate"] = parsed.interval_ms, str(parsed)
+        changes["interval_ms"], changes["rate"] = parsed.interval_ms, str(parsed)
     if burst is not None:
         if burst < 1:
             raise InvalidFlowControlError(f"burst={burst}: pass 1 or more")
-        given["burst"] = burst
+        changes["burst"] = burst
     if concurrency is not None:
         if limit.concurrency is None or concurrency < 1:
             raise InvalidFlowControlError(
                 f"concurrency={concurrency} for {limit.name!r}: the limit must declare one, and 1 or more"
             )
-        given["concurrency"] = concurrency
-    await transport.client.hset(key, limit.name, json.dumps(given))
+        changes["concurrency"] = concurrency
+    key = FlowKeys(namespace).settings
+    while True:  # set_limit.lua writes only over the setting read: read again after another write
+        current = await transport.client.hget(key, limit.name)
+        merged = (json.loads(current) if current else {}) | changes
+        if await transport.run_script("set_limit", [key], [limit.name, current or "", json.dumps(merged)]):
+            return
 
 
 async def clear_limit(transport: RedisStreamsTransport, namespace: str, name: str) -> bool:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,7 +45,7 @@ class FlowRuntime(Protocol):
     def transport(self) -> RedisStreamsTransport: ...
 
 
-__all__ = ["FlowGate", "FlowKeys", "FlowRuntime"]
+__all__ = ["FlowGate", "FlowKeys", "FlowRuntime", "Holder", "holder"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,15 @@ class FlowKeys:
         return f"dt:{self.tag}:slots:{limit}:{key or ''}"
 
 
+#: One delivery, which holds slots: (task id, generation, delivery).
+Holder = tuple[str, int, int]
+
+
+def holder(d: Delivery | ExecutionClaim) -> Holder:
+    """The delivery a claim or an entry is (a rerun's generation beside the old one is another)."""
+    return (d.task_id, d.generation, d.delivery)
+
+
 def member(d: Delivery) -> str:
     """What holds a slot: one delivery (admitting it again after a crash takes no second slot)."""
     return f"{d.task_id}:{d.generation}:{d.delivery}"
@@ -84,7 +93,7 @@ class FlowGate:
     def __init__(self, runtime: FlowRuntime) -> None:
         self.runtime = runtime
         self.keys = FlowKeys(runtime.settings.namespace)
-        self._held: dict[str, list[tuple[str, str]]] = {}  # task id -> (slots key, member)
+        self._held: dict[Holder, list[tuple[str, str]]] = {}  # delivery -> (slots key, member)
         self._active = False
         self._active_at = -1
         self._background: set[asyncio.Task[None]] = set()  # slot releases, the renewal loop
@@ -144,7 +153,7 @@ class FlowGate:
             else:
                 slots = [(keys[c[1] - 1], request["m"]) for c in request["c"] if c[0] == "c"]
                 if slots:
-                    self._held[deliveries[i].task_id] = slots
+                    self._held[holder(deliveries[i])] = slots
         if self._held and not self._renewing:
             self._renewing = True
             self._spawn(self._renew())
@@ -174,22 +183,36 @@ class FlowGate:
                 await anyio.sleep(0.05 * (attempt + 1))
         return False
 
-    def release_soon(self, task_id: str) -> None:
-        """Free the slots of this task's attempt (ended) in the background; nothing when it
-        holds none (a task without a concurrency limit costs a dictionary lookup)."""
-        if self._held and task_id in self._held:
-            self._spawn(self.release([task_id]))
-
-    def unclaimed(self, batch: Sequence[tuple[Any, Delivery, Any]], claims: Sequence[object]) -> None:
-        """Free the slots of deliveries admitted whose claim was refused (stale, no task)."""
+    def release_soon(self, holders: Iterable[Holder]) -> None:
+        """Free the slots of these deliveries (their attempts ended, or never started): they are
+        no longer held (nor renewed) when this returns, and leave Redis in the background, in a
+        task of the event loop that outlives a cancelled caller. Nothing when they hold none (a
+        task without a concurrency limit costs a dictionary lookup)."""
         if self._held:
-            for (_, d, _), claim in zip(batch, claims, strict=True):
-                if not isinstance(claim, ExecutionClaim):
-                    self.release_soon(d.task_id)
+            slots = [slot for who in holders for slot in self._held.pop(who, ())]
+            if slots:
+                self._spawn(self._free(slots))
 
-    async def release(self, task_ids: Sequence[str]) -> None:
-        """Free the slots these tasks' attempts held (their attempts ended, or never started)."""
-        slots = [slot for task_id in task_ids for slot in self._held.pop(task_id, ())]
+    def release_when_done(self, task: asyncio.Task[Any], claim: ExecutionClaim) -> None:
+        """Free the slots of ``claim``'s delivery when ``task`` (its attempt) ends however it
+        ends, cancelled before it ever ran included (a ``finally`` in it would not run then)."""
+        if self._held and holder(claim) in self._held:
+            task.add_done_callback(lambda _: self.release_soon([holder(claim)]))
+
+    def unclaimed(self, batch: Sequence[tuple[Any, Delivery, Any]], claims: Sequence[object] | None = None) -> None:
+        """Free the slots of admitted deliveries that will not run: those whose claim was refused
+        (stale, no task), or all of them when none was claimed (``claims`` None)."""
+        if self._held:
+            outcomes = [None] * len(batch) if claims is None else claims
+            self.release_soon(
+                holder(d) for (_, d, _), c in zip(batch, outcomes, strict=True) if not isinstance(c, ExecutionClaim)
+            )
+
+    async def release(self, holders: Sequence[Holder]) -> None:
+        """Free the slots of these deliveries now."""
+        await self._free([slot for who in holders for slot in self._held.pop(who, ())])
+
+    async def _free(self, slots: Sequence[tuple[str, str]]) -> None:
         if not slots:
             return
         pipe = self.runtime.transport().client.pipeline(transaction=False)
@@ -243,11 +266,16 @@ class FlowGate:
                 end(span, "unadmitted", settled=False)
             return []
         refused = [(item, wait) for item, wait in zip(batch, waits, strict=True) if wait > 0]
+        admitted = [item for item, wait in zip(batch, waits, strict=True) if wait == 0]
         if refused:
-            settled = await self._step_aside(refused, ack)
+            try:
+                settled = await self._step_aside(refused, ack)
+            except BaseException:  # cancelled (the worker stops): the admitted never reach it
+                self.release_soon(holder(d) for _, d, _ in admitted)
+                raise
             for (_, _, span), _ in refused:
                 end(span, "deferred", settled=settled)
-        return [item for item, wait in zip(batch, waits, strict=True) if wait == 0]
+        return admitted
 
 
 def _checks(limit: Limit, d: Delivery, keys: FlowKeys, key_index: Any) -> list[list[Any]]:

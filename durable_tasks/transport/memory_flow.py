@@ -1,7 +1,8 @@
-"""Flow control's admission for the in-memory transport: ``admit.lua`` and ``renew_slots.lua``
-computed in Python on the App's clock, with the same rules (GCRA rates, concurrency slots that
-expire with their lease, refused deliveries' staggered waits, one all-or-nothing decision per
-delivery), including the run-time settings ``App.set_limit`` writes (a hash kept here).
+"""Flow control's admission for the in-memory transport: ``admit.lua``, ``renew_slots.lua`` and
+``set_limit.lua`` computed in Python on the App's clock, with the same rules (GCRA rates,
+concurrency slots that expire with their lease, refused deliveries' staggered waits, one
+all-or-nothing decision per delivery), including the run-time settings ``App.set_limit`` writes
+(a hash kept here).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ class MemoryFlow:
             return self._admit(keys, args)
         if name == "renew_slots":
             return self._renew(keys, args)
+        if name == "set_limit":  # a compare-and-set of one setting
+            settings = self.hashes.setdefault(keys[0], {})
+            if settings.get(str(args[0]), "") != args[1]:
+                return 0
+            settings[str(args[0])] = str(args[2])
+            return 1
         raise ValueError(f"the in-memory transport has no script {name!r}")
 
     def remove(self, key: str, member: str) -> int:

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_tasks import App, InvalidFlowControlError, TaskContext
-from durable_tasks.flow.gate import FlowKeys
+from durable_tasks.flow.gate import FlowKeys, holder
 from durable_tasks.records import TaskState, tasks_table
 from durable_tasks.transport.messages import Delivery
 from tests.helpers import submit, submit_all, wait_until
@@ -79,7 +79,7 @@ async def test_a_concurrency_key_holds_its_limit_and_frees_on_release_or_expiry(
     assert waits[1] > 0
     assert waits[2] == 0
     assert (await gate.admit([first]))[0] == 0  # the same delivery again takes no second slot
-    await gate.release([first.task_id])
+    await gate.release([holder(first)])
     assert (await gate.admit([second]))[0] == 0
     # A worker that dies keeps no slot past its lease: a slot whose expiry passed is free.
     slots = FlowKeys(app.settings.namespace).slots("task:judge", "user:1")
@@ -150,6 +150,23 @@ async def test_a_limit_changes_at_run_time_and_reads_back(make_app: Callable[...
     assert (await app.limits_status())[0].changed is False
     with pytest.raises(InvalidFlowControlError, match="no limit named"):
         await app.set_limit("nope", rate="1/s")
+    await app.aclose()
+
+
+async def test_overlapping_limit_changes_of_one_limit_all_hold(make_app: Callable[..., App]) -> None:
+    app = make_app()
+    openai = app.limit("openai", rate="600/m", burst=3, concurrency=5)
+
+    @app.task(name="llm", queue="jobs", rate_limit=openai, concurrency_limit=openai)
+    def llm(ctx: TaskContext[int], n: int) -> None:
+        return None
+
+    async with anyio.create_task_group() as tg:  # two operators at once: both read the setting first
+        tg.start_soon(partial(app.set_limit, "openai", rate="1200/m"))
+        tg.start_soon(partial(app.set_limit, "openai", concurrency=9))
+        tg.start_soon(partial(app.set_limit, "openai", burst=7))
+    [info] = await app.limits_status()
+    assert (info.rate, info.burst, info.concurrency) == ("1200/m", 7, 9)
     await app.aclose()
 
 
