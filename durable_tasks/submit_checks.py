@@ -68,7 +68,7 @@ def check_same_payloads(
         .all()
     )
     for payload_json, key, task_id in repeated:
-        if _loads(stored.get(task_id)) != _loads(payload_json):
+        if not _same_json(_loads(stored.get(task_id)), _loads(payload_json)):
             raise IdempotencyConflictError(
                 f"idempotency_key {key!r} was already used for task {task_name!r} (task {task_id}) with a "
                 "different payload: give this request a key of its own, or submit the same payload to get "
@@ -83,6 +83,18 @@ def undo_submits(session: Session, task_ids: Sequence[str]) -> None:
     transaction, as a prune deletes old ones (:func:`.store.retention.delete_tasks`)."""
     if task_ids:
         delete_tasks(session.connection(), task_ids)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are the same value: Python's ``==`` takes ``true`` for
+    ``1`` and ``false`` for ``0``, which JSON tells apart (``1`` and ``1.0`` are one number)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)  # containers of different kinds are never equal
 
 
 def _loads(text: str | None) -> Any:

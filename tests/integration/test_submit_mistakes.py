@@ -3,6 +3,8 @@ or Connection instead of a Session; an idempotency key already used with a diffe
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
@@ -99,3 +101,27 @@ async def test_a_conflict_in_a_batch_writes_nothing_of_the_batch(shop: App) -> N
             )
         session.commit()
     assert tasks_written(shop) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "again"),
+    [
+        ({"refund": 1}, {"refund": True}),  # Python's == takes them for one value; JSON does not
+        ({"refund": 0}, {"refund": False}),
+        ([1, {"ok": True}], [1, {"ok": 1}]),
+    ],
+)
+async def test_true_and_1_under_one_key_are_a_conflict(app: App, first: Any, again: Any) -> None:
+    @app.task(name="flag", queue="jobs")
+    def flag(ctx: TaskContext[Any], p: Any) -> None:
+        return None
+
+    with Session(app.engine) as session:
+        handle = app.submit(session, "flag", first, idempotency_key="req-1")
+        session.commit()
+    with Session(app.engine) as session, pytest.raises(IdempotencyConflictError, match="'req-1'"):
+        app.submit(session, "flag", again, idempotency_key="req-1")
+    with Session(app.engine) as session:  # the same payload again: the same task back
+        same = app.submit(session, "flag", first, idempotency_key="req-1")
+    assert (same.id, same.created) == (handle.id, False)
+    assert app.get_task(handle.id).payload == first
