@@ -18,13 +18,14 @@ their keys (MySQL: and one look before the insert), one insert of their outbox r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ..records import tasks_table
 from . import journal, submit
 from .ids import new_task_id
 from .payloads import ASIDE_PAYLOAD_BYTES, AsideGate, insert_payloads
@@ -50,8 +51,6 @@ class SubmitStore:
         def _settle_if_child(
             self, conn: sa.Connection, namespace: str, task_id: str, state: str, now: datetime
         ) -> None: ...
-
-        def _lock_with_parent_of(self, conn: sa.Connection, task_id: str) -> bool: ...
 
         def _lock_tasks(self, conn: sa.Connection, task_ids: Sequence[str]) -> None: ...
 
@@ -147,10 +146,20 @@ class SubmitStore:
         return outcomes
 
     def rerun(
-        self, session: Session, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
+        self,
+        session: Session,
+        namespace: str,
+        task_id: str,
+        now: datetime,
+        *,
+        due: datetime | None = None,
+        expected_generation: int | None = None,
+        expected_states: Collection[str] | None = None,
     ) -> int | None:
-        """Start a new generation; None if there is no such task."""
+        """Start a new generation; None if there is no such task, or (nothing written) if it is
+        not at ``expected_generation`` or not in one of ``expected_states``, when given."""
         conn = session.connection()
+        guarded = expected_generation is not None or expected_states is not None
         # The new generation supersedes the unfinished children of the older ones: they are
         # cancelled (a running one is fenced out at its commit). Their rows and the task's are
         # locked first, in id order, in one pass, as every transaction that locks several task
@@ -159,8 +168,12 @@ class SubmitStore:
         # between this read and the lock (a suspension that committed just then) is locked
         # after, alone.
         seen = journal.open_children(conn, task_id)
-        if seen:
+        if seen or guarded:
             self._lock_tasks(conn, sorted({task_id, *seen}))
+        # Checked under the row's lock (SQLite: the write lock, taken at BEGIN IMMEDIATE): two
+        # operators rerunning what they both listed start one generation, not two.
+        if guarded and not _as_expected(conn, namespace, task_id, expected_generation, expected_states):
+            return None
         row = submit.rerun_task(conn, namespace, task_id, now, due=due)
         if row is None:
             return None
@@ -172,13 +185,48 @@ class SubmitStore:
         return row.generation
 
     def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:
-        """Cancel a task with no final write yet."""
+        """Cancel a task with no final write yet, and the unfinished children its journal waits
+        for, theirs too (nobody wants their results any more: a running one is fenced out at
+        its commit). Their rows, the task's and its parent's are locked first, in id order, as
+        :meth:`rerun` locks them."""
         conn = session.connection()
-        child = self._lock_with_parent_of(conn, task_id)
+        parent_id = conn.execute(sa.select(tasks_table.c.parent_id).where(tasks_table.c.id == task_id)).scalar()
+        descendants = _open_descendants(conn, task_id)
+        family = {task_id, *descendants, *([parent_id] if parent_id else [])}
+        if len(family) > 1:  # one row alone: its update locks it
+            self._lock_tasks(conn, sorted(family))
         cancelled = submit.cancel_task(conn, namespace, task_id, now)
-        if cancelled and child:
-            self._settle_if_child(conn, namespace, task_id, "CANCELLED", now)
+        if cancelled:
+            late = [c for c in _open_descendants(conn, task_id) if c not in descendants]  # opened meanwhile
+            self._lock_tasks(conn, late)
+            for descendant in [*descendants, *late]:
+                submit.cancel_task(conn, namespace, descendant, now)
+            if parent_id:
+                self._settle_if_child(conn, namespace, task_id, "CANCELLED", now)
         return cancelled
+
+
+def _open_descendants(conn: sa.Connection, task_id: str) -> list[str]:
+    """The unfinished children a task's journal waits for, and theirs, breadth first."""
+    found: list[str] = []
+    level = [task_id]
+    while level:
+        level = [c for parent in level for c in journal.open_children(conn, parent) if c not in found]
+        found += level
+    return found
+
+
+def _as_expected(
+    conn: sa.Connection, namespace: str, task_id: str, generation: int | None, states: Collection[str] | None
+) -> bool:
+    """Whether the task is at ``generation`` and in one of ``states`` (each when given)."""
+    t = tasks_table.c
+    row = conn.execute(sa.select(t.generation, t.state).where(t.id == task_id, t.namespace == namespace)).first()
+    return (
+        row is not None
+        and (generation is None or row.generation == generation)
+        and (states is None or row.state in states)
+    )
 
 
 def _keys(tasks: Sequence[NewTask]) -> list[tuple[int, tuple[str, str]]]:
