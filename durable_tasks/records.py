@@ -386,7 +386,7 @@ class AgentTurn(RuntimeRecord, table=True):
     generation: int
     index: int
     output: str = Field(sa_type=JsonText)
-    calls: str = Field(default="[]", sa_type=JsonText)  # [{id, task_id, error}] in call order
+    calls: str = Field(default="[]", sa_type=JsonText)  # [{id, task_id, error, result}] in call order
     tool_results: str | None = Field(default=None, sa_type=JsonText)
     created_at: datetime
 

@@ -167,7 +167,9 @@ class Agent:
         return old + 1
 
     def get_run(self, run_id: str) -> RunInfo:
-        """The run's state, answer, and its current generation's turns with tool results."""
+        """The run's state, answer, and its current generation's turns with tool results: each
+        turn's ``calls`` in call order (``id``, ``task_id``, ``error``, ``result`` once settled);
+        ``tool_results`` and ``tasks`` by the model's call id (the last call's for a repeated id)."""
         with Session(self.app.engine) as session:
             run = session.get(AgentRun, run_id) if is_task_id_shaped(run_id) else None
             if run is None or run.namespace != self.app.settings.namespace:
@@ -187,9 +189,11 @@ class Agent:
                         "index": t.index,
                         "output": json.loads(t.output),
                         "tool_results": json.loads(t.tool_results) if t.tool_results else None,
-                        "tasks": {c["id"]: c["task_id"] for c in json.loads(t.calls)},
+                        "tasks": {c["id"]: c["task_id"] for c in calls},
+                        "calls": calls,
                     }
                     for t in turns
+                    for calls in [json.loads(t.calls)]
                 ],
             )
 
@@ -310,19 +314,20 @@ class Agent:
                 sa.select(tc.id, tc.state, tc.result, tc.error_type, tc.error_message).where(tc.id.in_(task_ids))
             )
         }
-        results: dict[str, Any] = {}
-        for call in calls:
+        for call in calls:  # each call's result on the call, by position: model ids may repeat
             if call["task_id"] is None:
-                results[call["id"]] = {"error": call["error"]}
+                call["result"] = {"error": call["error"]}
                 continue
             row = rows.get(call["task_id"])
             if row is None or row.state not in TERMINAL_STATES:
                 return  # still running: the last one to settle schedules the next turn
             if row.state == TaskState.SUCCEEDED:
-                results[call["id"]] = json.loads(row.result)
+                call["result"] = json.loads(row.result)
             else:
-                results[call["id"]] = {"error": f"{row.error_type}: {row.error_message}"}
-        turn.tool_results = json.dumps(results)
+                call["result"] = {"error": f"{row.error_type}: {row.error_message}"}
+        turn.calls = json.dumps(calls)
+        # also by the model's id, for readers that look a result up that way (the dashboard)
+        turn.tool_results = json.dumps({call["id"]: call["result"] for call in calls})
         session.add(turn)
         session.flush()
         self._schedule_turn(session, run.id, run.generation, turn.index + 1)
@@ -362,9 +367,11 @@ class Agent:
                     for c in out.tool_calls
                 ]
             messages.append(assistant)
-            results = json.loads(t.tool_results or "{}")
-            for c in out.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": c.id, "content": json.dumps(results.get(c.id))})
+            calls = json.loads(t.calls)
+            by_id = json.loads(t.tool_results or "{}")  # a turn settled before calls kept their result
+            for position, c in enumerate(out.tool_calls):
+                result = calls[position].get("result", by_id.get(c.id))
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": json.dumps(result)})
         return messages
 
 

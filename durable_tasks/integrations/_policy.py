@@ -1,4 +1,4 @@
-"""What both integrations share: per-tool delivery policy, failure handling, slot labels."""
+"""What both integrations share: per-tool delivery policy, failure handling, slot and signal names."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ChildTaskFailedError
+
+if TYPE_CHECKING:
+    from ..journal import Journal
 
 __all__ = [
     "DEFAULT_POLICY",
     "FailureMode",
     "ToolPolicy",
+    "approval_signal",
     "failure_message",
     "hands_to_model",
     "tool_label",
@@ -74,3 +78,12 @@ def tool_label(tool: str, call_id: str | None, args: Any) -> str:
 def tool_task_name(framework: str, agent: str, tool: str) -> str:
     """The registered task that runs one tool, e.g. ``pydantic_ai.helper.tool.search``."""
     return f"{framework}.{agent}.tool.{tool}"
+
+
+def approval_signal(journal: Journal, call_id: str | None) -> str:
+    """The signal one request for approval waits for: ``approval:<call id>``, then
+    ``approval:<call id>#<n>`` for the n-th later request under the same id in the generation.
+    A signal is answered once per generation, so a model that reuses a call id in a later turn
+    must not find that turn's call approved already; every replay numbers the requests alike."""
+    n = journal.sequence(f"approval:{call_id}")
+    return f"approval:{call_id}" if n == 0 else f"approval:{call_id}#{n}"

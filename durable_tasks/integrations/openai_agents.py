@@ -23,7 +23,8 @@ What each part becomes:
   (``ToolPolicy.on_failure="fail"``). The tool gets a ``ToolContext`` whose ``context`` is None
   (the run's context object does not cross processes);
 - a tool that ``needs_approval`` interrupts the run: the runner waits for the signal
-  ``approval:<call id>`` (``durable-tasks approvals``), approves or rejects, and resumes.
+  ``approval:<call id>`` (``#<n>`` added when the id was asked about before in the run;
+  ``durable-tasks approvals``), approves or rejects, and resumes.
 
 Streaming (``Runner.run_streamed``) is not durable: use ``run``.
 """
@@ -47,7 +48,16 @@ from ..app import App
 from ..errors import ChildTaskFailedError
 from ..journal import Journal, StepKind, current_journal
 from ..tasks import TaskContext
-from ._policy import DEFAULT_POLICY, ToolPolicy, failure_message, hands_to_model, policy_for, tool_label, tool_task_name
+from ._policy import (
+    DEFAULT_POLICY,
+    ToolPolicy,
+    approval_signal,
+    failure_message,
+    hands_to_model,
+    policy_for,
+    tool_label,
+    tool_task_name,
+)
 
 __all__ = ["DurableRunner", "ToolPolicy"]
 
@@ -104,7 +114,7 @@ class DurableRunner:
             state = result.to_state()
             for position, item in enumerate(result.interruptions):
                 decision = await journal.wait_signal(
-                    f"approval:{item.call_id}",
+                    approval_signal(journal, item.call_id),
                     kind=StepKind.APPROVAL,
                     request={"tool": item.tool_name, "args": _arguments(item.arguments), "tool_call_id": item.call_id},
                     order=position,

@@ -23,8 +23,8 @@ What each operation becomes:
 - **argument validation** runs in place (it is deterministic): invalid arguments go back to
   the model as a retry prompt, no task is created;
 - **approvals** (``requires_approval=True`` tools) wait for a signal named ``approval:<call id>``
-  (``durable-tasks approvals``); other external-event waits (``RequestInput``, ``AskUser``) wait
-  for a signal named after the wait.
+  (``#<n>`` added when a later turn reuses the id; ``durable-tasks approvals`` lists them);
+  other external-event waits (``RequestInput``, ``AskUser``) wait for a signal named after it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import Any, Literal, cast
 
 from pydantic import JsonValue, TypeAdapter
+from pydantic_ai import ToolDenied
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
     BaseDurabilityCapability,
@@ -66,7 +67,16 @@ from ..app import App
 from ..errors import ChildTaskFailedError
 from ..journal import Journal, StepKind, current_journal
 from ..tasks import TaskContext
-from ._policy import DEFAULT_POLICY, ToolPolicy, failure_message, hands_to_model, policy_for, tool_label, tool_task_name
+from ._policy import (
+    DEFAULT_POLICY,
+    ToolPolicy,
+    approval_signal,
+    failure_message,
+    hands_to_model,
+    policy_for,
+    tool_label,
+    tool_task_name,
+)
 
 __all__ = ["DurableTasksDurability", "ToolPolicy"]
 
@@ -144,7 +154,7 @@ class DurableTasksDurability(BaseDurabilityCapability[AgentDepsT]):
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[AgentDepsT], *, requests: DeferredToolRequests
     ) -> DeferredToolResults | None:
-        """Each call that needs approval waits for the signal ``approval:<tool call id>``, with
+        """Each call that needs approval waits for its own signal (``approval_signal``), with
         ``{"approved": bool, "reason": ..., "by": ...}`` as the decision."""
         if not self.in_durable_context or not requests.approvals:
             return None
@@ -153,7 +163,7 @@ class DurableTasksDurability(BaseDurabilityCapability[AgentDepsT]):
         answered_by: dict[str, str] = {}
         for position, call in enumerate(requests.approvals):
             decision = await journal.wait_signal(
-                f"approval:{call.tool_call_id}",
+                approval_signal(journal, call.tool_call_id),
                 kind=StepKind.APPROVAL,
                 request={"tool": call.tool_name, "args": call.args_as_dict(), "tool_call_id": call.tool_call_id},
                 order=position,
@@ -188,14 +198,14 @@ class DurableTasksDurability(BaseDurabilityCapability[AgentDepsT]):
 
 
 def _approval(decision: Any) -> tuple[Any, str | None]:
-    """A signal's decision as a pydantic-ai approval result (True, or ToolDenied's JSON form)."""
+    """A signal's decision as a pydantic-ai approval result (True, or ToolDenied with the reason)."""
     if not isinstance(decision, dict):
         decision = {"approved": bool(decision)}
     by = decision.get("by")
     if decision.get("approved") is True:
         return True, by if isinstance(by, str) else None
     reason = decision.get("reason") or "The tool call was denied."
-    return {"kind": "tool-denied", "message": str(reason)}, by if isinstance(by, str) else None
+    return ToolDenied(str(reason)), by if isinstance(by, str) else None
 
 
 class _SignalWaiter(ExternalEventWaiter):

@@ -8,11 +8,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from sqlmodel import Session
 
 from durable_tasks import App, TaskContext, TaskNotFoundError
 from durable_tasks.agents import Agent, ModelTurn, RunInfo, ScriptedModel, ToolCall
+from durable_tasks.web import create_app
 from tests.helpers import run_until_quiet
 
 pytestmark = pytest.mark.anyio
@@ -144,6 +146,41 @@ async def test_async_tools_and_repeated_call_ids(make_app: Callable[..., App]) -
     run = await run_to_end(app, agent, "go")
     assert run.state == "DONE"
     assert sorted(seen) == ["a", "b"]
+
+
+async def test_repeated_call_ids_each_get_their_own_result(make_app: Callable[..., App]) -> None:
+    """Each call is its own task, keyed by its position: the model hears both results under the
+    id it gave, and the run keeps both calls' tasks and results in call order."""
+    app = make_app()
+    heard: list[list[dict[str, Any]]] = []
+
+    def two_turns(messages: list[dict[str, Any]]) -> ModelTurn:
+        if not any(m["role"] == "assistant" for m in messages):
+            return ModelTurn(
+                tool_calls=[
+                    ToolCall(id="same", name="echo", arguments={"key": "a"}),
+                    ToolCall(id="same", name="echo", arguments={"key": "b"}),
+                ]
+            )
+        heard.append([{"id": m["tool_call_id"], **json.loads(m["content"])} for m in messages if m["role"] == "tool"])
+        return ModelTurn(content="done")
+
+    agent = Agent(app, "repeat", ScriptedModel(two_turns))
+
+    @agent.tool()
+    def echo(ctx: TaskContext[Any], args: Key) -> str:
+        return args.key.upper()
+
+    app.create_all()
+    run = await run_to_end(app, agent, "go")
+    assert run.state == "DONE"
+    assert heard == [[{"id": "same", "ok": "A"}, {"id": "same", "ok": "B"}]]
+    calls = run.turns[0]["calls"]
+    assert [(c["id"], c["result"]) for c in calls] == [("same", {"ok": "A"}), ("same", {"ok": "B"})]
+    assert len({c["task_id"] for c in calls}) == 2
+    assert [app.get_task(c["task_id"]).result for c in calls] == [{"ok": "A"}, {"ok": "B"}]
+    page = TestClient(create_app(app)).get(f"/agents/{run.id}").text  # the dashboard shows each call's own
+    assert (page.count('{"ok": "A"}'), page.count('{"ok": "B"}')) == (1, 1)
 
 
 async def test_a_model_that_keeps_failing_ends_the_run_failed(make_app: Callable[..., App]) -> None:
