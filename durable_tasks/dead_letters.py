@@ -10,17 +10,30 @@ path reran the task and even if Redis was unreachable when it did.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .policy import TaskLeaseView
 from .runtime import Runtime
 from .store.ids import is_task_id_shaped
 
-__all__ = ["DeadLetter", "forget_rerun", "forget_rerun_oldest", "read_dead_letters", "rerun_since"]
+__all__ = [
+    "DeadLetter",
+    "dead_letter_pages",
+    "dead_letters_by_id",
+    "forget_rerun",
+    "forget_rerun_oldest",
+    "read_dead_letters",
+    "rerun_since",
+]
 
 #: Entries one reaper pass checks per queue at most (oldest first).
 REAPER_PAGE = 1000
+
+#: A whole stream entry id (``XRANGE id id`` of a bare ``ms`` would match every ``ms-*``).
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +109,49 @@ async def forget_rerun_oldest(runtime: Runtime, queue: str) -> int:
 
 async def _page(runtime: Runtime, queue: str, after: str | None, count: int) -> list[DeadLetter]:
     return [_parse(i, f) for i, f in await runtime.transport().dead_letter_page(queue, after=after, count=count)]
+
+
+async def dead_letters_by_id(
+    runtime: Runtime, queue: str, entry_ids: Sequence[str]
+) -> tuple[list[DeadLetter], list[str]]:
+    """The entries of these ids, wherever they stand in the DLQ (``XRANGE id id`` each, in one
+    pipelined round trip), as written; and the ids the DLQ does not hold (not an entry id, or
+    no such entry)."""
+    wanted = list(dict.fromkeys(entry_ids))
+    ids = [i for i in wanted if _ENTRY_ID.fullmatch(i)]
+    transport = runtime.transport()
+    dlq = transport.keys(queue).dlq
+    replies: list[list[tuple[str, dict[str, str]]]] = []
+    if ids:
+        async with transport.client.pipeline(transaction=False) as pipe:
+            for entry_id in ids:
+                pipe.xrange(dlq, min=entry_id, max=entry_id)
+            replies = await pipe.execute()
+    found = [_parse(str(i), {str(k): str(v) for k, v in (f or {}).items()}) for reply in replies for i, f in reply]
+    held = {d.entry_id for d in found}
+    return found, [i for i in wanted if i not in held]
+
+
+async def dead_letter_pages(
+    runtime: Runtime, queue: str, *, count: int = REAPER_PAGE
+) -> AsyncIterator[list[DeadLetter]]:
+    """Every entry of the queue's DLQ as written, oldest first, ``count`` a page, up to the
+    newest one when the walk starts (one added meanwhile, such as a task dead-lettered again
+    after its replay, is the next walk's)."""
+    transport = runtime.transport()
+    newest: Any = await transport.client.xrevrange(transport.keys(queue).dlq, count=1)
+    if not newest:
+        return
+    last = _id_key(str(newest[0][0]))
+    after: str | None = None
+    while page := await _page(runtime, queue, after, count):
+        yield [d for d in page if _id_key(d.entry_id) <= last]
+        if len(page) < count or _id_key(page[-1].entry_id) >= last:
+            return
+        after = page[-1].entry_id
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a pair that sorts as Redis does (``10-0`` after ``9-5``)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -187,10 +187,27 @@ def dlq_show(
 
 @dlq_cli.command("replay")
 def dlq_replay(app: AppArg = None, queue: QueueArg = None, app_option: AppOpt = None, entry: EntryOpt = None) -> None:
-    """Run dead-lettered tasks again as a new generation, through the outbox."""
+    """Run dead-lettered tasks again as a new generation, through the outbox: the entries given,
+    wherever they stand in the DLQ, or every entry. Exits 1 when entries were given and none
+    of them was replayed."""
     spec, (name,) = split_app(app, app_option, queue, names=("QUEUE",))
-    rerun = call(spec, lambda the_app: dlq.replay(the_app, name, entry))
-    console().print(f"replayed {len(rerun)} task(s): {', '.join(rerun)}")
+    done = call(spec, lambda the_app: dlq.replay(the_app, name, entry))
+    out = console()
+    out.print(f"replayed {len(done.rerun)} task(s): {', '.join(done.rerun)}", markup=False, soft_wrap=True)
+    for entries, what in [
+        (done.rerun_since, "rerun since they were dead-lettered (removed)"),
+        (done.kept, "left in the DLQ (no task to rerun, or not DEAD at their generation)"),
+    ]:
+        if entries:
+            out.print(f"{len(entries)} entr(y/ies) {what}: {', '.join(entries)}", markup=False, soft_wrap=True)
+    if done.not_found:
+        console(stderr=True).print(
+            f"not in the DLQ of {name}: {', '.join(done.not_found)}; see `durable-tasks dlq list`",
+            markup=False,
+            soft_wrap=True,
+        )
+    if entry and not done.rerun:
+        raise typer.Exit(1)
 
 
 @dlq_cli.command("purge")

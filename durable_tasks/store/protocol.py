@@ -24,7 +24,7 @@ which runs every method against every backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
@@ -146,10 +146,19 @@ class Store(Protocol):
         ...
 
     def rerun(
-        self, session: Session, namespace: str, task_id: str, now: datetime, *, due: datetime | None = None
+        self,
+        session: Session,
+        namespace: str,
+        task_id: str,
+        now: datetime,
+        *,
+        due: datetime | None = None,
+        expected_generation: int | None = None,
+        expected_states: Collection[str] | None = None,
     ) -> int | None:
         """Start a new generation and its first delivery (due at ``due``, default now); None
-        if there is no such task."""
+        if there is no such task, or (nothing written) if it is not at ``expected_generation``
+        or not in one of ``expected_states``, each checked under the row's lock when given."""
         ...
 
     def cancel(self, session: Session, namespace: str, task_id: str, now: datetime) -> bool | None:

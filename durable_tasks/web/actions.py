@@ -89,6 +89,19 @@ def _rerun(d: Dashboard, task_ids: list[str]) -> int:
     return len(task_ids)
 
 
+def _rerun_failed(d: Dashboard, listed: list[tuple[str, int | None]]) -> int:
+    """Rerun the failures an operator listed, ``(task id, generation seen or None)``, each only
+    if still FAILED or DEAD (at that generation): two operators' bulk reruns of one filter
+    rerun each task once. Returns how many were rerun."""
+    with Session(d.app.engine) as session:
+        rerun = [
+            dlq.rerun_as_listed(d.app, session, task_id, generation=generation, states=FAILED_STATES)
+            for task_id, generation in listed
+        ]
+        session.commit()
+    return sum(generation is not None for generation in rerun)
+
+
 def _add_task_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[object]) -> None:
     @router.post("/tasks/{task_id}/rerun", name="dt_task_rerun", dependencies=guarded)  # type: ignore[arg-type]
     async def rerun(request: Request, task_id: str) -> RedirectResponse:
@@ -122,20 +135,22 @@ def _add_task_actions(router: APIRouter, d: Dashboard, act: Act, guarded: list[o
         name: str = Form(""),
         scope: str = Form("selected"),
     ) -> RedirectResponse:
-        async def chosen() -> list[str]:
-            if scope != "filter":
-                return ids[:BULK_LIMIT]
+        async def chosen() -> list[tuple[str, int | None]]:
+            if scope != "filter":  # the failures page's: still failed, whatever their generation
+                return [(task_id, None) for task_id in ids[:BULK_LIMIT]]
             states = [state] if state in FAILED_STATES else list(FAILED_STATES)
             page = await to_thread.run_sync(
                 lambda: readmodel.list_finished(
                     d.engine, d.namespace, states, queue=queue or None, name=name or None, limit=BULK_LIMIT
                 )
             )
-            return [row.id for row in page.items]
+            return [(row.id, row.generation) for row in page.items]
 
         async def go() -> str:
-            task_ids = await chosen()
-            return f"{await to_thread.run_sync(lambda: _rerun(d, task_ids))} task(s) rerun"
+            listed = await chosen()
+            rerun = await to_thread.run_sync(lambda: _rerun_failed(d, listed))
+            skipped = f", {len(listed) - rerun} no longer failed (rerun since, or gone)" if rerun < len(listed) else ""
+            return f"{rerun} task(s) rerun{skipped}"
 
         target = f"filter state={state or 'FAILED|DEAD'} queue={queue or '*'} name={name or '*'}"
         notice = await act(request, "bulk-rerun", target if scope == "filter" else ",".join(ids[:BULK_LIMIT]), go)
@@ -160,7 +175,17 @@ def _add_dead_letter_actions(router: APIRouter, d: Dashboard, act: Act, guarded:
         chosen = entries(all, ids)
 
         async def go() -> str:
-            return f"{len(await dlq.replay(d.app, queue, chosen))} task(s) replayed"
+            done = await dlq.replay(d.app, queue, chosen)
+            notes = [
+                f"{len(entries)} {what}"
+                for entries, what in [
+                    (done.rerun_since, "rerun since (entry removed)"),
+                    (done.kept, "left (no task to rerun, or not DEAD at its generation)"),
+                    (done.not_found, "not in the DLQ"),
+                ]
+                if entries
+            ]
+            return "; ".join([f"{len(done.rerun)} task(s) replayed", *notes])
 
         notice = await act(request, "dlq-replay", f"{queue}:{'all' if chosen is None else ','.join(chosen)}", go)
         return _back(d, request.url_for("dt_dead_letters").include_query_params(queue=queue), notice)
