@@ -6,6 +6,7 @@ of the same task (a rerun's generation read with the old one)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -51,7 +52,7 @@ def judge_of(app: App, limit: int = 1) -> None:
 async def test_a_claim_the_database_refuses_gives_back_the_slot_so_the_task_runs_later(
     make_app: Callable[..., App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app(concurrency=2)
+    app = make_app(concurrency=2, reaper_interval=timedelta(milliseconds=200))  # it hands the entry out again
     judge_of(app)
     task_id = submit(app, "judge", 1, concurrency_key="user:1")
     claim = app.runtime.store.claim_executions
@@ -79,7 +80,10 @@ async def test_a_worker_stopped_mid_intake_keeps_no_slot(
     """Stopped while its read batch's claim (or the deferral of the batch's deliveries over the
     limit) waits on the database, the worker holds no slot afterwards: none is renewed for an
     attempt that never started, so the task runs when a worker of this App starts again."""
-    app = make_app(concurrency=4)  # reads of 2: both tasks of user:1 in one batch
+    # reads of 2: both tasks of user:1 in one batch; the stop waits out the grace for the intake
+    app = make_app(
+        concurrency=4, shutdown_grace=timedelta(milliseconds=500), reaper_interval=timedelta(milliseconds=200)
+    )
     judge_of(app)
     task_ids = [h.id for h in submit_all(app, "judge", [1, 2], concurrency_key="user:1")]
     assert await app.dispatch_once() == 2
