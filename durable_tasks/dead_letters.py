@@ -18,6 +18,7 @@ from typing import Any
 from .policy import TaskLeaseView
 from .runtime import Runtime
 from .store.ids import is_task_id_shaped
+from .transport.streams import stream_id_order
 
 __all__ = [
     "DeadLetter",
@@ -142,16 +143,10 @@ async def dead_letter_pages(
     newest: Any = await transport.client.xrevrange(transport.keys(queue).dlq, count=1)
     if not newest:
         return
-    last = _id_key(str(newest[0][0]))
+    last = stream_id_order(str(newest[0][0]))
     after: str | None = None
     while page := await _page(runtime, queue, after, count):
-        yield [d for d in page if _id_key(d.entry_id) <= last]
-        if len(page) < count or _id_key(page[-1].entry_id) >= last:
+        yield [d for d in page if stream_id_order(d.entry_id) <= last]
+        if len(page) < count or stream_id_order(page[-1].entry_id) >= last:
             return
         after = page[-1].entry_id
-
-
-def _id_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a pair that sorts as Redis does (``10-0`` after ``9-5``)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)

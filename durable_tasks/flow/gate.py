@@ -196,8 +196,8 @@ class FlowGate:
     def release_when_done(self, task: asyncio.Task[Any], claim: ExecutionClaim) -> None:
         """Free the slots of ``claim``'s delivery when ``task`` (its attempt) ends however it
         ends, cancelled before it ever ran included (a ``finally`` in it would not run then)."""
-        if self._held and holder(claim) in self._held:
-            task.add_done_callback(lambda _: self.release_soon([holder(claim)]))
+        if self._held and (who := holder(claim)) in self._held:
+            task.add_done_callback(lambda _: self.release_soon([who]))
 
     def unclaimed(self, batch: Sequence[tuple[Any, Delivery, Any]], claims: Sequence[object] | None = None) -> None:
         """Free the slots of admitted deliveries that will not run: those whose claim was refused
